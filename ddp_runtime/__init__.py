@@ -1,0 +1,31 @@
+"""ddp_runtime: PyTorch DDP worker groups on a Dask cluster, with a Ray-Train-shaped API.
+
+    import ddp_runtime as train
+    from ddp_runtime.torch import TorchTrainer, prepare_model, prepare_data_loader
+
+Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
+"""
+
+from ddp_runtime.checkpoint import Checkpoint
+from ddp_runtime.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
+from ddp_runtime.gang import InsufficientResourcesError
+from ddp_runtime.result import RankError, Result, TrainingFailedError
+from ddp_runtime.session import StopTraining, TrainContext, get_checkpoint, get_context, report
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointConfig",
+    "FailureConfig",
+    "InsufficientResourcesError",
+    "RankError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "StopTraining",
+    "TorchConfig",
+    "TrainContext",
+    "TrainingFailedError",
+    "get_checkpoint",
+    "get_context",
+    "report",
+]

@@ -1,0 +1,77 @@
+"""Starting a Dask cluster fit for DDP ranks when the user has none.
+
+Workers are non-daemonic so DataLoader worker subprocesses can start inside them (dask/distributed#2718),
+single-threaded (one rank per worker process), and import torch when they start, so the first group does not
+pay for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+from distributed import Client, LocalCluster
+
+PRELOAD = "ddp_runtime._preload"
+
+
+def worker_config() -> dict[str, Any]:
+    """Dask config that rank workers need; external clusters should set the same (env:
+    ``DASK_DISTRIBUTED__WORKER__DAEMON=False``)."""
+    return {"distributed.worker.daemon": False}
+
+
+@contextlib.contextmanager
+def local_cluster(
+    *,
+    n_workers: int | None = None,
+    resources: dict[str, float] | None = None,
+    threads_per_worker: int = 1,
+) -> Iterator[Client]:
+    """A LocalCluster on 127.0.0.1 with worker processes; yields a Client and closes both.
+
+    On a host with GPUs, use dask-cuda's ``LocalCUDACluster`` instead (one worker per GPU, each with its own
+    ``CUDA_VISIBLE_DEVICES``): see ``gpu_local_cluster``.
+    """
+    n = n_workers or os.cpu_count() or 1
+    with dask.config.set(worker_config()):
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            # The HTTP server (health, metrics, and the dashboard when bokeh is installed) on a free loopback port.
+            dashboard_address="127.0.0.1:0",
+            resources=resources or None,
+            preload=[PRELOAD],
+        )
+    try:
+        client = Client(cluster)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
+    """One Dask worker per visible GPU, each pinned to its GPU and advertising ``GPU=1``."""
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as exc:
+        raise ImportError("GPU clusters need dask-cuda: pip install dask-cuda (one worker per GPU)") from exc
+    with dask.config.set(worker_config()):
+        cluster = LocalCUDACluster(resources={"GPU": 1}, preload=[PRELOAD], **kwargs)
+    try:
+        client = Client(cluster)
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        cluster.close()

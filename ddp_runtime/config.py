@@ -1,0 +1,133 @@
+"""Typed, validated configuration for ddp_runtime.
+
+Names and fields mirror Ray Train's (``ScalingConfig``, ``RunConfig``, ...) so that user code ported from
+Ray changes only its imports. Every config is a frozen dataclass validated in ``__post_init__``: a bad value
+fails where it is written, with a message that says how to fix it, instead of deep inside a Dask worker.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def _check_amount(name: str, amount: Any) -> None:
+    if isinstance(amount, bool) or not isinstance(amount, int | float) or not math.isfinite(amount) or amount <= 0:
+        raise ValueError(
+            f"resources_per_worker[{name!r}] must be a positive number, got {amount!r}; "
+            f'use e.g. {{"{name}": 1}} (fractions such as 0.5 let two 1-rank groups share a worker)'
+        )
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How many ranks a training group has and what each rank reserves on its Dask worker.
+
+    Each rank runs on its own Dask worker. ``resources_per_worker`` names Dask worker resources (workers
+    declare them with ``--resources "GPU=1"``); ``use_gpu=True`` implies ``{"GPU": 1}`` per rank unless
+    overridden and selects the NCCL backend.
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, got {self.num_workers!r}")
+        resources = dict(self.resources_per_worker or {})
+        for name, amount in resources.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"resources_per_worker keys must be resource names, got {name!r}")
+            _check_amount(name, amount)
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        object.__setattr__(self, "resources_per_worker", resources)
+
+    @property
+    def worker_resources(self) -> dict[str, float]:
+        """The Dask resources one rank reserves (never None)."""
+        return dict(self.resources_per_worker or {})
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoint retention: keep the best ``num_to_keep`` by a reported metric (the latest is always kept,
+    so a restart can resume from it)."""
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: Literal["min", "max"] = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None and (
+            isinstance(self.num_to_keep, bool) or not isinstance(self.num_to_keep, int) or self.num_to_keep < 1
+        ):
+            raise ValueError(
+                f"CheckpointConfig.num_to_keep must be None (keep all) or an int >= 1, got {self.num_to_keep!r}"
+            )
+        if self.checkpoint_score_order not in ("min", "max"):
+            raise ValueError(
+                f"CheckpointConfig.checkpoint_score_order must be 'min' or 'max', got {self.checkpoint_score_order!r}"
+            )
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How many times a failed group is restarted (from its latest checkpoint) before ``fit()`` fails."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
+            raise ValueError(
+                f"FailureConfig.max_failures must be an int >= 0 (or -1 for unlimited), got {self.max_failures!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run keeps its checkpoints: ``storage_path/name/``.
+
+    ``storage_path`` is a local directory or any fsspec URI (``s3://bucket/prefix``); ``storage_options`` are
+    passed to fsspec (for s3fs: ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``). Every rank's
+    worker must be able to reach it: on a multi-node cluster use shared storage.
+    """
+
+    name: str | None = None
+    storage_path: str | None = None
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    storage_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_config is None:
+            object.__setattr__(self, "checkpoint_config", CheckpointConfig())
+        if self.failure_config is None:
+            object.__setattr__(self, "failure_config", FailureConfig())
+        if self.name is not None and (not self.name or "/" in self.name):
+            raise ValueError(f"RunConfig.name must be a non-empty name without '/', got {self.name!r}")
+
+
+@dataclass(frozen=True)
+class TorchConfig:
+    """torch.distributed settings of a group (Ray: ``ray.train.torch.TorchConfig``).
+
+    ``backend`` defaults to ``nccl`` with GPUs and ``gloo`` without. ``timeout_s`` bounds process-group
+    start-up and every collective. ``teardown_timeout_s`` is how long the driver waits for the surviving ranks
+    of a failed group to exit on their own before it restarts the group's Dask workers.
+    """
+
+    backend: Literal["nccl", "gloo"] | None = None
+    timeout_s: float = 300.0
+    rendezvous_timeout_s: float = 60.0
+    teardown_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in (None, "nccl", "gloo"):
+            raise ValueError(f"TorchConfig.backend must be 'nccl', 'gloo' or None (automatic), got {self.backend!r}")
+        for name in ("timeout_s", "rendezvous_timeout_s", "teardown_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"TorchConfig.{name} must be a positive number of seconds, got {value!r}")

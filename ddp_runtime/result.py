@@ -1,0 +1,43 @@
+"""What ``TorchTrainer.fit()`` returns (Ray: ``ray.train.Result``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_runtime.checkpoint import Checkpoint
+
+
+class RankError(RuntimeError):
+    """A rank's training function raised; carries the rank and its traceback text."""
+
+    def __init__(self, rank: int | None, worker: str | None, message: str, traceback_text: str = "") -> None:
+        self.rank = rank
+        self.worker = worker
+        self.traceback_text = traceback_text
+        where = f"rank {rank}" if rank is not None else "the group"
+        super().__init__(f"{where} (Dask worker {worker}) failed: {message}\n{traceback_text}".rstrip())
+
+
+@dataclass
+class Result:
+    metrics: dict[str, Any] | None
+    metrics_history: list[dict[str, Any]]
+    checkpoint: Checkpoint | None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]]
+    path: str
+    error: BaseException | None = None
+    stopped_early: bool = False
+    num_failures: int = 0
+    attempts_errors: list[BaseException] = field(default_factory=list)
+
+
+class TrainingFailedError(RuntimeError):
+    """``fit()`` gave up: the group failed more than ``FailureConfig.max_failures`` times."""
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        super().__init__(
+            f"training failed after {result.num_failures} failure(s) (FailureConfig.max_failures allows "
+            f"{result.num_failures - 1}); last error: {result.error}"
+        )

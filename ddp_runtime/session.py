@@ -1,0 +1,134 @@
+"""What a training function sees while it runs on a rank: ``report``, ``get_context``, ``get_checkpoint``.
+
+The session lives in a thread-local because a Dask worker runs tasks in threads: two 1-rank groups may share a
+worker process. Each ``report`` is a synchronisation point: rank 0 persists the checkpoint (if any), sends the
+metrics to the driver, waits for its verdict (continue or stop), and broadcasts that verdict to every rank.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_runtime.checkpoint import Checkpoint, RunStorage
+
+
+class StopTraining(BaseException):  # noqa: N818 - it is a control-flow signal, not an error
+    """Raised inside ``report`` when the driver asked the group to stop (e.g. ASHA pruned the trial).
+
+    A ``BaseException`` so that a training loop's ``except Exception`` does not swallow it.
+    """
+
+
+@dataclass
+class TrainContext:
+    """The rank's place in its group (Ray: ``ray.train.get_context()``)."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    experiment_name: str
+    trial_dir: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_device(self) -> torch.device:
+        return self.device
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_trial_dir(self) -> str:
+        return self.trial_dir
+
+
+@dataclass
+class _Session:
+    context: TrainContext
+    storage: RunStorage
+    resume_from: Checkpoint | None
+    next_index: int
+    # rank 0 only: sends a report to the driver and returns True when the driver asks the group to stop
+    send_report: Callable[[dict[str, Any], Checkpoint | None], bool] | None
+
+
+_local = threading.local()
+
+
+def _install(session: _Session | None) -> None:
+    _local.session = session
+
+
+def _current() -> _Session:
+    session = getattr(_local, "session", None)
+    if session is None:
+        raise RuntimeError(
+            "ddp_runtime.report/get_context/get_checkpoint can only be called inside a training function run by "
+            "ddp_runtime.torch.TorchTrainer(...).fit()"
+        )
+    return session
+
+
+def get_context() -> TrainContext:
+    return _current().context
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The checkpoint to resume from after a restart (the latest committed one), or None on a fresh start."""
+    return _current().resume_from
+
+
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    """Report metrics (kept from rank 0 only) and optionally a checkpoint (persisted once, by rank 0).
+
+    Every rank must call it the same number of times. Returns once the checkpoint is durably stored; raises
+    ``StopTraining`` on every rank when the driver asked the group to stop.
+    """
+    if not isinstance(metrics, dict):
+        raise TypeError(f"report(metrics=...) takes a dict of metric name -> value, got {type(metrics).__name__}")
+    session = _current()
+    ctx = session.context
+    stop = False
+    if ctx.world_rank == 0:
+        stored = None
+        if checkpoint is not None:
+            with checkpoint.as_directory() as local_dir:
+                stored = session.storage.persist(local_dir, session.next_index, metrics)
+            session.next_index += 1
+        assert session.send_report is not None
+        stop = session.send_report(dict(metrics), stored)
+    if ctx.world_size > 1:
+        # The verdict travels from rank 0 to all ranks; this collective is also the report's barrier.
+        flag = torch.tensor([1 if stop else 0], dtype=torch.int32, device=_collective_device(ctx))
+        dist.broadcast(flag, src=0)
+        stop = bool(flag.item())
+    if stop:
+        raise StopTraining()
+
+
+def _collective_device(ctx: TrainContext) -> torch.device:
+    # NCCL only moves CUDA tensors; gloo only CPU ones.
+    return ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
+

@@ -1,0 +1,197 @@
+"""What runs on each Dask worker for one rank: device, rendezvous, process group, the user's function.
+
+Nothing here raises into Dask: the outcome (finished, stopped, or the error with its traceback) is returned as
+data, so the driver sees which rank failed and Dask never retries a rank on its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from distributed import Queue, Variable, get_worker
+from distributed.comm import get_address_host
+
+from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
+from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
+
+STOP, CONTINUE = "stop", "continue"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything one rank needs, decided by the driver."""
+
+    group_id: str
+    attempt: int
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    backend: str
+    use_gpu: bool
+    cpus: float | None
+    timeout_s: float
+    rendezvous_timeout_s: float
+    storage_path: str
+    run_name: str
+    storage_options: dict[str, Any] | None
+    resume_from: Checkpoint | None
+    next_checkpoint_index: int
+
+    @property
+    def channel(self) -> str:
+        return f"sweepflow-{self.group_id}-a{self.attempt}"
+
+
+def reports_queue_name(channel: str) -> str:
+    return f"{channel}-reports"
+
+
+def verdicts_queue_name(channel: str) -> str:
+    return f"{channel}-verdicts"
+
+
+def rendezvous_variable_name(channel: str) -> str:
+    return f"{channel}-rendezvous"
+
+
+def _device(spec: RankSpec, worker_address: str) -> torch.device:
+    if not spec.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"ScalingConfig(use_gpu=True) but Dask worker {worker_address} sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Start one worker per GPU "
+            "(`dask cuda worker <scheduler>` or `CUDA_VISIBLE_DEVICES=<i> dask worker <scheduler> --resources GPU=1`), "
+            "or use use_gpu=False."
+        )
+    # A GPU worker owns one device: dask-cuda and our infra scripts put it first in CUDA_VISIBLE_DEVICES.
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> None:
+    """Rank 0 opens a TCPStore on a port the OS picks on its own host and publishes host:port through a Dask
+    Variable; the other ranks read it and connect. No fixed port, so many groups share a cluster."""
+    variable = Variable(rendezvous_variable_name(spec.channel))
+    store_timeout = timedelta(seconds=spec.rendezvous_timeout_s)
+    if spec.world_rank == 0:
+        host = get_address_host(worker_address)
+        store = dist.TCPStore(host, 0, spec.world_size, True, timeout=store_timeout, wait_for_workers=False)
+        port = store.port
+        variable.set(f"{host}:{port}")
+    else:
+        address = variable.get(timeout=spec.rendezvous_timeout_s)
+        host, port_text = address.rsplit(":", 1)
+        port = int(port_text)
+        store = dist.TCPStore(host, port, spec.world_size, False, timeout=store_timeout)
+    # For user code that reads the usual torchrun variables. Safe: a multi-rank group owns its worker process.
+    os.environ.update(
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+        RANK=str(spec.world_rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_RANK=str(spec.local_rank),
+        LOCAL_WORLD_SIZE=str(spec.local_world_size),
+    )
+    dist.init_process_group(
+        spec.backend,
+        store=store,
+        rank=spec.world_rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def _rank0_reporter(spec: RankSpec) -> Callable[[dict[str, Any], Checkpoint | None], bool]:
+    reports = Queue(reports_queue_name(spec.channel))
+    verdicts = Queue(verdicts_queue_name(spec.channel))
+
+    def send(metrics: dict[str, Any], checkpoint: Checkpoint | None) -> bool:
+        reports.put({"metrics": _jsonable(metrics), "checkpoint": checkpoint.path if checkpoint else None})
+        # The driver answers at once; the timeout only matters if the driver died.
+        return verdicts.get(timeout=spec.timeout_s) == STOP
+
+    return send
+
+
+def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
+    params = [
+        p
+        for p in inspect.signature(train_fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(params) > 1:
+        raise TypeError(
+            f"train_loop_per_worker {getattr(train_fn, '__name__', train_fn)!r} must take zero arguments or one "
+            f"(the train_loop_config dict), it takes {len(params)}"
+        )
+    if params:
+        train_fn(config if config is not None else {})
+    elif config:
+        train_fn()  # Ray allows a zero-argument function with a config; it just does not see it
+    else:
+        train_fn()
+
+
+def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
+    """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?}."""
+    worker_address = get_worker().address
+    initialised = False
+    outcome: dict[str, Any] = {"rank": spec.world_rank, "worker": worker_address}
+    try:
+        device = _device(spec, worker_address)
+        if spec.cpus:
+            torch.set_num_threads(max(1, int(spec.cpus)))
+        if spec.world_size > 1:
+            _init_process_group(spec, worker_address, device)
+            initialised = True
+        storage = RunStorage(spec.storage_path, spec.run_name, spec.storage_options)
+        context = TrainContext(
+            world_rank=spec.world_rank,
+            world_size=spec.world_size,
+            local_rank=spec.local_rank,
+            local_world_size=spec.local_world_size,
+            node_rank=spec.node_rank,
+            device=device,
+            experiment_name=spec.run_name,
+            trial_dir=storage.uri,
+        )
+        _install(
+            _Session(
+                context=context,
+                storage=storage,
+                resume_from=spec.resume_from,
+                next_index=spec.next_checkpoint_index,
+                send_report=_rank0_reporter(spec) if spec.world_rank == 0 else None,
+            )
+        )
+        _call(train_fn, config)
+        outcome["status"] = "finished"
+    except StopTraining:
+        outcome["status"] = "stopped"
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver with its traceback
+        outcome.update(
+            status="error",
+            error_type=type(exc).__name__,
+            message=str(exc),
+            traceback=traceback.format_exc(),
+            time=time.time(),  # the earliest failure of a group is its root cause; the others are fallout
+        )
+    finally:
+        _install(None)
+        if initialised:
+            dist.destroy_process_group()
+    return outcome

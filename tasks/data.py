@@ -1,0 +1,143 @@
+"""The Prefect task that prepares a sweep's dataset once, before any trial starts.
+
+All work happens in ``tasks.datasets.prepare_dataset``, which is already idempotent (verified raw files are
+not downloaded again, an existing prepared directory is reused). The Prefect layer adds two things:
+
+* **Retries, only where they can help**: network failures (``DatasetFetchError``) are retried with
+  backoff; a bad config, a missing file or a checksum mismatch fails at once, since retrying would only
+  repeat the same answer.
+* **Task caching**: a second flow run with the same data parameters skips the task entirely (state
+  ``Cached``). The key is the config's ``cache_identity()`` (dataset, source, cache dir, split parameters,
+  checksum overrides; no credentials), so a dict and a ``DataConfig`` with the same values share it. A
+  cached result is only accepted while its prepared directory still exists: if someone cleaned the cache,
+  the task runs again and re-creates it, instead of handing trainers a path to nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import CachePolicy
+
+from tasks.datasets import (
+    DataConfig,
+    DatasetConfigError,
+    DatasetFetchError,
+    PreparedDataset,
+    prepare_dataset,
+    prepared_dataset_exists,
+)
+
+if TYPE_CHECKING:
+    from prefect import Task
+    from prefect.client.schemas.objects import TaskRun
+    from prefect.context import TaskRunContext
+    from prefect.results import ResultStore
+    from prefect.states import State
+
+__all__ = ["PreparedDatasetCachePolicy", "dataset_cache_key", "download_dataset"]
+
+#: Part of every key: bump it to invalidate all cached download_dataset results at once.
+CACHE_KEY_VERSION = "download_dataset/v1"
+
+#: Cached results older than this are recomputed, which re-checks the source's files (cheap when cached).
+CACHE_EXPIRATION = timedelta(days=7)
+
+
+def dataset_cache_key(config: DataConfig | Mapping[str, Any]) -> str:
+    """Stable key for a data config: sha256 of its ``cache_identity()`` as canonical JSON.
+
+    Canonical JSON rather than Prefect's cloudpickle-based input hashing, so the key does not depend on
+    whether a dict or a DataConfig was passed, on dict order, or on library versions.
+    """
+    identity = DataConfig.coerce(config).cache_identity()
+    payload = json.dumps({"version": CACHE_KEY_VERSION, **identity}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _still_valid(result: Any) -> bool:
+    """True if a cached task result points at a complete prepared directory."""
+    try:
+        prepared = PreparedDataset.from_dict(result)
+    except ValueError:
+        return False
+    return prepared_dataset_exists(prepared.path)
+
+
+@dataclass
+class PreparedDatasetCachePolicy(CachePolicy):
+    """Key on the data config's identity; refuse a cached result whose prepared directory is gone.
+
+    Prefect has no hook to validate a cache hit, so validation happens while computing the key: if the
+    record stored under the key is stale, the key is moved on (deterministically, derived from the stale
+    path), the task runs and re-creates the directory. The prepared path is itself deterministic, so after
+    that re-run the original record is valid again and later runs hit it.
+    """
+
+    max_stale_records: int = 3
+
+    def compute_key(
+        self,
+        task_ctx: TaskRunContext,
+        inputs: dict[str, Any],
+        flow_parameters: dict[str, Any],
+        **kwargs: Any,
+    ) -> str | None:
+        try:
+            key = dataset_cache_key(inputs.get("config", {}))
+        except DatasetConfigError:
+            return None  # no caching; the task body raises the same error with its message
+        store: ResultStore | None = getattr(task_ctx, "result_store", None) if task_ctx else None
+        if store is None:
+            return key
+        for _ in range(self.max_stale_records):
+            if not store.exists(key):
+                return key
+            result = store.read(key).result
+            if _still_valid(result):
+                return key
+            stale = result.get("path") if isinstance(result, Mapping) else repr(result)
+            key = hashlib.sha256(f"{key}:stale:{stale}".encode()).hexdigest()
+        return None  # several stale generations: run without caching rather than loop
+
+
+def _retry_on_network_error(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry only transient fetch failures; everything else would fail the same way again."""
+    exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    return isinstance(exc, DatasetFetchError)
+
+
+@task(
+    name="download-dataset",
+    cache_policy=PreparedDatasetCachePolicy(),
+    cache_expiration=CACHE_EXPIRATION,
+    persist_result=True,
+    result_serializer="json",
+    retries=3,
+    retry_delay_seconds=[2, 10, 30],
+    retry_condition_fn=_retry_on_network_error,
+)
+def download_dataset(config: DataConfig | dict[str, Any]) -> dict[str, Any]:
+    """Prepare the dataset described by ``config`` and return ``PreparedDataset.to_dict()``.
+
+    ``config`` is a ``DataConfig`` or its ``to_dict()`` form (what a deployment parameter is). The returned
+    dict is JSON, so it can be a Prefect result and be passed to training tasks on Dask workers, which
+    read the splits with ``tasks.datasets.load_split(result["path"], "train")``.
+    """
+    cfg = DataConfig.coerce(config)
+    logger = get_run_logger()
+    prepared = prepare_dataset(cfg)
+    logger.info(
+        "dataset %s ready at %s (sizes %s, data checksum %s)",
+        prepared.name,
+        prepared.path,
+        prepared.sizes,
+        prepared.checksum[:12],
+    )
+    return prepared.to_dict()

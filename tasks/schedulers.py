@@ -1,0 +1,327 @@
+"""Trial schedulers: decide, on every reported result, whether a running trial should go on.
+
+The sweep driver runs several trials concurrently (one thread per trial, each driving a Dask DDP
+worker group) and calls one shared scheduler from all of them, so every scheduler here guards its
+state with a lock. The decision is returned as the string :data:`CONTINUE` or :data:`STOP`.
+
+:class:`ASHAScheduler` mirrors Ray Tune's ``AsyncHyperBandScheduler`` with a single bracket
+(``brackets=1``, ``stop_last_trials=True``, Ray's defaults) so results and intuitions from Ray
+transfer: see ``python/ray/tune/schedulers/async_hyperband.py`` (``_Bracket.on_result``/``cutoff``).
+
+Like :mod:`tasks.search_space`, this module is pure Python + numpy (no Prefect, MLflow, torch or
+Dask), and schedulers are built from plain data with :func:`make_scheduler` so that they can be
+deployment parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CONTINUE",
+    "STOP",
+    "ASHAScheduler",
+    "FIFOScheduler",
+    "TrialScheduler",
+    "make_scheduler",
+]
+
+CONTINUE = "CONTINUE"
+STOP = "STOP"
+
+
+class TrialScheduler:
+    """Interface shared by all schedulers; every method is safe to call from several threads.
+
+    Call order per trial: ``on_trial_add`` once, then ``on_trial_result`` for every report (stop
+    the trial when it returns :data:`STOP`), then exactly one of ``on_trial_complete`` (finished or
+    stopped; pass its last result) or ``on_trial_error`` (crashed).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def on_trial_add(self, trial_id: str) -> None:
+        raise NotImplementedError
+
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def on_trial_error(self, trial_id: str) -> None:
+        raise NotImplementedError
+
+    def debug_string(self) -> str:
+        return type(self).__name__
+
+
+class FIFOScheduler(TrialScheduler):
+    """Runs every trial to completion: the baseline, and the default when no scheduler is configured."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: set[str] = set()
+
+    def on_trial_add(self, trial_id: str) -> None:
+        with self._lock:
+            self._live.add(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+        return CONTINUE
+
+    def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            self._live.discard(trial_id)
+
+    def on_trial_error(self, trial_id: str) -> None:
+        with self._lock:
+            self._live.discard(trial_id)
+
+    def debug_string(self) -> str:
+        with self._lock:
+            return f"FIFOScheduler: {len(self._live)} live trials"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+def _cutoff(recorded: Mapping[str, float], reduction_factor: float) -> float | None:
+    """Value a new arrival at this rung must reach: the (1 - 1/rf) quantile of what was recorded.
+
+    Same as Ray's ``np.nanpercentile(values, (1 - 1/rf) * 100)`` (linear interpolation, NaNs ignored),
+    except that when nothing but NaN was recorded it returns ``None`` instead of NaN; both make the
+    comparison fail, i.e. CONTINUE, but this way numpy emits no "All-NaN slice" warning.
+    """
+    values = [v for v in recorded.values() if not math.isnan(v)]
+    if not values:
+        return None
+    return float(np.percentile(values, (1 - 1 / reduction_factor) * 100))
+
+
+class ASHAScheduler(TrialScheduler):
+    """Asynchronous successive halving (ASHA, https://arxiv.org/abs/1810.05934), one bracket.
+
+    Rungs sit at ``grace_period * reduction_factor**k`` time units. The first time a trial's
+    ``time_attr`` reaches a rung (the highest one reached, if it skipped some), its metric is
+    compared with the ``(1 - 1/reduction_factor)`` quantile of the values recorded at that rung by
+    trials that got there earlier, then recorded. It is stopped if strictly worse, so roughly the
+    top ``1/reduction_factor`` continue; the first trial at a rung always continues, because nothing
+    has been recorded yet -- this asynchrony is what lets ASHA avoid waiting for a full cohort. A
+    trial whose ``time_attr`` reaches ``max_t`` is stopped (it is done). These are exactly the
+    semantics of Ray Tune's ``ASHAScheduler`` with ``brackets=1``, including its rung count
+    ``int(log(max_t / grace_period) / log(reduction_factor) + 1)``: when ``max_t`` is
+    ``grace_period * rf**k`` there is a rung at ``max_t`` itself, which never decides anything (a
+    result at ``max_t`` is stopped before the rungs are consulted) but receives the final values
+    passed to ``on_trial_complete``.
+
+    Unlike Ray, which silently returns CONTINUE, a result without the metric or time attribute
+    raises ``ValueError``: a misspelled metric would otherwise silently disable early stopping.
+    A NaN metric is recorded and continues, as in Ray (NaN is neither better nor worse).
+    """
+
+    def __init__(
+        self,
+        metric: str,
+        mode: str,
+        max_t: int,
+        grace_period: int = 1,
+        reduction_factor: float = 4,
+        time_attr: str = "training_iteration",
+    ) -> None:
+        super().__init__()
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(
+                f"ASHAScheduler: metric must be the non-empty name of a reported metric, got {metric!r}"
+            )
+        if not isinstance(time_attr, str) or not time_attr:
+            raise ValueError(
+                f"ASHAScheduler: time_attr must be the non-empty name of a reported, monotonically "
+                f"increasing value (e.g. 'training_iteration'), got {time_attr!r}"
+            )
+        if mode not in ("min", "max"):
+            raise ValueError(
+                f"ASHAScheduler: mode must be 'min' (e.g. for a loss) or 'max' (e.g. for accuracy), got {mode!r}"
+            )
+        for name, value in (
+            ("max_t", max_t),
+            ("grace_period", grace_period),
+            ("reduction_factor", reduction_factor),
+        ):
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"ASHAScheduler: {name} must be a finite number, got {value!r}")
+        if grace_period < 1:
+            raise ValueError(
+                f"ASHAScheduler: grace_period must be >= 1 (the earliest {time_attr} at which a trial "
+                f"may be stopped), got {grace_period}"
+            )
+        if max_t < grace_period:
+            raise ValueError(
+                f"ASHAScheduler: max_t must be >= grace_period, got max_t={max_t}, grace_period={grace_period}; "
+                f"raise max_t or lower grace_period"
+            )
+        if reduction_factor <= 1:
+            raise ValueError(
+                f"ASHAScheduler: reduction_factor must be > 1 (it keeps about 1/reduction_factor of the "
+                f"trials at each rung; 2, 3 or 4 are usual), got {reduction_factor}"
+            )
+        self.metric = metric
+        self.mode = mode
+        self.max_t = max_t
+        self.grace_period = grace_period
+        self.reduction_factor = reduction_factor
+        self.time_attr = time_attr
+        # Internally the metric is maximised (Ray's metric_op): min-mode values are negated.
+        self._sign = 1.0 if mode == "max" else -1.0
+
+        # Ray's formula, float rounding included (np.log, int truncation), so the rungs match exactly.
+        num_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
+        # Descending, so the first milestone <= the current time is the highest rung reached.
+        self._rungs: list[tuple[float, dict[str, float]]] = [
+            (grace_period * reduction_factor**k, {}) for k in reversed(range(num_rungs))
+        ]
+        self._live: set[str] = set()
+        self._num_stopped = 0
+
+    @property
+    def milestones(self) -> list[float]:
+        """The rung milestones in ascending order, e.g. ``[1, 2, 4]`` for grace 1, rf 2, max_t 4.
+
+        Only milestones below ``max_t`` can stop a trial; see the class docstring.
+        """
+        return [m for m, _ in reversed(self._rungs)]
+
+    def _time_and_value(self, trial_id: str, result: Mapping[str, Any]) -> tuple[float, float]:
+        for key in (self.metric, self.time_attr):
+            if key not in result:
+                raise ValueError(
+                    f"ASHAScheduler: result for trial {trial_id!r} has no {key!r}; reported keys: "
+                    f"{sorted(result)}. Report {key!r} or configure the scheduler with the name that is reported"
+                )
+        try:
+            value = float(result[self.metric])
+            time = float(result[self.time_attr])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"ASHAScheduler: trial {trial_id!r} reported non-numeric {self.metric!r}="
+                f"{result[self.metric]!r} or {self.time_attr!r}={result[self.time_attr]!r}"
+            ) from exc
+        return time, self._sign * value
+
+    def _record(self, trial_id: str, time: float, value: float) -> str:
+        """Ray's ``_Bracket.on_result``: decide at (and record into) the highest rung reached, once."""
+        action = CONTINUE
+        for milestone, recorded in self._rungs:
+            if time < milestone or trial_id in recorded:
+                continue
+            cutoff = _cutoff(recorded, self.reduction_factor)
+            if cutoff is not None and value < cutoff:
+                action = STOP
+            recorded[trial_id] = value
+            break
+        return action
+
+    def on_trial_add(self, trial_id: str) -> None:
+        with self._lock:
+            if trial_id in self._live:
+                raise ValueError(
+                    f"ASHAScheduler: trial {trial_id!r} was added twice; trial ids must be unique"
+                )
+            self._live.add(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+        time, value = self._time_and_value(trial_id, result)
+        with self._lock:
+            if trial_id not in self._live:
+                raise ValueError(
+                    f"ASHAScheduler: result for unknown trial {trial_id!r}; call on_trial_add first "
+                    f"(and no results after on_trial_complete/on_trial_error)"
+                )
+            if time >= self.max_t:
+                action = STOP
+            else:
+                action = self._record(trial_id, time, value)
+            if action == STOP:
+                self._num_stopped += 1
+            return action
+
+    def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """Record the final result (as Ray does) so later trials are compared against it too.
+
+        This matters when the final report reached a rung the trial was never recorded at, notably
+        a trial stopped at ``max_t``. ``result=None`` (nothing reported) records nothing.
+        """
+        parsed = self._time_and_value(trial_id, result) if result is not None else None
+        with self._lock:
+            if trial_id not in self._live:
+                raise ValueError(
+                    f"ASHAScheduler: on_trial_complete for unknown or finished trial {trial_id!r}"
+                )
+            if parsed is not None:
+                self._record(trial_id, *parsed)
+            self._live.discard(trial_id)
+
+    def on_trial_error(self, trial_id: str) -> None:
+        """Forget the trial; what it recorded at rungs stays, as in Ray (those values were real)."""
+        with self._lock:
+            self._live.discard(trial_id)
+
+    def rung_cutoffs(self) -> dict[float, float | None]:
+        """Current cutoff per milestone, in the metric's own sign (for logging)."""
+        with self._lock:
+            out: dict[float, float | None] = {}
+            for milestone, recorded in reversed(self._rungs):
+                cutoff = _cutoff(recorded, self.reduction_factor)
+                out[milestone] = None if cutoff is None else self._sign * cutoff
+            return out
+
+    def debug_string(self) -> str:
+        cutoffs = self.rung_cutoffs()
+        with self._lock:
+            rungs = " | ".join(
+                f"t={m:g}: n={len(rec)} cutoff={cutoffs[m]}" for m, rec in reversed(self._rungs)
+            )
+            return f"ASHAScheduler({self.metric}, {self.mode}): num_stopped={self._num_stopped}; {rungs}"
+
+
+_ASHA_KEYS = ("metric", "mode", "max_t", "grace_period", "reduction_factor", "time_attr")
+
+
+def make_scheduler(config: Mapping[str, Any] | None) -> TrialScheduler:
+    """Build a scheduler from deployment-parameter data.
+
+    ``None`` or ``{"type": "fifo"}`` gives :class:`FIFOScheduler`; ``{"type": "asha", "metric":
+    "val_loss", "mode": "min", "max_t": 10, ...}`` gives :class:`ASHAScheduler` with those keyword
+    arguments. Unknown keys are rejected, so a typo such as ``"grace": 2`` is not silently ignored.
+    """
+    if config is None:
+        return FIFOScheduler()
+    if not isinstance(config, Mapping):
+        raise ValueError(f"scheduler config must be a dict like {{'type': 'fifo'}} or None, got {config!r}")
+    kind = config.get("type")
+    params = {k: v for k, v in config.items() if k != "type"}
+    if kind == "fifo":
+        if params:
+            raise ValueError(f"scheduler 'fifo' takes no parameters, got {sorted(params)}")
+        return FIFOScheduler()
+    if kind in ("asha", "async_hyperband"):
+        unknown = sorted(set(params) - set(_ASHA_KEYS))
+        if unknown:
+            raise ValueError(f"scheduler 'asha': unknown keys {unknown}; valid keys: {list(_ASHA_KEYS)}")
+        missing = [k for k in ("metric", "mode", "max_t") if k not in params]
+        if missing:
+            raise ValueError(
+                f"scheduler 'asha' needs {missing}; e.g. "
+                f'{{"type": "asha", "metric": "val_loss", "mode": "min", "max_t": 10}}'
+            )
+        return ASHAScheduler(**params)
+    raise ValueError(f"unknown scheduler type {kind!r}; valid types: 'fifo', 'asha'")

@@ -1,0 +1,603 @@
+"""Hyperparameter search spaces given as plain data, and samplers that turn them into trial configs.
+
+Search spaces arrive as Prefect deployment parameters, so they must be JSON/YAML-able data rather
+than Python objects such as Ray's ``tune.loguniform(...)``. This module parses such a dict once,
+up front (so a typo fails the flow before any GPU time is spent), into frozen domain dataclasses,
+and generates the list of concrete configs that the sweep flow fans out over.
+
+Space format: ``{param_name: constant | {"type": ..., ...}}``. Any non-dict value is a constant
+and is passed through unchanged (use ``{"type": "constant", "value": {...}}`` for a dict-valued
+constant). The domain types are::
+
+    {"type": "choice", "values": [...]}            one value drawn at random per trial
+    {"type": "grid", "values": [...]}              every value is tried (crossed with other grids)
+    {"type": "uniform", "low": a, "high": b}       float in [a, b)
+    {"type": "loguniform", "low": a, "high": b}    float in [a, b], log-uniform, needs 0 < a < b
+    {"type": "randint", "low": a, "high": b}       int in [a, b) (high exclusive, like tune.randint)
+    {"type": "qrandint", "low": a, "high": b, "q": q}
+                                                   multiple of q in [a, b] (inclusive, like tune.qrandint)
+    {"type": "pow2", "low": 4, "high": 256}        power of two in [low, high], uniform over exponents
+
+This module deliberately imports nothing heavier than numpy, so that it can be used (and tested)
+without Prefect, MLflow, torch or Dask.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+import numpy as np
+
+__all__ = [
+    "Choice",
+    "Constant",
+    "Domain",
+    "Grid",
+    "GridSampler",
+    "LogUniform",
+    "Pow2",
+    "QRandInt",
+    "RandInt",
+    "SAMPLERS",
+    "RandomSampler",
+    "Sampler",
+    "SearchSpace",
+    "Uniform",
+    "describe_trial",
+    "generate_trials",
+    "parse_space",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Domains
+# --------------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Return ``value`` as plain Python data (numpy scalars unwrapped, containers copied).
+
+    Configs are serialised to JSON (Prefect parameters, MLflow params), and numpy scalars such as
+    ``np.int64`` are not JSON-serialisable; copying also keeps trials from sharing mutable lists.
+    """
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return copy.deepcopy(value)
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A value passed through unchanged to every trial."""
+
+    value: Any
+
+    def to_raw(self) -> Any:
+        if isinstance(self.value, Mapping):
+            return {"type": "constant", "value": _plain(self.value)}
+        return _plain(self.value)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values``, drawn uniformly at random for each trial (enumerated by the grid sampler)."""
+
+    values: tuple[Any, ...]
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return _plain(self.values[int(rng.integers(len(self.values)))])
+
+    def enumerate(self) -> list[Any]:
+        return [_plain(v) for v in self.values]
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "choice", "values": _plain(list(self.values))}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Every one of ``values`` is tried; several grids are crossed (Ray's ``tune.grid_search``)."""
+
+    values: tuple[Any, ...]
+
+    def enumerate(self) -> list[Any]:
+        return [_plain(v) for v in self.values]
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "grid", "values": _plain(list(self.values))}
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """A float drawn uniformly from ``[low, high)``."""
+
+    low: float
+    high: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "uniform", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    """A float whose logarithm is uniform on ``[log(low), log(high)]``: for learning rates etc."""
+
+    low: float
+    high: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        value = math.exp(float(rng.uniform(math.log(self.low), math.log(self.high))))
+        # exp(log(x)) can overshoot the bounds by one ulp; the documented range must hold exactly.
+        return min(max(value, self.low), self.high)
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "loguniform", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class RandInt:
+    """An int drawn uniformly from ``[low, high)`` (high exclusive, like Ray's ``tune.randint``)."""
+
+    low: int
+    high: int
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.low, self.high))
+
+    def enumerate(self) -> list[int]:
+        return list(range(self.low, self.high))
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "randint", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class QRandInt:
+    """A multiple of ``q`` drawn uniformly from ``[low, high]`` (inclusive, like ``tune.qrandint``)."""
+
+    low: int
+    high: int
+    q: int
+
+    @property
+    def _k_range(self) -> tuple[int, int]:
+        # Smallest and largest k such that k*q lies in [low, high].
+        return -(-self.low // self.q), self.high // self.q
+
+    def sample(self, rng: np.random.Generator) -> int:
+        k_lo, k_hi = self._k_range
+        return int(rng.integers(k_lo, k_hi + 1)) * self.q
+
+    def enumerate(self) -> list[int]:
+        k_lo, k_hi = self._k_range
+        return [k * self.q for k in range(k_lo, k_hi + 1)]
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "qrandint", "low": self.low, "high": self.high, "q": self.q}
+
+
+@dataclass(frozen=True)
+class Pow2:
+    """A power of two in ``[low, high]``, uniform over the exponent.
+
+    This is the Ray Tune CIFAR tutorial's ``tune.sample_from(lambda _: 2 ** np.random.randint(2, 9))``
+    written as data: ``{"type": "pow2", "low": 4, "high": 256}``.
+    """
+
+    low: int
+    high: int
+
+    @property
+    def _exp_range(self) -> tuple[int, int]:
+        # (low - 1).bit_length() is the smallest e with 2**e >= low; high.bit_length() - 1 the largest
+        # e with 2**e <= high. Integer arithmetic avoids log2 rounding at exact powers of two.
+        return (self.low - 1).bit_length(), self.high.bit_length() - 1
+
+    def sample(self, rng: np.random.Generator) -> int:
+        e_lo, e_hi = self._exp_range
+        return 2 ** int(rng.integers(e_lo, e_hi + 1))
+
+    def enumerate(self) -> list[int]:
+        e_lo, e_hi = self._exp_range
+        return [2**e for e in range(e_lo, e_hi + 1)]
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "pow2", "low": self.low, "high": self.high}
+
+
+Domain: TypeAlias = Constant | Choice | Grid | Uniform | LogUniform | RandInt | QRandInt | Pow2
+
+_RANDOM_DOMAINS = (Choice, Uniform, LogUniform, RandInt, QRandInt, Pow2)
+_CONTINUOUS_DOMAINS = (Uniform, LogUniform)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space: ``(name, domain)`` pairs in the order they were given.
+
+    Order is kept so that generated configs, trial names and the random draw sequence (and hence
+    reproducibility by seed) do not depend on dict hashing.
+    """
+
+    params: tuple[tuple[str, Domain], ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.params]
+
+    @property
+    def varying_names(self) -> list[str]:
+        """Names of the non-constant parameters: the useful keys for :func:`describe_trial`."""
+        return [name for name, dom in self.params if not isinstance(dom, Constant)]
+
+    @property
+    def grid_names(self) -> list[str]:
+        return [name for name, dom in self.params if isinstance(dom, Grid)]
+
+    @property
+    def num_grid_combinations(self) -> int:
+        """How many configs one pass over the grid produces (1 if there are no grid params)."""
+        return math.prod(len(dom.values) for _, dom in self.params if isinstance(dom, Grid))
+
+    def __getitem__(self, name: str) -> Domain:
+        for key, dom in self.params:
+            if key == name:
+                return dom
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The raw (JSON-able) form; ``parse_space(space.to_dict()) == space``."""
+        return {name: dom.to_raw() for name, dom in self.params}
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing and validation
+# --------------------------------------------------------------------------------------------------
+
+_SPEC_KEYS: dict[str, tuple[str, ...]] = {
+    "constant": ("value",),
+    "choice": ("values",),
+    "grid": ("values",),
+    "uniform": ("low", "high"),
+    "loguniform": ("low", "high"),
+    "randint": ("low", "high"),
+    "qrandint": ("low", "high", "q"),
+    "pow2": ("low", "high"),
+}
+
+_EXAMPLES: dict[str, str] = {
+    "constant": '{"type": "constant", "value": {...}}',
+    "choice": '{"type": "choice", "values": [16, 32, 64]}',
+    "grid": '{"type": "grid", "values": [0.1, 0.01]}',
+    "uniform": '{"type": "uniform", "low": 0.0, "high": 0.5}',
+    "loguniform": '{"type": "loguniform", "low": 1e-4, "high": 1e-1}',
+    "randint": '{"type": "randint", "low": 1, "high": 10}',
+    "qrandint": '{"type": "qrandint", "low": 8, "high": 64, "q": 8}',
+    "pow2": '{"type": "pow2", "low": 4, "high": 256}',
+}
+
+
+def _is_number(value: Any) -> bool:
+    # bool is an int subclass, but `low: true` is always a mistake in a search space.
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+def _float_arg(name: str, kind: str, key: str, value: Any) -> float:
+    if not _is_number(value) or not math.isfinite(float(value)):
+        raise ValueError(
+            f"{name}: {kind} '{key}' must be a finite number, got {value!r}; e.g. {_EXAMPLES[kind]}"
+        )
+    return float(value)
+
+
+def _int_arg(name: str, kind: str, key: str, value: Any) -> int:
+    # Integral floats (e.g. 1e3 from JSON/YAML) are accepted; 2.5 for an integer bound is an error.
+    if _is_number(value) and math.isfinite(float(value)) and float(value).is_integer():
+        return int(value)
+    raise ValueError(f"{name}: {kind} '{key}' must be an integer, got {value!r}; e.g. {_EXAMPLES[kind]}")
+
+
+def _values_arg(name: str, kind: str, value: Any) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence) or len(value) == 0:
+        raise ValueError(
+            f"{name}: {kind} needs a non-empty list under 'values', got {value!r}; e.g. {_EXAMPLES[kind]}"
+        )
+    return tuple(_plain(v) for v in value)
+
+
+def _parse_domain(name: str, raw: Any) -> Domain:
+    if not isinstance(raw, Mapping):
+        return Constant(_plain(raw))
+    if "type" not in raw:
+        hint = ""
+        if "grid_search" in raw:
+            hint = ' (Ray\'s {"grid_search": [...]} is written {"type": "grid", "values": [...]} here)'
+        raise ValueError(
+            f"{name}: a dict value must be a domain spec with a 'type' key{hint}; got keys {sorted(raw)}. "
+            f"Valid types: {', '.join(_SPEC_KEYS)}. For a dict-valued constant use "
+            f"{_EXAMPLES['constant']}"
+        )
+    kind = raw["type"]
+    if kind not in _SPEC_KEYS:
+        close = difflib.get_close_matches(str(kind), list(_SPEC_KEYS), n=1)
+        suggestion = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{name}: unknown type {kind!r}.{suggestion} Valid types: {', '.join(_SPEC_KEYS)}")
+    expected = _SPEC_KEYS[kind]
+    present = set(raw) - {"type"}
+    missing = [k for k in expected if k not in present]
+    extra = sorted(present - set(expected))
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append(f"missing {missing}")
+        if extra:
+            problems.append(f"unexpected {extra}")
+        raise ValueError(
+            f"{name}: {kind} takes exactly the keys {list(expected)} ({'; '.join(problems)}); "
+            f"e.g. {_EXAMPLES[kind]}"
+        )
+
+    if kind == "constant":
+        return Constant(_plain(raw["value"]))
+    if kind == "choice":
+        return Choice(_values_arg(name, kind, raw["values"]))
+    if kind == "grid":
+        return Grid(_values_arg(name, kind, raw["values"]))
+    if kind in ("uniform", "loguniform"):
+        low = _float_arg(name, kind, "low", raw["low"])
+        high = _float_arg(name, kind, "high", raw["high"])
+        if kind == "loguniform" and not 0 < low < high:
+            raise ValueError(
+                f"{name}: loguniform needs 0 < low < high, got low={raw['low']!r}, high={raw['high']!r}; "
+                f"the log of a bound <= 0 is undefined, use e.g. low=1e-5 instead of 0"
+            )
+        if not low < high:
+            raise ValueError(
+                f"{name}: uniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}; "
+                f"swap the bounds, or use a constant if the value is fixed"
+            )
+        return Uniform(low, high) if kind == "uniform" else LogUniform(low, high)
+    if kind == "randint":
+        low = _int_arg(name, kind, "low", raw["low"])
+        high = _int_arg(name, kind, "high", raw["high"])
+        if not low < high:
+            raise ValueError(
+                f"{name}: randint needs low < high (high is exclusive), got low={low}, high={high}; "
+                f"to include {high} set high={high + 1}"
+            )
+        return RandInt(low, high)
+    if kind == "qrandint":
+        low = _int_arg(name, kind, "low", raw["low"])
+        high = _int_arg(name, kind, "high", raw["high"])
+        q = _int_arg(name, kind, "q", raw["q"])
+        if q < 1:
+            raise ValueError(f"{name}: qrandint needs q >= 1, got q={q}")
+        if not low <= high:
+            raise ValueError(
+                f"{name}: qrandint needs low <= high (both inclusive), got low={low}, high={high}"
+            )
+        dom = QRandInt(low, high, q)
+        k_lo, k_hi = dom._k_range
+        if k_lo > k_hi:
+            raise ValueError(
+                f"{name}: qrandint has no multiple of q={q} in [{low}, {high}]; widen the range or change q"
+            )
+        return dom
+    # pow2
+    low = _int_arg(name, kind, "low", raw["low"])
+    high = _int_arg(name, kind, "high", raw["high"])
+    if low < 1:
+        raise ValueError(
+            f"{name}: pow2 needs low >= 1 (2**0 = 1 is the smallest power of two), got low={low}"
+        )
+    dom = Pow2(low, high)
+    e_lo, e_hi = dom._exp_range
+    if e_lo > e_hi:
+        raise ValueError(
+            f"{name}: pow2 has no power of two in [{low}, {high}]; "
+            f"use bounds that are powers of two, e.g. low=4, high=256"
+        )
+    return dom
+
+
+def parse_space(raw: Mapping[str, Any] | SearchSpace) -> SearchSpace:
+    """Validate a raw search-space dict and return the parsed :class:`SearchSpace`.
+
+    All parameters are checked before anything runs, so a bad deployment parameter fails fast with
+    a ``ValueError`` that names the parameter, the problem and the fix. A ``SearchSpace`` is returned
+    unchanged, so callers can accept either form.
+    """
+    if isinstance(raw, SearchSpace):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ValueError(
+            f"search space must be a dict of parameter name -> value or domain spec, got {type(raw).__name__}"
+        )
+    params: list[tuple[str, Domain]] = []
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"search space parameter names must be non-empty strings, got {name!r}")
+        params.append((name, _parse_domain(name, spec)))
+    return SearchSpace(tuple(params))
+
+
+# --------------------------------------------------------------------------------------------------
+# Samplers
+# --------------------------------------------------------------------------------------------------
+
+
+class Sampler(Protocol):
+    """Something that turns a search space into concrete trial configs."""
+
+    def generate(self, num_samples: int) -> list[dict[str, Any]]: ...
+
+
+def _check_num_samples(num_samples: int) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+
+
+class RandomSampler:
+    """Random search with Ray Tune's grid semantics.
+
+    ``generate(num_samples)`` returns ``num_samples`` passes over the cartesian product of the grid
+    params; in every config the random params (choice, uniform, ...) are drawn independently. So a
+    space with grids of 2 and 3 values and ``num_samples=4`` gives 4 * 2 * 3 = 24 configs, as
+    ``tune.run(num_samples=4)`` would. The draws come from one ``numpy.random.Generator`` seeded
+    with ``seed``: the same space and seed always give the same sequence of configs.
+    """
+
+    def __init__(self, space: Mapping[str, Any] | SearchSpace, seed: int | None = None) -> None:
+        self.space = parse_space(space)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+
+    def _grid_combinations(self) -> list[dict[str, Any]]:
+        grids = [(name, dom) for name, dom in self.space.params if isinstance(dom, Grid)]
+        names = [name for name, _ in grids]
+        return [
+            dict(zip(names, combo, strict=True)) for combo in itertools.product(*(d.values for _, d in grids))
+        ]
+
+    def generate(self, num_samples: int) -> list[dict[str, Any]]:
+        _check_num_samples(num_samples)
+        combos = self._grid_combinations()
+        configs: list[dict[str, Any]] = []
+        for _ in range(num_samples):
+            for combo in combos:
+                config: dict[str, Any] = {}
+                for name, dom in self.space.params:
+                    if isinstance(dom, Grid):
+                        config[name] = _plain(combo[name])
+                    elif isinstance(dom, Constant):
+                        config[name] = _plain(dom.value)
+                    else:
+                        config[name] = dom.sample(self._rng)
+                configs.append(config)
+        return configs
+
+
+class GridSampler:
+    """Exhaustive search: the cartesian product of every discrete domain.
+
+    Grid and choice values are enumerated, and so are the finite integer domains (randint, qrandint,
+    pow2), which lets one space serve both random and grid sweeps. Continuous domains cannot be
+    enumerated and are rejected. ``max_combinations`` guards against an accidental huge product
+    (e.g. randint over 0..10**6), which would otherwise create that many Prefect task runs.
+    """
+
+    def __init__(self, space: Mapping[str, Any] | SearchSpace, max_combinations: int = 10_000) -> None:
+        self.space = parse_space(space)
+        continuous = [name for name, dom in self.space.params if isinstance(dom, _CONTINUOUS_DOMAINS)]
+        if continuous:
+            raise ValueError(
+                f"grid sampler cannot enumerate continuous parameters {continuous}; "
+                f"use sampler='random', or replace them with "
+                f'{{"type": "choice", "values": [...]}} / {{"type": "grid", "values": [...]}}'
+            )
+        self._axes: list[tuple[str, list[Any]]] = []
+        for name, dom in self.space.params:
+            if isinstance(dom, Constant):
+                self._axes.append((name, [dom.value]))
+            else:
+                self._axes.append((name, dom.enumerate()))
+        self.num_combinations = math.prod(len(values) for _, values in self._axes)
+        if self.num_combinations > max_combinations:
+            sizes = {name: len(values) for name, values in self._axes if len(values) > 1}
+            raise ValueError(
+                f"grid sampler would generate {self.num_combinations} configs (axis sizes {sizes}), "
+                f"more than max_combinations={max_combinations}; narrow the ranges or use sampler='random'"
+            )
+
+    def generate(self, num_samples: int = 1) -> list[dict[str, Any]]:
+        """Every combination, repeated ``num_samples`` times (repeats are useful to measure noise)."""
+        _check_num_samples(num_samples)
+        names = [name for name, _ in self._axes]
+        configs = []
+        for _ in range(num_samples):
+            for combo in itertools.product(*(values for _, values in self._axes)):
+                configs.append({name: _plain(value) for name, value in zip(names, combo, strict=True)})
+        return configs
+
+
+SAMPLERS = ("random", "grid")
+
+
+def generate_trials(
+    space: Mapping[str, Any] | SearchSpace,
+    *,
+    sampler: str = "random",
+    num_samples: int,
+    seed: int | None = None,
+) -> list[dict[str, Any]]:
+    """Return the concrete trial configs for a sweep (plain Python values, JSON-serialisable).
+
+    ``sampler="random"``: ``num_samples`` x (number of grid combinations) configs, like Ray Tune.
+    ``sampler="grid"``: ``num_samples`` x (product of all discrete domain sizes) configs; ``seed`` is
+    unused since nothing is random.
+    """
+    if sampler == "random":
+        return RandomSampler(space, seed=seed).generate(num_samples)
+    if sampler == "grid":
+        return GridSampler(space).generate(num_samples)
+    raise ValueError(f"unknown sampler {sampler!r}; valid samplers: {', '.join(SAMPLERS)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Trial names
+# --------------------------------------------------------------------------------------------------
+
+
+def _format_float(value: float, precision: int) -> str:
+    if value == 0:
+        return "0"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) < 1e-2 or abs(value) >= 1e5:
+        return f"{value:.{precision - 1}e}"
+    # Round to `precision` significant digits but print positionally (120, not 1.2e+02).
+    text = repr(float(f"{value:.{precision}g}"))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _format_value(value: Any, precision: int) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, float | np.floating):
+        return _format_float(float(value), precision)
+    if isinstance(value, list | tuple):
+        return "x".join(_format_value(v, precision) for v in value)
+    return str(value)
+
+
+def describe_trial(
+    config: Mapping[str, Any], keys: Iterable[str] | None = None, *, precision: int = 2
+) -> str:
+    """A short readable name for a trial, e.g. ``"l1=64,l2=16,lr=3.2e-03,batch_size=8"``.
+
+    Meant for Prefect task-run names and MLflow run names, where a human scans a list of trials:
+    small or large floats get ``precision`` significant digits in e-notation, others are printed
+    positionally; lists print as ``64x32``. Pass ``keys`` (e.g. ``space.varying_names``) to leave
+    out constants. Names are not guaranteed unique (rounding), so prefix a trial index if needed.
+    """
+    selected = list(config) if keys is None else list(keys)
+    missing = [k for k in selected if k not in config]
+    if missing:
+        raise ValueError(f"describe_trial: keys {missing} are not in the config (its keys: {list(config)})")
+    return ",".join(f"{k}={_format_value(config[k], precision)}" for k in selected)

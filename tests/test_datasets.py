@@ -1,0 +1,629 @@
+"""Tests for the data stage against real transports: an HTTP server, an S3 endpoint (moto) and a directory.
+
+The remote datasets' real files cannot be downloaded here, so the tests generate small files in the real
+formats (MNIST IDX gz, the CIFAR-10 python tarball) and serve them; the official checksums are replaced
+through ``DataConfig.checksums`` exactly as a user with a private mirror would do.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import io
+import json
+import os
+import pickle
+import socket
+import struct
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.datasets import (
+    DATASETS,
+    ChecksumMismatchError,
+    DataConfig,
+    DatasetConfigError,
+    DatasetFetchError,
+    DatasetFormatError,
+    DatasetSourceError,
+    PreparedDataset,
+    default_cache_dir,
+    load_meta,
+    load_split,
+    prepare_dataset,
+    read_cifar10_tarball,
+    read_idx,
+)
+
+N_TRAIN, N_TEST = 60, 20
+IDX_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+CIFAR_FILE = "cifar-10-python.tar.gz"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Generated raw files
+# ------------------------------------------------------------------------------------------------------
+
+
+def _balanced_labels(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.permutation(np.arange(n) % 10).astype(np.int64)
+
+
+def _idx_bytes(array: np.ndarray) -> bytes:
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return gzip.compress(header + array.astype(np.uint8).tobytes(), mtime=0)
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Small dataset files in the official formats, and the arrays they were made from."""
+
+    root: Path  # holds mnist/ and cifar/
+    mnist: dict[str, np.ndarray]  # train_x, train_y, test_x, test_y
+    cifar: dict[str, np.ndarray]
+    mnist_md5: dict[str, str]
+    cifar_md5: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    rng = np.random.default_rng(1234)
+    root = tmp_path_factory.mktemp("raw-sources")
+
+    mnist = {
+        "train_x": rng.integers(0, 256, size=(N_TRAIN, 28, 28), dtype=np.uint8),
+        "train_y": _balanced_labels(N_TRAIN, rng),
+        "test_x": rng.integers(0, 256, size=(N_TEST, 28, 28), dtype=np.uint8),
+        "test_y": _balanced_labels(N_TEST, rng),
+    }
+    (root / "mnist").mkdir()
+    for name, key in zip(IDX_FILES, ("train_x", "train_y", "test_x", "test_y"), strict=True):
+        (root / "mnist" / name).write_bytes(_idx_bytes(mnist[key]))
+
+    cifar = {
+        "train_x": rng.integers(0, 256, size=(N_TRAIN, 3, 32, 32), dtype=np.uint8),
+        "train_y": _balanced_labels(N_TRAIN, rng),
+        "test_x": rng.integers(0, 256, size=(N_TEST, 3, 32, 32), dtype=np.uint8),
+        "test_y": _balanced_labels(N_TEST, rng),
+    }
+    (root / "cifar").mkdir()
+    batches = {
+        f"data_batch_{i + 1}": (
+            cifar["train_x"][i * 12 : (i + 1) * 12],
+            cifar["train_y"][i * 12 : (i + 1) * 12],
+        )
+        for i in range(5)
+    }
+    batches["test_batch"] = (cifar["test_x"], cifar["test_y"])
+    with tarfile.open(root / "cifar" / CIFAR_FILE, "w:gz") as tar:
+        for name, (x, y) in batches.items():
+            # Same layout as the real files: bytes keys, (N, 3072) uint8 rows, labels as a list, protocol 2.
+            payload = pickle.dumps(
+                {
+                    b"batch_label": name.encode(),
+                    b"labels": [int(v) for v in y],
+                    b"data": x.reshape(len(x), -1),
+                },
+                protocol=2,
+            )
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+    return Generated(
+        root=root,
+        mnist=mnist,
+        cifar=cifar,
+        mnist_md5={name: _md5(root / "mnist" / name) for name in IDX_FILES},
+        cifar_md5={CIFAR_FILE: _md5(root / "cifar" / CIFAR_FILE)},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Servers
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HttpServer:
+    url: str
+    requests: list[str]  # "GET /path" for every request served, in order
+
+
+class _RecordingHandler(SimpleHTTPRequestHandler):
+    requests: list[str]
+
+    def do_GET(self) -> None:
+        self.requests.append(f"GET {self.path}")
+        super().do_GET()
+
+    def do_HEAD(self) -> None:
+        self.requests.append(f"HEAD {self.path}")
+        super().do_HEAD()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        """Keep test output quiet; the request list is the log."""
+
+
+@pytest.fixture(scope="module")
+def http_server(generated: Generated) -> Iterator[HttpServer]:
+    requests: list[str] = []
+    handler = type("Handler", (_RecordingHandler,), {"requests": requests})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(generated.root)))
+    thread = threading.Thread(target=server.serve_forever, name="test-http-server", daemon=True)
+    thread.start()
+    try:
+        yield HttpServer(url=f"http://127.0.0.1:{server.server_address[1]}", requests=requests)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@dataclass(frozen=True)
+class S3:
+    endpoint: str
+    bucket: str
+    storage_options: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def s3(generated: Generated) -> Iterator[S3]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
+        client.create_bucket(Bucket="datasets")
+        for sub in ("mnist", "cifar"):
+            for path in sorted((generated.root / sub).iterdir()):
+                client.upload_file(str(path), "datasets", f"mirror/{sub}/{path.name}")
+        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+        yield S3(endpoint=endpoint, bucket="datasets", storage_options=options)
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------------
+
+
+def _denormalise(path: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Load a split and undo the standardisation, back to the uint8 pixels it was made from."""
+    meta = load_meta(path)
+    x, y = load_split(path, split)
+    mean = np.asarray(meta["mean"], dtype=np.float32)[None, :, None, None]
+    std = np.asarray(meta["std"], dtype=np.float32)[None, :, None, None]
+    pixels = np.rint((x.numpy() * std + mean) * meta["pixel_max"])
+    return pixels.astype(np.uint8), y.numpy()
+
+
+def _rows(images: np.ndarray) -> set[bytes]:
+    return {img.tobytes() for img in images}
+
+
+def _cache_files(cache_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(cache_dir)) for p in cache_dir.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------------------------------
+# Parsers
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_read_idx_returns_generated_arrays(generated: Generated) -> None:
+    images = read_idx(generated.root / "mnist" / "train-images-idx3-ubyte.gz")
+    labels = read_idx(generated.root / "mnist" / "train-labels-idx1-ubyte.gz")
+    assert images.dtype == np.uint8 and images.shape == (N_TRAIN, 28, 28)
+    np.testing.assert_array_equal(images, generated.mnist["train_x"])
+    np.testing.assert_array_equal(labels, generated.mnist["train_y"])
+
+
+def test_read_idx_rejects_truncated_file(tmp_path: Path) -> None:
+    data = gzip.decompress(_idx_bytes(np.zeros((3, 4, 4), dtype=np.uint8)))
+    bad = tmp_path / "bad-idx3-ubyte"
+    bad.write_bytes(data[:-5])
+    with pytest.raises(DatasetFormatError, match="truncated or corrupt"):
+        read_idx(bad)
+
+
+def test_read_cifar10_tarball_returns_generated_arrays(generated: Generated) -> None:
+    train_x, train_y, test_x, test_y = read_cifar10_tarball(generated.root / "cifar" / CIFAR_FILE)
+    assert train_x.shape == (N_TRAIN, 3, 32, 32) and test_x.shape == (N_TEST, 3, 32, 32)
+    assert train_y.dtype == np.int64
+    for got, key in ((train_x, "train_x"), (train_y, "train_y"), (test_x, "test_x"), (test_y, "test_y")):
+        np.testing.assert_array_equal(got, generated.cifar[key])
+
+
+def test_cifar_parser_refuses_pickles_that_run_code(tmp_path: Path) -> None:
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("echo pwned",))
+
+    payload = pickle.dumps({b"data": Evil(), b"labels": []}, protocol=2)
+    tarball = tmp_path / CIFAR_FILE
+    with tarfile.open(tarball, "w:gz") as tar:
+        info = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    with pytest.raises(DatasetFormatError, match="refusing to unpickle"):
+        read_cifar10_tarball(tarball)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Remote datasets over real transports
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_mnist_over_http_parses_splits_and_records_meta(
+    generated: Generated, http_server: HttpServer, tmp_path: Path
+) -> None:
+    cfg = DataConfig(
+        name="mnist",
+        source=f"{http_server.url}/mnist",
+        cache_dir=str(tmp_path),
+        checksums=generated.mnist_md5,
+    )
+    prepared = prepare_dataset(cfg)
+
+    n_val = int(np.ceil(0.15 * N_TRAIN))
+    assert prepared.sizes == {"train": N_TRAIN - n_val, "val": n_val, "test": N_TEST}
+    assert prepared.input_shape == (1, 28, 28) and prepared.num_classes == 10
+    assert Path(prepared.path).parent == tmp_path / "prepared"
+    assert Path(prepared.path).name.startswith("mnist-")
+    assert sorted(os.listdir(prepared.path)) == ["meta.json", "test.npz", "train.npz", "val.npz"]
+
+    x, y = load_split(prepared.path, "train")
+    assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape == (N_TRAIN - n_val, 1, 28, 28)
+    assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-2  # standardised with train stats
+
+    # The official test set is the test split, in order; train + val are exactly the official train set.
+    test_x, test_y = _denormalise(prepared.path, "test")
+    np.testing.assert_array_equal(test_x[:, 0], generated.mnist["test_x"])
+    np.testing.assert_array_equal(test_y, generated.mnist["test_y"])
+    train_x, train_y = _denormalise(prepared.path, "train")
+    val_x, val_y = _denormalise(prepared.path, "val")
+    assert _rows(train_x).isdisjoint(_rows(val_x)) and _rows(train_x).isdisjoint(_rows(test_x))
+    assert _rows(np.concatenate([train_x, val_x])[:, 0]) == _rows(generated.mnist["train_x"])
+    pairs = {
+        (img.tobytes(), int(lbl))
+        for img, lbl in zip(np.concatenate([train_x, val_x])[:, 0], [*train_y, *val_y], strict=True)
+    }
+    assert pairs == {
+        (img.tobytes(), int(lbl))
+        for img, lbl in zip(generated.mnist["train_x"], generated.mnist["train_y"], strict=True)
+    }
+
+    meta = load_meta(prepared.path)
+    assert meta["name"] == "mnist" and meta["input_shape"] == [1, 28, 28]
+    assert meta["class_names"] == list(DATASETS["mnist"].class_names)
+    assert meta["sizes"] == prepared.sizes and meta["checksum"] == prepared.checksum
+    assert meta["source"] == f"{http_server.url}/mnist" == prepared.source
+    assert set(meta["raw_files"]) == set(IDX_FILES) and len(meta["mean"]) == len(meta["std"]) == 1
+    assert {name: d["md5"] for name, d in meta["raw_files"].items()} == generated.mnist_md5
+
+    assert PreparedDataset.from_dict(json.loads(json.dumps(prepared.to_dict()))) == prepared
+
+
+def test_second_prepare_downloads_nothing(
+    generated: Generated, http_server: HttpServer, tmp_path: Path
+) -> None:
+    cfg = DataConfig(
+        name="mnist",
+        source=f"{http_server.url}/mnist",
+        cache_dir=str(tmp_path),
+        checksums=generated.mnist_md5,
+    )
+    before = len(http_server.requests)
+    first = prepare_dataset(cfg)
+    fetched = http_server.requests[before:]
+    assert sorted(fetched) == sorted(f"GET /mnist/{name}" for name in IDX_FILES)
+
+    assert prepare_dataset(cfg) == first
+    assert len(http_server.requests) == before + len(fetched), "second prepare must not touch the network"
+
+    # Prepared dir gone but raw files cached: rebuilt identically from the cache, still no request.
+    train_before = load_split(first.path, "train")[0]
+    for path in Path(first.path).iterdir():
+        path.unlink()
+    Path(first.path).rmdir()
+    assert prepare_dataset(cfg) == first
+    assert len(http_server.requests) == before + len(fetched)
+    assert torch.equal(load_split(first.path, "train")[0], train_before)
+
+    # A corrupt cached file (wrong checksum) is replaced; only that one is fetched again.
+    (tmp_path / "raw" / "mnist" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"garbage")
+    assert prepare_dataset(cfg) == first
+    assert http_server.requests[before + len(fetched) :] == ["GET /mnist/t10k-labels-idx1-ubyte.gz"]
+
+
+def test_split_is_reproducible_for_a_seed(
+    generated: Generated, http_server: HttpServer, tmp_path: Path
+) -> None:
+    def prepare(seed: int, sub: str) -> PreparedDataset:
+        return prepare_dataset(
+            DataConfig(
+                name="mnist",
+                source=f"{http_server.url}/mnist",
+                cache_dir=str(tmp_path / sub),
+                checksums=generated.mnist_md5,
+                seed=seed,
+                val_fraction=0.2,  # 12 of 60: enough for every class, so the split is stratified
+            )
+        )
+
+    a, b, c = prepare(7, "a"), prepare(7, "b"), prepare(8, "c")
+    assert Path(a.path).name == Path(b.path).name != Path(c.path).name
+    for split in ("train", "val", "test"):
+        xa, ya = load_split(a.path, split)
+        xb, yb = load_split(b.path, split)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    val_a, val_c = load_split(a.path, "val")[0].numpy(), load_split(c.path, "val")[0].numpy()
+    assert _rows(val_a) != _rows(val_c), "another seed must give another split"
+    assert load_meta(a.path)["split"]["stratified"] is True
+    assert np.bincount(load_split(a.path, "val")[1].numpy(), minlength=10).min() >= 1
+
+
+def test_checksum_mismatch_is_clear_and_leaves_cache_clean(
+    generated: Generated, http_server: HttpServer, tmp_path: Path
+) -> None:
+    wrong = dict(generated.mnist_md5, **{"t10k-images-idx3-ubyte.gz": "0" * 32})
+    cfg = DataConfig(
+        name="mnist", source=f"{http_server.url}/mnist", cache_dir=str(tmp_path), checksums=wrong
+    )
+    with pytest.raises(ChecksumMismatchError) as info:
+        prepare_dataset(cfg)
+    message = str(info.value)
+    assert "t10k-images-idx3-ubyte.gz" in message
+    assert "0" * 32 in message and generated.mnist_md5["t10k-images-idx3-ubyte.gz"] in message
+    assert f"{http_server.url}/mnist" in message
+    files = _cache_files(tmp_path)
+    assert "raw/mnist/t10k-images-idx3-ubyte.gz" not in files
+    assert not any(name.endswith(".part") or "/.tmp-" in name for name in files), files
+    assert not (tmp_path / "prepared").exists()
+
+
+def test_cifar10_from_s3(generated: Generated, s3: S3, tmp_path: Path) -> None:
+    cfg = DataConfig(
+        name="cifar10",
+        source=f"s3://{s3.bucket}/mirror/cifar",
+        storage_options=s3.storage_options,
+        cache_dir=str(tmp_path),
+        checksums=generated.cifar_md5,
+    )
+    assert "testing" not in repr(cfg), "credentials must not show up in logs"
+    prepared = prepare_dataset(cfg)
+    assert prepared.input_shape == (3, 32, 32) and prepared.num_classes == 10
+    assert prepared.sizes == {"train": N_TRAIN - 9, "val": 9, "test": N_TEST}
+    assert prepared.source == f"s3://{s3.bucket}/mirror/cifar"
+    test_x, test_y = _denormalise(prepared.path, "test")
+    np.testing.assert_array_equal(test_x, generated.cifar["test_x"])
+    np.testing.assert_array_equal(test_y, generated.cifar["test_y"])
+    assert len(load_meta(prepared.path)["mean"]) == 3
+    assert (tmp_path / "raw" / "cifar10" / CIFAR_FILE).read_bytes() == (
+        generated.root / "cifar" / CIFAR_FILE
+    ).read_bytes()
+
+
+def test_mnist_from_s3_prefix(generated: Generated, s3: S3, tmp_path: Path) -> None:
+    cfg = DataConfig(
+        name="mnist",
+        source=f"s3://{s3.bucket}/mirror/mnist/",
+        storage_options=s3.storage_options,
+        cache_dir=str(tmp_path),
+        checksums=generated.mnist_md5,
+    )
+    prepared = prepare_dataset(cfg)
+    _, test_y = _denormalise(prepared.path, "test")
+    np.testing.assert_array_equal(test_y, generated.mnist["test_y"])
+
+
+def test_fashion_mnist_from_local_directory(generated: Generated, tmp_path: Path) -> None:
+    cfg = DataConfig(
+        name="fashion_mnist",
+        source=str(generated.root / "mnist"),
+        cache_dir=str(tmp_path / "cache"),
+        checksums=generated.mnist_md5,
+    )
+    prepared = prepare_dataset(cfg)
+    assert prepared.name == "fashion_mnist" and prepared.input_shape == (1, 28, 28)
+    assert load_meta(prepared.path)["class_names"][0] == "T-shirt/top"
+    test_x, _ = _denormalise(prepared.path, "test")
+    np.testing.assert_array_equal(test_x[:, 0], generated.mnist["test_x"])
+
+
+def test_missing_file_at_source_is_a_permanent_error(http_server: HttpServer, tmp_path: Path) -> None:
+    cfg = DataConfig(name="mnist", source=f"{http_server.url}/nowhere", cache_dir=str(tmp_path))
+    with pytest.raises(DatasetSourceError, match="could not be read from") as info:
+        prepare_dataset(cfg)
+    assert not isinstance(info.value, DatasetFetchError)
+    assert not any(name.endswith(".part") for name in _cache_files(tmp_path))
+
+
+def test_unreachable_source_is_a_transient_error(tmp_path: Path) -> None:
+    cfg = DataConfig(name="mnist", source=f"http://127.0.0.1:{_free_port()}/mnist", cache_dir=str(tmp_path))
+    with pytest.raises(DatasetFetchError, match="transient"):
+        prepare_dataset(cfg)
+    assert not any(name.endswith(".part") for name in _cache_files(tmp_path))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Bundled (offline) datasets
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "shape"),
+    [("digits", 1797, (1, 8, 8)), ("mnist_5k", 5000, (1, 28, 28))],
+)
+def test_bundled_datasets_work_offline(
+    name: str, total: int, shape: tuple[int, int, int], tmp_path: Path
+) -> None:
+    prepared = prepare_dataset(DataConfig(name=name, cache_dir=str(tmp_path)))
+    assert prepared.num_classes == 10 and prepared.input_shape == shape
+    assert sum(prepared.sizes.values()) == total
+    assert prepared.sizes["test"] == int(np.ceil(0.15 * total))
+    assert not (tmp_path / "raw").exists(), "bundled datasets download nothing"
+    labels = {split: load_split(prepared.path, split)[1] for split in ("train", "val", "test")}
+    for split, y in labels.items():
+        assert set(y.unique().tolist()) == set(range(10)), f"{split} misses classes"
+    x, _ = load_split(prepared.path, "train")
+    assert x.shape[1:] == shape and x.dtype == torch.float32
+    assert load_meta(prepared.path)["split"]["stratified"] is True
+
+
+# ------------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"name": "imagenet"},
+            "DataConfig.name: unknown dataset 'imagenet'; use one of: cifar10, digits, fashion_mnist",
+        ),
+        ({"val_fraction": 1.5}, "DataConfig.val_fraction must be a number strictly between 0 and 1"),
+        ({"test_fraction": True}, "DataConfig.test_fraction"),
+        ({"val_fraction": 0.5, "test_fraction": 0.5}, "val_fraction + test_fraction must be < 1"),
+        ({"seed": -1}, "DataConfig.seed"),
+        ({"source": "https://example.org/digits"}, "drop source="),
+        ({"name": "mnist", "source": "ftpx://host/x"}, "unsupported scheme 'ftpx'"),
+        ({"name": "mnist", "storage_options": {"key": "k"}}, "storage_options only apply to a `source`"),
+        ({"name": "mnist", "checksums": {"train.gz": "0" * 32}}, "its files are: train-images-idx3-ubyte.gz"),
+        ({"name": "mnist", "checksums": {"t10k-images-idx3-ubyte.gz": "abc"}}, "32-character hex MD5"),
+        ({"cache_dir": "s3://bucket/cache"}, "cache_dir must be a local directory"),
+    ],
+)
+def test_data_config_errors_name_the_field_and_fix(
+    kwargs: dict[str, Any], expected: str, tmp_path: Path
+) -> None:
+    kwargs.setdefault("cache_dir", str(tmp_path))
+    with pytest.raises(DatasetConfigError) as info:
+        DataConfig(**kwargs)
+    assert expected in str(info.value)
+
+
+def test_data_config_round_trips_and_rejects_unknown_keys(tmp_path: Path) -> None:
+    cfg = DataConfig(name="mnist", source="relative/dir", cache_dir=str(tmp_path), seed=3)
+    assert os.path.isabs(cfg.source or "")
+    assert DataConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(DatasetConfigError, match="unknown field\\(s\\) 'val_frac'"):
+        DataConfig.from_dict({"name": "digits", "val_frac": 0.1})
+
+
+def test_default_cache_dir_follows_sweepflow_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == str(tmp_path / "home" / "data")
+    assert DataConfig().cache_dir == str(tmp_path / "home" / "data")
+    monkeypatch.delenv("SWEEPFLOW_HOME")
+    assert default_cache_dir() == os.path.expanduser(os.path.join("~", ".sweepflow", "data"))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Prefect task
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    from prefect.settings import (
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    settings = {
+        PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
+        PREFECT_SERVER_ANALYTICS_ENABLED: False,
+        PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore",  # the task is called outside a flow on purpose
+    }
+    with temporary_settings(settings), prefect_test_harness():
+        yield
+
+
+def test_download_task_second_call_is_cached_and_revalidated(
+    prefect_harness: None, generated: Generated, http_server: HttpServer, tmp_path: Path
+) -> None:
+    from tasks.data import dataset_cache_key, download_dataset
+
+    config = DataConfig(
+        name="mnist",
+        source=f"{http_server.url}/mnist",
+        cache_dir=str(tmp_path),
+        checksums=generated.mnist_md5,
+    ).to_dict()
+    assert dataset_cache_key(config) == dataset_cache_key(DataConfig.from_dict(config))
+
+    start = time.perf_counter()
+    first = download_dataset(config, return_state=True)
+    assert first.is_completed() and first.name == "Completed"
+    result = first.result()
+    assert PreparedDataset.from_dict(result).sizes["test"] == N_TEST
+    requests_after_first = len(http_server.requests)
+
+    second = download_dataset(DataConfig.from_dict(config), return_state=True)  # dataclass form: same key
+    assert second.name == "Cached"
+    assert second.result() == result
+    assert len(http_server.requests) == requests_after_first
+
+    # The cache hit is refused once the prepared directory is gone: the task runs and rebuilds it.
+    for path in Path(result["path"]).iterdir():
+        path.unlink()
+    Path(result["path"]).rmdir()
+    third = download_dataset(config, return_state=True)
+    assert third.name == "Completed"
+    assert third.result() == result and Path(result["path"], "meta.json").is_file()
+    assert len(http_server.requests) == requests_after_first  # rebuilt from the verified raw cache
+    assert download_dataset(config, return_state=True).name == "Cached"
+    print(f"prefect task calls took {time.perf_counter() - start:.1f}s")
+
+
+def test_download_task_retries_only_network_errors() -> None:
+    from prefect.states import Failed
+
+    from tasks.data import _retry_on_network_error, download_dataset
+
+    assert download_dataset.retries == 3
+    assert _retry_on_network_error(download_dataset, None, Failed(data=DatasetFetchError("timeout")))  # type: ignore[arg-type]
+    for exc in (
+        DatasetSourceError("404"),
+        ChecksumMismatchError("f", "0" * 32, "1" * 32, "here"),
+        DatasetConfigError("bad"),
+    ):
+        assert not _retry_on_network_error(download_dataset, None, Failed(data=exc))  # type: ignore[arg-type]

@@ -1,0 +1,314 @@
+"""ddp_runtime on a real Dask LocalCluster with worker processes, gloo backend, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import s3fs
+import torch
+from ddp_helpers import (
+    checkpointed_epochs,
+    ddp_train,
+    fail_on_rank_one,
+    linear_regression,
+    report_forever,
+    scored_checkpoints,
+)
+
+import ddp_runtime as train
+from ddp_runtime import gang
+from ddp_runtime.checkpoint import RunStorage
+from ddp_runtime.cluster import local_cluster
+from ddp_runtime.torch import TorchTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cluster2():
+    with local_cluster(n_workers=2) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def gpu3():
+    """Three workers advertising one (simulated) GPU each, as `dask worker --resources GPU=1` would."""
+    with local_cluster(n_workers=3, resources={"GPU": 1}) as client:
+        yield client
+
+
+def _run_config(tmp_path, **kwargs):
+    return train.RunConfig(storage_path=str(tmp_path / "results"), **kwargs)
+
+
+def test_two_rank_training_syncs_parameters_and_shards_data(cluster2, tmp_path):
+    n = 203  # odd on purpose: DistributedSampler pads to an even split
+    result = TorchTrainer(
+        ddp_train,
+        train_loop_config={"n": n, "epochs": 8, "out": str(tmp_path)},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path),
+        client=cluster2,
+    ).fit()
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert all(r["world"] == 2 for r in ranks)
+    assert ranks[0]["params"] == ranks[1]["params"], "DDP must leave identical parameters on every rank"
+    seen0, seen1 = set(ranks[0]["seen"]), set(ranks[1]["seen"])
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == (n + 1) // 2
+    assert len(seen0 & seen1) <= 1  # only the padding sample may repeat
+    assert seen0 | seen1 == set(range(n))
+    losses = [m["loss"] for m in result.metrics_history]
+    assert len(losses) == 8 and losses[-1] < 0.6 * losses[0]
+    assert result.metrics["epoch"] == 7 and result.error is None
+
+
+def test_dataloader_worker_processes_run_inside_dask_workers(cluster2, tmp_path):
+    result = TorchTrainer(
+        ddp_train,
+        train_loop_config={"n": 64, "epochs": 1, "out": str(tmp_path), "num_workers": 2},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path),
+        client=cluster2,
+    ).fit()
+    assert result.metrics["epoch"] == 0
+
+
+def test_gang_scheduling_three_trainers_on_three_gpus_never_overlap(gpu3, tmp_path):
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = TorchTrainer(
+                report_forever,
+                train_loop_config={"max_reports": 4, "interval": 0.1},
+                scaling_config=train.ScalingConfig(num_workers=2, resources_per_worker={"GPU": 1}),
+                run_config=_run_config(tmp_path, name=f"gang{i}"),
+                client=gpu3,
+            ).fit()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 3
+    # Only one 2-GPU group fits on 3 GPUs at a time: their running intervals must not overlap.
+    spans = sorted((r.metrics_history[0]["t"], r.metrics_history[-1]["t"]) for r in results.values())
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert start > end
+    assert gpu3.run_on_scheduler(gang.reservations) == {}
+
+
+def test_fractional_gpus_let_one_rank_groups_share_a_worker(tmp_path):
+    with local_cluster(n_workers=1, threads_per_worker=2, resources={"GPU": 1}) as client:
+        results = {}
+
+        def run(i):
+            results[i] = TorchTrainer(
+                report_forever,
+                train_loop_config={"max_reports": 6, "interval": 0.1},
+                scaling_config=train.ScalingConfig(num_workers=1, resources_per_worker={"GPU": 0.5}),
+                run_config=_run_config(tmp_path, name=f"frac{i}"),
+                client=client,
+            ).fit()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        a, b = (results[i].metrics_history for i in range(2))
+        assert a[0]["t"] < b[-1]["t"] and b[0]["t"] < a[-1]["t"], "the two half-GPU groups should run together"
+        with pytest.raises(train.InsufficientResourcesError):
+            TorchTrainer(
+                report_forever,
+                scaling_config=train.ScalingConfig(num_workers=2, resources_per_worker={"GPU": 0.5}),
+                run_config=_run_config(tmp_path),
+                client=client,
+            ).fit()
+
+
+def test_more_ranks_than_the_cluster_can_ever_hold_fails_at_once(gpu3, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(train.InsufficientResourcesError, match="4 distinct Dask workers"):
+        TorchTrainer(
+            report_forever,
+            scaling_config=train.ScalingConfig(num_workers=4, resources_per_worker={"GPU": 1}),
+            run_config=_run_config(tmp_path),
+            client=gpu3,
+        ).fit()
+    assert time.monotonic() - start < 5
+
+
+def test_report_callback_stops_a_group_and_releases_its_workers(gpu3, tmp_path):
+    first_started = threading.Event()
+    results = {}
+
+    def stop_after_three(metrics):
+        first_started.set()
+        return metrics["training_iteration"] >= 3
+
+    def run_first():
+        results["a"] = TorchTrainer(
+            report_forever,
+            train_loop_config={"interval": 0.2},
+            scaling_config=train.ScalingConfig(num_workers=2, resources_per_worker={"GPU": 1}),
+            run_config=_run_config(tmp_path, name="stopper"),
+            client=gpu3,
+            on_report=stop_after_three,
+        ).fit()
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    assert first_started.wait(60)
+    waiting = TorchTrainer(  # needs 2 of the 3 GPUs: must wait for the first group to be stopped
+        report_forever,
+        train_loop_config={"max_reports": 2, "interval": 0.01},
+        scaling_config=train.ScalingConfig(num_workers=2, resources_per_worker={"GPU": 1}),
+        run_config=_run_config(tmp_path, name="waiter"),
+        client=gpu3,
+    ).fit()
+    thread.join(30)
+    a = results["a"]
+    assert a.stopped_early and len(a.metrics_history) == 3
+    assert waiting.metrics_history[0]["t"] > a.metrics_history[-1]["t"]
+    assert not waiting.stopped_early and len(waiting.metrics_history) == 2
+
+
+def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(cluster2, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(train.TrainingFailedError) as info:
+        TorchTrainer(
+            fail_on_rank_one,
+            scaling_config=train.ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path),
+            client=cluster2,
+        ).fit()
+    elapsed = time.monotonic() - start
+    error = info.value.result.error
+    assert isinstance(error, train.RankError) and error.rank == 1
+    assert "boom on rank one" in str(error) and "fail_on_rank_one" in error.traceback_text
+    assert elapsed < 30, f"teardown took {elapsed:.1f}s"
+    # The cluster is usable afterwards: no rank left hanging, no reservation leaked.
+    assert cluster2.run_on_scheduler(gang.reservations) == {}
+    ok = TorchTrainer(
+        linear_regression,
+        train_loop_config={"epochs": 1},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path),
+        client=cluster2,
+    ).fit()
+    assert ok.metrics["epoch"] == 0
+
+
+def test_killed_worker_restarts_the_group_from_its_latest_checkpoint(gpu3, tmp_path):
+    log = tmp_path / "epochs.log"
+    result = TorchTrainer(
+        checkpointed_epochs,
+        train_loop_config={"epochs": 6, "kill_at": 3, "log": str(log)},
+        scaling_config=train.ScalingConfig(num_workers=2, resources_per_worker={"GPU": 1}),
+        run_config=_run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1)),
+        client=gpu3,
+    ).fit()
+    started = [int(line) for line in log.read_text().split()]
+    # Epochs 0-2 were checkpointed before the kill in epoch 3: they must not be trained again.
+    assert started == [0, 1, 2, 3, 3, 4, 5]
+    assert result.num_failures == 1 and result.error is None
+    assert [m["epoch"] for m in result.metrics_history] == [0, 1, 2, 3, 4, 5]
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "state.pt"))["epoch"] == 5
+
+
+def test_checkpoints_go_to_s3_and_load_back(cluster2, s3_endpoint):
+    fs = s3fs.S3FileSystem(**s3_endpoint["storage_options"])
+    fs.mkdir("sweepflow-ckpt")
+    result = TorchTrainer(
+        linear_regression,
+        train_loop_config={"epochs": 3},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(
+            name="s3run",
+            storage_path="s3://sweepflow-ckpt/runs",
+            storage_options=s3_endpoint["storage_options"],
+            checkpoint_config=train.CheckpointConfig(num_to_keep=2),
+        ),
+        client=cluster2,
+    ).fit()
+    assert result.path == "s3://sweepflow-ckpt/runs/s3run"
+    fs.invalidate_cache()
+    listed = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("sweepflow-ckpt/runs/s3run"))
+    assert listed == ["checkpoint_000001", "checkpoint_000002"]
+    assert result.checkpoint.path.startswith("s3://")
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "model.pt"))
+    assert set(state) == {"weight", "bias"}
+
+
+def test_retention_keeps_the_best_and_the_latest(cluster2, tmp_path):
+    result = TorchTrainer(
+        scored_checkpoints,
+        train_loop_config={"scores": [0.1, 0.9, 0.5, 0.3]},
+        scaling_config=train.ScalingConfig(num_workers=1),
+        run_config=_run_config(
+            tmp_path,
+            name="keep",
+            checkpoint_config=train.CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute="score", checkpoint_score_order="max"
+            ),
+        ),
+        client=cluster2,
+    ).fit()
+    kept = sorted(os.listdir(tmp_path / "results" / "keep"))
+    assert kept == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+    assert [m["score"] for _, m in result.best_checkpoints] == [0.9, 0.5, 0.3]
+    assert result.checkpoint.path.endswith("checkpoint_000003")
+
+
+def test_uncommitted_checkpoint_directories_are_invisible(tmp_path):
+    storage = RunStorage(str(tmp_path), "run")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.txt").write_text("x")
+    storage.persist(str(src), 0, {"a": 1})
+    half = tmp_path / "run" / "checkpoint_000001"  # as a crash mid-upload would leave it: no marker
+    half.mkdir()
+    (half / "w.txt").write_text("partial")
+    assert [s.index for s in storage.list_committed()] == [0]
+
+
+def test_config_errors_say_what_to_fix():
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
+        train.ScalingConfig(num_workers=0)
+    with pytest.raises(ValueError, match="positive number"):
+        train.ScalingConfig(num_workers=1, resources_per_worker={"GPU": -1})
+    assert train.ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"GPU": 1}
+    assert train.ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0.5}).worker_resources == {
+        "GPU": 0.5
+    }
+    with pytest.raises(ValueError, match="'min' or 'max'"):
+        train.CheckpointConfig(checkpoint_score_order="best")
+    with pytest.raises(RuntimeError, match="inside a training function"):
+        train.report({"x": 1})
+
+
+def test_ported_ray_getting_started_example_runs_and_its_checkpoint_loads(tmp_path):
+    """The seed tutorial with only its imports (and the offline data set) changed; fit() starts its own cluster."""
+    env = dict(os.environ, SWEEPFLOW_EXAMPLE_EPOCHS="2", SWEEPFLOW_EXAMPLE_STORAGE=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "ray_train_getting_started.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "loaded checkpoint" in proc.stdout
+    assert "'epoch': 1" in proc.stdout

@@ -1,0 +1,243 @@
+"""Tests for tasks.search_space: parsing/validation, samplers, trial names."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks.search_space import (
+    Choice,
+    Constant,
+    Grid,
+    GridSampler,
+    LogUniform,
+    Pow2,
+    QRandInt,
+    RandInt,
+    RandomSampler,
+    SearchSpace,
+    Uniform,
+    describe_trial,
+    generate_trials,
+    parse_space,
+)
+
+# The Ray Tune CIFAR tutorial's space, written as data (plus a grid and a few extras).
+CIFAR_SPACE = {
+    "l1": {"type": "pow2", "low": 4, "high": 256},
+    "l2": {"type": "pow2", "low": 4, "high": 256},
+    "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
+    "batch_size": {"type": "choice", "values": [2, 4, 8, 16]},
+    "momentum": {"type": "uniform", "low": 0.1, "high": 0.9},
+    "epochs": {"type": "randint", "low": 1, "high": 5},
+    "hidden": {"type": "qrandint", "low": 8, "high": 64, "q": 8},
+    "optimizer": {"type": "grid", "values": ["sgd", "adam"]},
+    "data_dir": "/data/cifar",
+    "layers": [64, 32],
+}
+
+
+def test_parse_space_domains() -> None:
+    space = parse_space(CIFAR_SPACE)
+    assert isinstance(space, SearchSpace)
+    assert space.names == list(CIFAR_SPACE)
+    assert space["l1"] == Pow2(4, 256)
+    assert space["lr"] == LogUniform(1e-4, 1e-1)
+    assert space["batch_size"] == Choice((2, 4, 8, 16))
+    assert space["momentum"] == Uniform(0.1, 0.9)
+    assert space["epochs"] == RandInt(1, 5)
+    assert space["hidden"] == QRandInt(8, 64, 8)
+    assert space["optimizer"] == Grid(("sgd", "adam"))
+    assert space["data_dir"] == Constant("/data/cifar")
+    assert space["layers"] == Constant([64, 32])
+    assert space.varying_names == [
+        "l1",
+        "l2",
+        "lr",
+        "batch_size",
+        "momentum",
+        "epochs",
+        "hidden",
+        "optimizer",
+    ]
+    assert space.grid_names == ["optimizer"]
+    assert parse_space(space) is space
+    with pytest.raises(KeyError):
+        space["nope"]
+
+
+def test_space_json_round_trip() -> None:
+    space = parse_space(CIFAR_SPACE | {"cfg": {"type": "constant", "value": {"a": 1}}})
+    raw = json.loads(json.dumps(space.to_dict()))
+    assert parse_space(raw) == space
+    assert raw["cfg"] == {"type": "constant", "value": {"a": 1}}
+    assert raw["layers"] == [64, 32]
+
+
+def test_random_reproducible_by_seed() -> None:
+    a = generate_trials(CIFAR_SPACE, num_samples=5, seed=123)
+    b = generate_trials(CIFAR_SPACE, num_samples=5, seed=123)
+    c = generate_trials(CIFAR_SPACE, num_samples=5, seed=124)
+    assert a == b
+    assert a != c
+    # A sampler object continues its sequence; a new one with the same seed replays it.
+    s = RandomSampler(CIFAR_SPACE, seed=7)
+    first, second = s.generate(2), s.generate(2)
+    assert first != second
+    assert RandomSampler(CIFAR_SPACE, seed=7).generate(4) == first + second
+
+
+def test_random_ranges_and_types() -> None:
+    trials = generate_trials(CIFAR_SPACE, num_samples=200, seed=0)
+    assert len(trials) == 400  # 200 samples x 2 grid values
+    pow2s = {2**e for e in range(2, 9)}  # 4 .. 256
+    for t in trials:
+        assert list(t) == list(CIFAR_SPACE)
+        assert t["l1"] in pow2s and t["l2"] in pow2s
+        assert type(t["l1"]) is int
+        assert 1e-4 <= t["lr"] <= 1e-1 and type(t["lr"]) is float
+        assert t["batch_size"] in (2, 4, 8, 16) and type(t["batch_size"]) is int
+        assert 0.1 <= t["momentum"] < 0.9 and type(t["momentum"]) is float
+        assert 1 <= t["epochs"] < 5 and type(t["epochs"]) is int
+        assert t["hidden"] in (8, 16, 24, 32, 40, 48, 56, 64) and type(t["hidden"]) is int
+        assert t["data_dir"] == "/data/cifar"
+        assert t["layers"] == [64, 32]
+    # Over 400 draws every discrete value shows up, including both inclusive ends.
+    assert {t["l1"] for t in trials} == pow2s
+    assert {t["epochs"] for t in trials} == {1, 2, 3, 4}  # randint: high exclusive
+    assert {t["hidden"] for t in trials} >= {8, 64}  # qrandint: high inclusive
+    # loguniform spreads over decades: roughly a third of the draws in each of the 3 decades.
+    decades = np.floor(np.log10([t["lr"] for t in trials]))
+    assert all(80 < int((decades == d).sum()) < 190 for d in (-4, -3, -2))
+    # Configs don't share mutable values.
+    trials[0]["layers"].append(1)
+    assert trials[1]["layers"] == [64, 32]
+    # JSON-serialisable as-is (no numpy scalars).
+    assert json.loads(json.dumps(trials)) == trials
+
+
+def test_pow2_bounds() -> None:
+    # Non-power bounds: the powers of two inside [5, 100] are 8, 16, 32, 64.
+    vals = {
+        t["x"]
+        for t in generate_trials({"x": {"type": "pow2", "low": 5, "high": 100}}, num_samples=100, seed=1)
+    }
+    assert vals == {8, 16, 32, 64}
+    assert Pow2(1, 1).enumerate() == [1]
+    assert Pow2(4, 256).enumerate() == [4, 8, 16, 32, 64, 128, 256]
+
+
+def test_grid_crossing_with_ray_semantics() -> None:
+    space = {
+        "a": {"type": "grid", "values": [1, 2]},
+        "b": {"type": "grid", "values": ["x", "y", "z"]},
+        "lr": {"type": "uniform", "low": 0.0, "high": 1.0},
+    }
+    assert parse_space(space).num_grid_combinations == 6
+    trials = generate_trials(space, num_samples=4, seed=0)
+    assert len(trials) == 4 * 2 * 3
+    combos = [(t["a"], t["b"]) for t in trials]
+    # Every combination appears exactly num_samples times; each pass covers the full grid.
+    assert all(combos.count((a, b)) == 4 for a in (1, 2) for b in "xyz")
+    assert sorted(combos[:6]) == sorted((a, b) for a in (1, 2) for b in "xyz")
+    # Random params are drawn independently per trial.
+    assert len({t["lr"] for t in trials}) == 24
+    # No grid -> exactly num_samples trials.
+    assert len(generate_trials({"lr": {"type": "uniform", "low": 0, "high": 1}}, num_samples=3, seed=0)) == 3
+
+
+def test_grid_sampler() -> None:
+    space = {
+        "opt": {"type": "grid", "values": ["sgd", "adam"]},
+        "bs": {"type": "choice", "values": [8, 16, 32]},
+        "width": {"type": "pow2", "low": 16, "high": 64},
+        "name": "run",
+    }
+    trials = generate_trials(space, sampler="grid", num_samples=1)
+    assert len(trials) == 2 * 3 * 3
+    assert {(t["opt"], t["bs"], t["width"]) for t in trials} == {
+        (o, b, w) for o in ("sgd", "adam") for b in (8, 16, 32) for w in (16, 32, 64)
+    }
+    assert all(t["name"] == "run" for t in trials)
+    assert len(generate_trials(space, sampler="grid", num_samples=2)) == 36
+    assert GridSampler(space).num_combinations == 18
+
+    with pytest.raises(
+        ValueError, match=r"cannot enumerate continuous parameters \['lr'\].*sampler='random'"
+    ):
+        generate_trials(
+            space | {"lr": {"type": "loguniform", "low": 1e-3, "high": 1e-1}}, sampler="grid", num_samples=1
+        )
+    with pytest.raises(ValueError, match="would generate 1000000 configs"):
+        GridSampler({"seed": {"type": "randint", "low": 0, "high": 1_000_000}})
+
+
+def test_generate_trials_argument_errors() -> None:
+    with pytest.raises(ValueError, match="unknown sampler 'tpe'; valid samplers: random, grid"):
+        generate_trials(CIFAR_SPACE, sampler="tpe", num_samples=1, seed=0)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1, got 0"):
+        generate_trials(CIFAR_SPACE, num_samples=0, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"type": "loguniform", "low": 0, "high": 1}, "l1: loguniform needs 0 < low < high, got low=0"),
+        ({"type": "uniform", "low": 2, "high": 1}, "l1: uniform needs low < high, got low=2, high=1; swap"),
+        ({"type": "uniform", "low": "0", "high": 1}, "l1: uniform 'low' must be a finite number, got '0'"),
+        ({"type": "uniform", "low": True, "high": 1}, "must be a finite number, got True"),
+        ({"type": "uniform", "low": float("nan"), "high": 1}, "must be a finite number"),
+        ({"type": "randint", "low": 3, "high": 3}, "l1: randint needs low < high .* to include 3 set high=4"),
+        ({"type": "randint", "low": 1.5, "high": 3}, "l1: randint 'low' must be an integer, got 1.5"),
+        ({"type": "qrandint", "low": 1, "high": 7, "q": 8}, r"no multiple of q=8 in \[1, 7\]"),
+        ({"type": "qrandint", "low": 8, "high": 64, "q": 0}, "q >= 1"),
+        ({"type": "pow2", "low": 0, "high": 8}, "pow2 needs low >= 1"),
+        ({"type": "pow2", "low": 5, "high": 7}, r"no power of two in \[5, 7\]"),
+        ({"type": "choice", "values": []}, "choice needs a non-empty list under 'values'"),
+        ({"type": "grid", "values": "abc"}, "grid needs a non-empty list"),
+        ({"type": "choice", "value": [1, 2]}, r"missing \['values'\]; unexpected \['value'\]"),
+        ({"type": "loguniform", "low": 1e-4, "high": 1e-1, "base": 10}, r"unexpected \['base'\]"),
+        (
+            {"type": "log_uniform", "low": 1, "high": 2},
+            "unknown type 'log_uniform'. Did you mean 'loguniform'",
+        ),
+        ({"grid_search": [1, 2]}, r'\{"type": "grid", "values": \[...\]\}'),
+        ({"low": 1, "high": 2}, "a dict value must be a domain spec with a 'type' key"),
+    ],
+)
+def test_validation_messages(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_space({"l1": spec})
+
+
+def test_validation_misc() -> None:
+    with pytest.raises(ValueError, match="parameter names must be non-empty strings"):
+        parse_space({"": 1})
+    with pytest.raises(ValueError, match="must be a dict"):
+        parse_space([1, 2])  # type: ignore[arg-type]
+    # Integral floats are fine for integer bounds (JSON/YAML may give 1e3 as a float).
+    assert parse_space({"n": {"type": "randint", "low": 1.0, "high": 1e3}})["n"] == RandInt(1, 1000)
+    # Validation happens up front: the first bad param is reported before anything is sampled.
+    with pytest.raises(ValueError, match="^b:"):
+        generate_trials({"a": 1, "b": {"type": "uniform", "low": 1, "high": 0}}, num_samples=1, seed=0)
+
+
+def test_describe_trial() -> None:
+    config = {"l1": 64, "l2": 16, "lr": 0.0032141, "batch_size": 8, "data_dir": "/d"}
+    assert describe_trial(config, ["l1", "l2", "lr", "batch_size"]) == "l1=64,l2=16,lr=3.2e-03,batch_size=8"
+    assert describe_trial({"m": 0.9, "w": 0.123456, "big": 123456.0, "mid": 123.4, "z": 0.0}) == (
+        "m=0.9,w=0.12,big=1.2e+05,mid=120,z=0"
+    )
+    assert describe_trial({"layers": [64, 32], "flag": True, "opt": "adam", "n": None}) == (
+        "layers=64x32,flag=True,opt=adam,n=None"
+    )
+    assert describe_trial({"lr": 0.0032141}, precision=3) == "lr=3.21e-03"
+    assert describe_trial({"x": float("nan")}) == "x=nan"
+    with pytest.raises(ValueError, match=r"keys \['lr'\] are not in the config"):
+        describe_trial({"l1": 1}, ["lr"])
+    # Works on generated configs, with the space's varying names.
+    space = parse_space(CIFAR_SPACE)
+    name = describe_trial(generate_trials(space, num_samples=1, seed=0)[0], space.varying_names)
+    assert name.startswith("l1=") and "data_dir" not in name
