@@ -1,4 +1,20 @@
-"""Dask worker preload: import torch once when the worker starts, not when the first group arrives."""
+"""Dask worker preload: pay torch's import costs when the worker starts, not when the first group arrives.
 
-import torch  # noqa: F401
+``torch`` itself is imported before the worker accepts tasks. ``torch._dynamo`` (pulled in lazily by the first
+``DistributedDataParallel(...)``, ~8 s on a small machine: it imports sympy) is imported in a background thread,
+so the worker is up at once and a rank that needs it soon only waits for the rest of that import.
+"""
+
+import threading
+
+import torch
 import torch.distributed  # noqa: F401
+
+
+def _warm() -> None:
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+
+threading.Thread(target=_warm, name="sweepflow-preload", daemon=True).start()
+del torch

@@ -45,7 +45,9 @@ class Checkpoint:
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
         path = os.fspath(path)
         if "://" not in path and not os.path.isdir(path):
-            raise FileNotFoundError(f"Checkpoint.from_directory: {path!r} is not a directory; save your files there first")
+            raise FileNotFoundError(
+                f"Checkpoint.from_directory: {path!r} is not a directory; save your files there first"
+            )
         return cls(path)
 
     @property

@@ -13,7 +13,12 @@ from typing import Any, Literal
 
 
 def _check_amount(name: str, amount: Any) -> None:
-    if isinstance(amount, bool) or not isinstance(amount, int | float) or not math.isfinite(amount) or amount <= 0:
+    if (
+        isinstance(amount, bool)
+        or not isinstance(amount, int | float)
+        or not math.isfinite(amount)
+        or amount <= 0
+    ):
         raise ValueError(
             f"resources_per_worker[{name!r}] must be a positive number, got {amount!r}; "
             f'use e.g. {{"{name}": 1}} (fractions such as 0.5 let two 1-rank groups share a worker)'
@@ -34,7 +39,11 @@ class ScalingConfig:
     resources_per_worker: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
+        if (
+            isinstance(self.num_workers, bool)
+            or not isinstance(self.num_workers, int)
+            or self.num_workers < 1
+        ):
             raise ValueError(f"ScalingConfig.num_workers must be an int >= 1, got {self.num_workers!r}")
         resources = dict(self.resources_per_worker or {})
         for name, amount in resources.items():
@@ -62,7 +71,9 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None and (
-            isinstance(self.num_to_keep, bool) or not isinstance(self.num_to_keep, int) or self.num_to_keep < 1
+            isinstance(self.num_to_keep, bool)
+            or not isinstance(self.num_to_keep, int)
+            or self.num_to_keep < 1
         ):
             raise ValueError(
                 f"CheckpointConfig.num_to_keep must be None (keep all) or an int >= 1, got {self.num_to_keep!r}"
@@ -80,7 +91,11 @@ class FailureConfig:
     max_failures: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
+        if (
+            isinstance(self.max_failures, bool)
+            or not isinstance(self.max_failures, int)
+            or self.max_failures < -1
+        ):
             raise ValueError(
                 f"FailureConfig.max_failures must be an int >= 0 (or -1 for unlimited), got {self.max_failures!r}"
             )
@@ -126,7 +141,9 @@ class TorchConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "nccl", "gloo"):
-            raise ValueError(f"TorchConfig.backend must be 'nccl', 'gloo' or None (automatic), got {self.backend!r}")
+            raise ValueError(
+                f"TorchConfig.backend must be 'nccl', 'gloo' or None (automatic), got {self.backend!r}"
+            )
         for name in ("timeout_s", "rendezvous_timeout_s", "teardown_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:

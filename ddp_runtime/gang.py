@@ -13,6 +13,8 @@ rank tasks are pinned with ``workers=[address]`` instead of being submitted with
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,11 +58,15 @@ def _state(scheduler: Any) -> _GangState:
 
 
 def _running_workers(scheduler: Any) -> list[Any]:
-    return [ws for ws in scheduler.workers.values() if getattr(ws.status, "name", str(ws.status)) == "running"]
+    return [
+        ws for ws in scheduler.workers.values() if getattr(ws.status, "name", str(ws.status)) == "running"
+    ]
 
 
 def _capable(ws: Any, resources: dict[str, float]) -> bool:
-    return ws.nthreads >= 1 and all(ws.resources.get(name, 0.0) >= amount for name, amount in resources.items())
+    return ws.nthreads >= 1 and all(
+        ws.resources.get(name, 0.0) >= amount for name, amount in resources.items()
+    )
 
 
 def reserve(
@@ -68,20 +74,21 @@ def reserve(
     num_ranks: int,
     resources: dict[str, float],
     dask_scheduler: Any = None,
-) -> list[str] | None:
+) -> tuple[str, Any]:
     """Run on the scheduler: reserve ``num_ranks`` distinct workers for the group, all or nothing.
 
-    Returns the worker addresses (rank order) or None when the cluster is busy right now. Raises
-    ``InsufficientResourcesError`` when it can never fit.
+    Returns ``("reserved", addresses in rank order)``, ``("busy", None)`` when the cluster is busy right now,
+    or ``("impossible", reason)`` when it can never fit. (Values, not exceptions: the scheduler would log
+    every raised one.)
     """
     state = _state(dask_scheduler)
     if group_id in state.reservations:
-        return list(state.reservations[group_id].addresses)
+        return "reserved", list(state.reservations[group_id].addresses)
     workers = _running_workers(dask_scheduler)
     capable = [ws for ws in workers if _capable(ws, resources)]
     if len(capable) < num_ranks:
         have = {ws.address: dict(ws.resources) for ws in workers}
-        raise InsufficientResourcesError(
+        return "impossible", (
             f"a group of {num_ranks} ranks needs {num_ranks} distinct Dask workers with at least {resources or 'one thread'} "
             f"each, but the cluster has {len(capable)} such worker(s) (workers and their resources: {have}). "
             "Lower ScalingConfig.num_workers / resources_per_worker, or start more workers "
@@ -99,13 +106,14 @@ def reserve(
         if exclusive and slots:
             continue  # a 1-rank group is running here; a multi-rank group's process group would share its process
         if any(
-            ws.resources.get(name, 0.0) - ws.used_resources.get(name, 0.0) - used.get(name, 0.0) < amount - 1e-9
+            ws.resources.get(name, 0.0) - ws.used_resources.get(name, 0.0) - used.get(name, 0.0)
+            < amount - 1e-9
             for name, amount in resources.items()
         ):
             continue
         free.append(ws)
     if len(free) < num_ranks:
-        return None
+        return "busy", None
     # Keep a group's ranks on as few hosts as possible: intra-host collectives are cheaper.
     by_host: dict[str, list[Any]] = {}
     for ws in free:
@@ -113,7 +121,7 @@ def reserve(
     ordered = [ws for host in sorted(by_host, key=lambda h: -len(by_host[h])) for ws in by_host[host]]
     chosen = [ws.address for ws in ordered[:num_ranks]]
     state.reservations[group_id] = _Reservation(chosen, dict(resources), exclusive)
-    return chosen
+    return "reserved", chosen
 
 
 def release(group_id: str, dask_scheduler: Any = None) -> None:
@@ -129,3 +137,11 @@ def missing_workers(addresses: list[str], dask_scheduler: Any = None) -> list[st
 def reservations(dask_scheduler: Any = None) -> dict[str, list[str]]:
     """Run on the scheduler: current reservations (for tests and debugging)."""
     return {gid: list(r.addresses) for gid, r in _state(dask_scheduler).reservations.items()}
+
+
+async def kill_worker_process(dask_worker: Any = None) -> None:
+    """Run on a worker (``client.run``): end its process at once; its nanny starts a fresh one.
+
+    Used on the workers of a failed multi-rank group, whose ranks may be blocked in a collective that nothing
+    else can interrupt."""
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -107,7 +107,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
     ``StopTraining`` on every rank when the driver asked the group to stop.
     """
     if not isinstance(metrics, dict):
-        raise TypeError(f"report(metrics=...) takes a dict of metric name -> value, got {type(metrics).__name__}")
+        raise TypeError(
+            f"report(metrics=...) takes a dict of metric name -> value, got {type(metrics).__name__}"
+        )
     session = _current()
     ctx = session.context
     stop = False
@@ -131,4 +133,3 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
 def _collective_device(ctx: TrainContext) -> torch.device:
     # NCCL only moves CUDA tensors; gloo only CPU ones.
     return ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
-

@@ -50,6 +50,10 @@ ReportCallback = Callable[[dict[str, Any]], bool | None]
 
 _POLL_S = 0.1  # how long the driver blocks on the report queue before checking the ranks' futures
 _LIVENESS_EVERY_S = 0.5  # how often the driver checks that the group's workers are still alive
+_WORKER_RESTART_GRACE_S = (
+    120.0  # how long killed workers may take to come back before "too few workers" is final
+)
+_restarting_until: dict[str, float] = {}  # scheduler address -> until when its workers may be restarting
 
 
 def default_storage_path() -> str:
@@ -77,7 +81,9 @@ class TorchTrainer:
         on_report: ReportCallback | None = None,
     ) -> None:
         if not callable(train_loop_per_worker):
-            raise TypeError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
+            raise TypeError(
+                f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}"
+            )
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
@@ -86,7 +92,9 @@ class TorchTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.client = client
         self.on_report = on_report
-        self.name = self.run_config.name or f"TorchTrainer_{datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
+        self.name = (
+            self.run_config.name or f"TorchTrainer_{datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
+        )
         self.storage = RunStorage(
             self.run_config.storage_path or default_storage_path(), self.name, self.run_config.storage_options
         )
@@ -128,7 +136,9 @@ class TorchTrainer:
             errors.append(outcome.error)
             log.warning("group %s attempt %d failed: %s", self.name, attempt, outcome.error)
             if max_failures != -1 and len(errors) > max_failures:
-                raise TrainingFailedError(self._result(history, committed, errors, stopped=False, error=outcome.error))
+                raise TrainingFailedError(
+                    self._result(history, committed, errors, stopped=False, error=outcome.error)
+                )
             attempt += 1
             resume = committed[-1].checkpoint if committed else resume
         return self._result(history, committed, errors, stopped=stopped, error=None)
@@ -215,9 +225,16 @@ class _GroupRun:
         resources = {k: float(v) for k, v in scaling.worker_resources.items()}
         delay = 0.005
         while True:
-            addresses = self.client.run_on_scheduler(gang.reserve, self.group_id, scaling.num_workers, resources)
-            if addresses is not None:
-                return addresses
+            status, payload = self.client.run_on_scheduler(
+                gang.reserve, self.group_id, scaling.num_workers, resources
+            )
+            if status == "reserved":
+                return payload
+            # Workers this process killed after a group failure are coming back: that is "busy", not "never".
+            if status == "impossible" and time.monotonic() > _restarting_until.get(
+                self.client.scheduler.address, 0
+            ):
+                raise gang.InsufficientResourcesError(payload)
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
@@ -281,14 +298,18 @@ class _GroupRun:
     def _root_cause(outcomes: list[dict[str, Any]]) -> RankError:
         """The rank that failed first caused the others to fail (their peers' connections closed)."""
         failed = [o for o in outcomes if o["status"] == "error"]
-        first = min(failed, key=lambda o: (o.get("time", float("inf")), o["rank"] if o["rank"] is not None else -1))
+        first = min(
+            failed, key=lambda o: (o.get("time", float("inf")), o["rank"] if o["rank"] is not None else -1)
+        )
         return RankError(first["rank"], first.get("worker"), first["message"], first.get("traceback", ""))
 
     def _watch(self, futures: list[Future], addresses: list[str], reports: Queue, verdicts: Queue) -> None:
         # A thread long-polls the Dask queue (one pending RPC, no timeouts) and hands messages to this loop
         # through a local queue, so waiting here costs nothing and a report is answered as soon as it lands.
         inbox: queue.Queue[dict[str, Any]] = queue.Queue()
-        pump = threading.Thread(target=_pump, args=(reports, inbox), name=f"{self.channel}-reports", daemon=True)
+        pump = threading.Thread(
+            target=_pump, args=(reports, inbox), name=f"{self.channel}-reports", daemon=True
+        )
         pump.start()
         for future in futures:  # wake the loop as soon as a rank ends, instead of at its next poll
             future.add_done_callback(lambda _f: inbox.put(_WAKE))
@@ -370,7 +391,7 @@ class _GroupRun:
         lets another thread or the failed rank release them: gloo's connections close only when the process
         exits, and a process that held a broken communicator is not safe to reuse. So after a short grace
         (``teardown_timeout_s``: time for ranks whose peer process died to notice and exit), the Dask workers
-        of the failed group are restarted (their nanny starts a fresh process), as Ray kills a failed group's
+        of the failed group are killed (their nannies start fresh processes), as Ray kills a failed group's
         actors. A rank whose worker already died is not waited for: its task is pinned to that worker.
         """
         gone = set(self.client.run_on_scheduler(gang.missing_workers, addresses))
@@ -380,11 +401,18 @@ class _GroupRun:
             with contextlib.suppress(TimeoutError):
                 wait(running, timeout=self.trainer.torch_config.teardown_timeout_s)
         outcomes = [self._outcome(f) for f in futures if f.done()]
-        if self.error is not None and len(futures) > 1:
-            restart = [a for _, a in live]
-            if restart:
-                log.warning("group %s failed: restarting its Dask workers %s", self.group_id, restart)
-                self.client.restart_workers(restart, raise_for_error=False)
+        if self.error is not None and len(futures) > 1 and live:
+            doomed = [a for _, a in live]
+            log.warning("group %s failed: restarting its Dask workers %s", self.group_id, doomed)
+            # Kill the processes and let their nannies start fresh ones in the background; waiting here only
+            # until the scheduler has dropped them, so no other group is placed on a dying worker.
+            self.client.run(gang.kill_worker_process, workers=doomed, wait=False)
+            _restarting_until[self.client.scheduler.address] = time.monotonic() + _WORKER_RESTART_GRACE_S
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if set(self.client.run_on_scheduler(gang.missing_workers, doomed)) == set(doomed):
+                    break
+                time.sleep(0.05)
         for future in futures:
             future.cancel()
         return outcomes

@@ -1,0 +1,21 @@
+# The two commands a newcomer runs (see README.md). Each creates/refreshes .venv with what it needs.
+.PHONY: run test lint bench install install-dev
+
+install:
+	bash scripts/install.sh
+
+install-dev:
+	bash scripts/install.sh dev
+
+run: install
+	.venv/bin/python examples/ray_train_getting_started.py
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check ddp_runtime
+
+test: install-dev lint
+	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+bench: install
+	.venv/bin/python benchmarks/bench_ddp_runtime.py
