@@ -15,6 +15,9 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
+from ddp_runtime import gang
+from ddp_runtime.config import ScalingConfig
+
 PRELOAD = "ddp_runtime._preload"
 
 
@@ -75,3 +78,9 @@ def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
             client.close()
     finally:
         cluster.close()
+
+
+def max_concurrent_groups(client: Client, scaling_config: ScalingConfig) -> int:
+    """How many groups of this shape the cluster can run at the same time (0: none fits)."""
+    resources = {k: float(v) for k, v in scaling_config.worker_resources.items()}
+    return client.run_on_scheduler(gang.capacity, scaling_config.num_workers, resources)

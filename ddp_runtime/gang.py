@@ -145,3 +145,16 @@ async def kill_worker_process(dask_worker: Any = None) -> None:
     Used on the workers of a failed multi-rank group, whose ranks may be blocked in a collective that nothing
     else can interrupt."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def capacity(num_ranks: int, resources: dict[str, float], dask_scheduler: Any = None) -> int:
+    """Run on the scheduler: how many such groups the cluster runs at once when idle (for sizing sweeps)."""
+    slots = []
+    for ws in _running_workers(dask_scheduler):
+        if not _capable(ws, resources):
+            continue
+        fit = [int(ws.resources.get(name, 0.0) // amount + 1e-9) for name, amount in resources.items()]
+        slots.append(min([ws.nthreads, *fit]))
+    if num_ranks > 1:  # one multi-rank group per worker process
+        return sum(1 for s in slots if s >= 1) // num_ranks
+    return sum(slots)

@@ -1,0 +1,128 @@
+"""``sweepflow`` command line: run the pipeline, manage the local Prefect server.
+
+sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server]
+sweepflow server start|stop|status
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _load_config(path: str | None, overrides: list[str]):
+    import yaml
+
+    from flows.config import PipelineConfig, apply_overrides
+
+    raw = {}
+    if path:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    return PipelineConfig.model_validate(apply_overrides(raw, overrides))
+
+
+def _state_dir(config) -> str:
+    from flows.config import resolve_settings
+
+    return resolve_settings(config).state_dir
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    try:
+        config = _load_config(args.config, args.set)
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
+        print(f"sweepflow: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    state_dir = _state_dir(config)
+    if not args.no_server and not os.environ.get("PREFECT_API_URL"):
+        from flows.local_server import ensure_server, server_env
+
+        os.environ.update(server_env(state_dir))
+        os.environ["PREFECT_API_URL"] = ensure_server(state_dir)
+    t_server = time.perf_counter()
+    from flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
+
+    t_import = time.perf_counter()
+    summary = training_pipeline(config=config)
+    t_end = time.perf_counter()
+
+    import pandas as pd
+
+    board = pd.DataFrame(summary["leaderboard"])
+    cols = [c for c in board.columns if c != "mlflow_run_id"]
+    print("\nLeaderboard (best first):")
+    print(board[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    reg = summary["registration"]
+    print(
+        f"\nBest trial: {summary['best_trial']['trial_id']}  test metrics: "
+        + ", ".join(f"{k}={v:.4f}" for k, v in summary["test_metrics"].items() if "class" not in k)
+    )
+    print(
+        f"Registered model: {reg['name']} v{reg['version']} (alias challenger"
+        + (", champion)" if reg["became_champion"] else f"; champion stays v{reg['champion_version']})")
+    )
+    print(f"Failed trials: {summary['failed_trials'] or 'none'}")
+    print(
+        f"\nTimings: server {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, flow {t_end - t_import:.1f}s"
+    )
+    uri = summary["tracking_uri"]
+    print("\nCompare trials in the MLflow UI:")
+    if uri.startswith("sqlite:"):
+        print(f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+    else:
+        print(f"  open {uri}")
+    print(f"  experiment {summary['experiment_id']}, parent run {summary['parent_run_id']}")
+    if os.environ.get("PREFECT_API_URL") and not args.no_server:
+        print(
+            f"Prefect UI (flow runs, task runs per trial): {os.environ['PREFECT_API_URL'].removesuffix('/api')}"
+        )
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary, f, default=str, indent=2)
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from flows.config import PipelineConfig
+    from flows.local_server import ensure_server, running_server, stop_server
+
+    state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir))
+    if args.action == "start":
+        print(ensure_server(state_dir))
+    elif args.action == "stop":
+        print("stopped" if stop_server(state_dir) else "no server recorded")
+    else:
+        url = running_server(state_dir)
+        print(url or "not running")
+        return 0 if url else 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sweepflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the training pipeline")
+    run.add_argument("--config", help="YAML file with PipelineConfig fields")
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. sweep.num_samples=4"
+    )
+    run.add_argument("--no-server", action="store_true", help="use Prefect's temporary in-process server")
+    run.add_argument("--summary-json", help="write the run summary to this file")
+    run.set_defaults(func=cmd_run)
+    server = sub.add_parser("server", help="the reusable local Prefect server")
+    server.add_argument("action", choices=["start", "stop", "status"])
+    server.add_argument("--state-dir", default=None)
+    server.set_defaults(func=cmd_server)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The pipeline's typed configuration: one pydantic model per component, validated before any work starts.
+
+``PipelineConfig`` is also the flow's parameter schema, so the Prefect UI shows it as a form and
+``prefect deployment run ... --param`` values are validated the same way. Everything that depends on the
+machine (state directory, tracking URI, scheduler address) is resolved once, at the entry point, by
+``resolve_settings``; the flow's tasks each receive only their own part.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tasks.schedulers import make_scheduler
+from tasks.search_space import parse_space
+
+# The Ray Tune CIFAR tutorial's search space (../shared/seeds/ray-tune-pytorch-cifar.rst):
+# l1, l2 = 2**randint(2, 9) (4..256), lr = loguniform(1e-4, 1e-1), batch_size = choice([2, 4, 8, 16]).
+# Batch sizes are scaled up for the 8x8 digits set so a trial is not dominated by per-step overhead.
+SEED_SEARCH_SPACE: dict[str, Any] = {
+    "l1": {"type": "pow2", "low": 4, "high": 256},
+    "l2": {"type": "pow2", "low": 4, "high": 256},
+    "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
+    "batch_size": {"type": "choice", "values": [16, 32, 64]},
+}
+
+DEFAULT_TRAIN_FN = "tasks.train_loop:train_image_classifier"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSettings(_Section):
+    """Which dataset, from where, and how it is split."""
+
+    name: Literal["digits", "mnist_5k", "mnist", "fashion_mnist", "cifar10"] = "digits"
+    source: str | None = Field(
+        None, description="Mirror: https://..., s3://bucket/prefix or a local directory"
+    )
+    cache_dir: str | None = Field(None, description="Default: <state_dir>/data")
+    val_fraction: float = Field(0.15, gt=0, lt=1)
+    test_fraction: float = Field(0.15, gt=0, lt=1)
+    seed: int = 0
+
+
+class SweepSettings(_Section):
+    """The search: space (as data), sampler, budget."""
+
+    search_space: dict[str, Any] = Field(default_factory=lambda: dict(SEED_SEARCH_SPACE))
+    sampler: Literal["random", "grid"] = "random"
+    num_samples: int = Field(8, ge=1)
+    max_concurrent_trials: int | None = Field(
+        None, ge=1, description="Default: as many trials as the cluster fits at once given the resources"
+    )
+    time_budget_s: float | None = Field(
+        None, gt=0, description="Stop starting trials (and stop running ones) after"
+    )
+    seed: int = 0
+
+    @field_validator("search_space")
+    @classmethod
+    def _valid_space(cls, value: dict[str, Any]) -> dict[str, Any]:
+        parse_space(value)  # raises ValueError naming the parameter and the fix
+        return value
+
+
+class SchedulerSettings(_Section):
+    """Early stopping across concurrently running trials."""
+
+    type: Literal["asha", "fifo"] = "asha"
+    metric: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(2, gt=1)
+
+    @model_validator(mode="after")
+    def _valid(self) -> SchedulerSettings:
+        make_scheduler(self.as_dict())
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.type == "fifo":
+            return {"type": "fifo"}
+        return self.model_dump()
+
+
+class TrainingSettings(_Section):
+    """What each trial runs: a training function (import path) and its fixed config."""
+
+    train_fn: str = Field(DEFAULT_TRAIN_FN, description="module:function run on every rank")
+    epochs: int = Field(4, ge=1)
+    model: str = "net"
+    base_config: dict[str, Any] = Field(
+        default_factory=lambda: {"optimizer": "adam"},
+        description="Fixed train_loop_config entries; sampled hyperparameters override them",
+    )
+
+    @field_validator("train_fn")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        module, _, function = value.partition(":")
+        if not module or not function:
+            raise ValueError(f"train_fn must be 'package.module:function', got {value!r}")
+        return value
+
+
+class ResourceSettings(_Section):
+    """Per-trial resources, like Ray Tune's resources_per_trial / gpus_per_trial."""
+
+    ranks_per_trial: int = Field(2, ge=1, description="DDP ranks (Dask workers) per trial")
+    gpus_per_rank: float = Field(0, ge=0, description="Fractions (0.5) share a GPU between 1-rank trials")
+    cpus_per_rank: float | None = Field(
+        None, gt=0, description="Cores reserved per rank (workers declare CPU=n)"
+    )
+
+    @model_validator(mode="after")
+    def _fractional_gpus_only_alone(self) -> ResourceSettings:
+        if self.ranks_per_trial > 1 and 0 < self.gpus_per_rank < 1:
+            raise ValueError(
+                f"gpus_per_rank={self.gpus_per_rank} with ranks_per_trial={self.ranks_per_trial}: a DDP group needs a "
+                "whole GPU per rank (NCCL refuses two ranks on one GPU); use gpus_per_rank=1, or ranks_per_trial=1 "
+                "to share GPUs between trials"
+            )
+        return self
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_rank > 0
+
+    def resources_per_rank(self) -> dict[str, float]:
+        resources: dict[str, float] = {}
+        if self.gpus_per_rank:
+            resources["GPU"] = self.gpus_per_rank
+        if self.cpus_per_rank:
+            resources["CPU"] = self.cpus_per_rank
+        return resources
+
+
+class DaskSettings(_Section):
+    """Where trials run: an existing scheduler, or a local cluster started for the run."""
+
+    scheduler_address: str | None = Field(None, description="tcp://host:8786; default: a local cluster")
+    n_workers: int | None = Field(None, ge=1, description="Local cluster size; default: one worker per core")
+
+
+class MlflowSettings(_Section):
+    tracking_uri: str | None = Field(None, description="Default: SQLite under the state dir")
+    experiment_name: str = "sweepflow"
+    registered_model_name: str = "sweepflow-classifier"
+
+
+class SelectionSettings(_Section):
+    """How the best trial is chosen, and which test metric decides the champion alias."""
+
+    metric: str = "val_accuracy"
+    mode: Literal["min", "max"] = "max"
+    champion_metric: str = "test_accuracy"
+    champion_mode: Literal["min", "max"] = "max"
+
+
+class PipelineConfig(_Section):
+    """Everything one pipeline run needs. Defaults: the embedded run (digits, seed space, ASHA, 2-rank DDP)."""
+
+    data: DataSettings = Field(default_factory=DataSettings)
+    sweep: SweepSettings = Field(default_factory=SweepSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    resources: ResourceSettings = Field(default_factory=ResourceSettings)
+    dask: DaskSettings = Field(default_factory=DaskSettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    selection: SelectionSettings = Field(default_factory=SelectionSettings)
+    state_dir: str | None = Field(None, description="Default: $SWEEPFLOW_HOME or ~/.sweepflow")
+
+    @model_validator(mode="after")
+    def _epochs_cover_schedule(self) -> PipelineConfig:
+        if self.scheduler.type == "asha" and self.scheduler.max_t > self.training.epochs:
+            raise ValueError(
+                f"scheduler.max_t={self.scheduler.max_t} exceeds training.epochs={self.training.epochs}: "
+                "trials report once per epoch; lower max_t or raise epochs"
+            )
+        return self
+
+
+def resolve_settings(config: PipelineConfig, env: dict[str, str] | None = None) -> PipelineConfig:
+    """Fill machine-dependent defaults once, at the entry point (CLI or flow start)."""
+    env = dict(os.environ if env is None else env)
+    state_dir = os.path.abspath(
+        os.path.expanduser(config.state_dir or env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))
+    )
+    tracking_uri = (
+        config.mlflow.tracking_uri
+        or env.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
+    )
+    scheduler_address = config.dask.scheduler_address or env.get("DASK_SCHEDULER_ADDRESS")
+    return config.model_copy(
+        update={
+            "state_dir": state_dir,
+            "data": config.data.model_copy(
+                update={"cache_dir": config.data.cache_dir or os.path.join(state_dir, "data")}
+            ),
+            "mlflow": config.mlflow.model_copy(update={"tracking_uri": tracking_uri}),
+            "dask": config.dask.model_copy(update={"scheduler_address": scheduler_address}),
+        }
+    )
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML: numbers, bools, lists, dicts)."""
+    import yaml
+
+    result = {k: v for k, v in raw.items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value (e.g. sweep.num_samples=4), got {item!r}")
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[parts[-1]] = yaml.safe_load(text)
+    return result

@@ -1,0 +1,275 @@
+"""The training pipeline flow: data -> sweep (DDP trials on Dask, ASHA) -> best trial -> test -> registry.
+
+Thin on purpose: each stage is a task in ``tasks/``; this module composes them and owns the paired set-up and
+tear-down of the run's resources (the Dask client, the MLflow parent run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from distributed import Client
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.futures import as_completed
+from prefect.runtime import flow_run
+
+import ddp_runtime as train
+from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent_groups
+from flows.config import PipelineConfig, resolve_settings
+from tasks.data import download_dataset
+from tasks.datasets import DataConfig, PreparedDataset
+from tasks.finalize import evaluate_best, register_best
+from tasks.schedulers import make_scheduler
+from tasks.search_space import describe_trial, generate_trials, parse_space
+from tasks.tracking import RunTracker, flatten
+from tasks.trial import (
+    COMPLETED,
+    FAILED,
+    STOPPED,
+    SweepProgress,
+    SweepRuntime,
+    TrialSpec,
+    registered_runtime,
+    run_trial,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def dask_client(cfg: PipelineConfig) -> Iterator[Client]:
+    """The configured scheduler, or a local cluster for this run (one worker per core, or per GPU)."""
+    if cfg.dask.scheduler_address:
+        client = Client(cfg.dask.scheduler_address)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if cfg.resources.use_gpu:
+        with gpu_local_cluster() as client:
+            yield client
+        return
+    resources = {"CPU": 1.0} if cfg.resources.cpus_per_rank else None
+    with local_cluster(n_workers=cfg.dask.n_workers, resources=resources) as client:
+        yield client
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def leaderboard(results: list[dict[str, Any]], metric: str, mode: str) -> pd.DataFrame:
+    """One row per trial (config, last/best metrics, status, epochs), best first — like Ray's
+    ``ResultGrid.get_dataframe()``."""
+    rows = []
+    for r in results:
+        row = {"trial": r["trial_id"], "status": r["status"], "epochs": r["epochs"]}
+        row.update({f"config/{k}": v for k, v in r["params"].items()})
+        row.update({k: v for k, v in r["last"].items() if k not in ("training_iteration",)})
+        row[f"best_{metric}"] = r["best"]
+        row["mlflow_run_id"] = r["run_id"]
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame = frame.sort_values(f"best_{metric}", ascending=(mode == "min"), na_position="last")
+    return frame.reset_index(drop=True)
+
+
+def _sweep(
+    cfg: PipelineConfig, prepared: PreparedDataset, client: Client, tracker: RunTracker, parent_run_id: str
+) -> list[dict[str, Any]]:
+    logger = get_run_logger()
+    space = parse_space(cfg.sweep.search_space)
+    configs = generate_trials(
+        space, sampler=cfg.sweep.sampler, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed
+    )
+    scaling = train.ScalingConfig(
+        num_workers=cfg.resources.ranks_per_trial,
+        use_gpu=cfg.resources.use_gpu,
+        resources_per_worker=cfg.resources.resources_per_rank() or None,
+    )
+    fits = max_concurrent_groups(client, scaling)
+    if fits < 1:
+        raise train.InsufficientResourcesError(
+            f"no trial fits on this Dask cluster: each needs {scaling.num_workers} workers with "
+            f"{scaling.worker_resources or 'a free thread'}; lower resources.ranks_per_trial or add workers"
+        )
+    concurrency = min(cfg.sweep.max_concurrent_trials or fits, len(configs))
+    logger.info(
+        "sweep: %d trials, %d at a time (cluster fits %d), %d rank(s) each",
+        len(configs),
+        concurrency,
+        fits,
+        scaling.num_workers,
+    )
+    specs = []
+    for i, params in enumerate(configs):
+        trial_id = f"trial_{i:04d}"
+        specs.append(
+            TrialSpec(
+                trial_id=trial_id,
+                name=f"{trial_id}-{describe_trial(params, space.varying_names)}",
+                params=params,
+                train_fn=cfg.training.train_fn,
+                train_loop_config={
+                    **cfg.training.base_config,
+                    "model": cfg.training.model,
+                    **params,
+                    "epochs": cfg.training.epochs,
+                    "data_path": prepared.path,
+                    "seed": cfg.sweep.seed + i,
+                },
+                num_ranks=scaling.num_workers,
+                resources_per_rank=scaling.worker_resources,
+                use_gpu=cfg.resources.use_gpu,
+                selection_metric=cfg.selection.metric,
+                selection_mode=cfg.selection.mode,
+            )
+        )
+    progress = SweepProgress(cfg.selection.metric, cfg.selection.mode, len(specs), log=logger.info)
+    deadline = time.monotonic() + cfg.sweep.time_budget_s if cfg.sweep.time_budget_s else None
+    runtime = SweepRuntime(
+        client=client,
+        scheduler=make_scheduler(cfg.scheduler.as_dict()),
+        tracker=tracker,
+        parent_run_id=parent_run_id,
+        progress=progress,
+        staging_dir=os.path.join(cfg.state_dir, "staging"),
+        deadline=deadline,
+    )
+    results: list[dict[str, Any]] = []
+    with registered_runtime(runtime) as runtime_id:
+        pending = list(specs)
+        in_flight = []
+        while pending or in_flight:
+            out_of_time = deadline is not None and time.monotonic() > deadline
+            while pending and len(in_flight) < concurrency and not out_of_time:
+                spec = pending.pop(0)
+                in_flight.append(run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id))
+            if out_of_time and pending:
+                logger.warning("time budget spent: %d trial(s) not started", len(pending))
+                pending.clear()
+            if not in_flight:
+                break
+            done = next(as_completed(in_flight))
+            in_flight.remove(done)
+            results.append(done.result())
+    return results
+
+
+@flow(name="training-pipeline", log_prints=True)
+def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 - pydantic default
+    """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
+    cfg = resolve_settings(config)
+    logger = get_run_logger()
+    prepared = PreparedDataset.from_dict(
+        download_dataset(
+            DataConfig(
+                name=cfg.data.name,
+                source=cfg.data.source,
+                cache_dir=cfg.data.cache_dir,
+                val_fraction=cfg.data.val_fraction,
+                test_fraction=cfg.data.test_fraction,
+                seed=cfg.data.seed,
+            )
+        )
+    )
+    default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
+    tracker = RunTracker(
+        cfg.mlflow.tracking_uri,
+        cfg.mlflow.experiment_name,
+        artifact_root=os.path.join(cfg.state_dir, "mlartifacts") if default_store else None,
+    )
+    parent = tracker.start_run(
+        f"pipeline-{flow_run.get_name() or 'local'}",
+        params=flatten("", cfg.model_dump(exclude={"state_dir"})),
+        tags={
+            "sweepflow.data_checksum": prepared.checksum,
+            "sweepflow.dataset": prepared.name,
+            "sweepflow.code_version": code_version(),
+            "prefect.flow_run_id": str(flow_run.get_id() or ""),
+        },
+    )
+    status = "FAILED"
+    try:
+        with dask_client(cfg) as client:
+            results = _sweep(cfg, prepared, client, tracker, parent)
+        board = leaderboard(results, cfg.selection.metric, cfg.selection.mode)
+        os.makedirs(os.path.join(cfg.state_dir, "tmp"), exist_ok=True)
+        board_path = os.path.join(cfg.state_dir, "tmp", f"leaderboard-{parent}.csv")
+        board.to_csv(board_path, index=False)
+        tracker.log_artifact(parent, board_path, "leaderboard")
+        create_table_artifact(
+            table=board.astype(object).where(board.notna(), None).to_dict(orient="records"),
+            key="sweep-leaderboard",
+            description=f"Trials of MLflow run {parent}, best first by {cfg.selection.metric}",
+        )
+        failed = [r["trial_id"] for r in results if r["status"] == FAILED]
+        candidates = [r for r in results if r["status"] in (COMPLETED, STOPPED) and r["best"] is not None]
+        if not candidates:
+            raise RuntimeError(
+                f"every trial failed ({failed}); see the MLflow child runs' sweepflow.error tags"
+            )
+        pick = max if cfg.selection.mode == "max" else min
+        best = pick(candidates, key=lambda r: r["best"])
+        tracker.set_tags(
+            parent,
+            {
+                "sweepflow.best_trial": best["trial_id"],
+                "sweepflow.best_run_id": best["run_id"],
+                "sweepflow.failed_trials": ",".join(failed) or "none",
+            },
+        )
+        tracker.log_metrics(parent, {f"best_{cfg.selection.metric}": best["best"]}, step=0)
+        evaluation = evaluate_best(best["best_checkpoint"], prepared.path, tracker, parent)
+        test_value = evaluation["metrics"][cfg.selection.champion_metric]
+        registration = register_best(
+            best["best_checkpoint"],
+            prepared.path,
+            tracking_uri=cfg.mlflow.tracking_uri,
+            parent_run_id=parent,
+            registered_model_name=cfg.mlflow.registered_model_name,
+            metric_name=cfg.selection.champion_metric,
+            metric_value=test_value,
+            higher_is_better=cfg.selection.champion_mode == "max",
+            tags={"sweepflow.best_trial": best["trial_id"], "sweepflow.data_checksum": prepared.checksum},
+        )
+        status = "FINISHED"
+        logger.info(
+            "best trial %s: %s=%.4f; test %s=%.4f; registered %s v%s%s",
+            best["trial_id"],
+            cfg.selection.metric,
+            best["best"],
+            cfg.selection.champion_metric,
+            test_value,
+            registration["name"],
+            registration["version"],
+            " (new champion)" if registration["became_champion"] else " (champion unchanged)",
+        )
+        return {
+            "parent_run_id": parent,
+            "experiment_id": tracker.experiment_id,
+            "tracking_uri": cfg.mlflow.tracking_uri,
+            "best_trial": best,
+            "failed_trials": failed,
+            "test_metrics": evaluation["metrics"],
+            "registration": registration,
+            "leaderboard": board.to_dict(orient="records"),
+            "state_dir": cfg.state_dir,
+        }
+    finally:
+        tracker.end_run(parent, status)

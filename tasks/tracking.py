@@ -1,0 +1,108 @@
+"""MLflow as the system of record: one parent run per pipeline run, one nested child run per trial.
+
+Everything goes through ``MlflowClient`` with explicit run ids (no global "active run"), because trials are
+driven from several threads of the flow process at once; each run is written by exactly one thread. Metric
+writes are batched: one ``log_batch`` per report.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+_MAX_PARAM_LEN = 6000
+
+
+def _param_value(value: Any) -> str:
+    return str(value)[:_MAX_PARAM_LEN]
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: MLflow params are flat."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), sub))
+        return out
+    return {prefix: value}
+
+
+class RunTracker:
+    """Creates and writes the runs of one experiment."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str, *, artifact_root: str | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            self.experiment_id = self.client.create_experiment(
+                experiment_name, artifact_location=artifact_root
+            )
+        else:
+            self.experiment_id = experiment.experiment_id
+
+    def start_run(
+        self,
+        run_name: str,
+        *,
+        parent_run_id: str | None = None,
+        params: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> str:
+        all_tags = dict(tags or {})
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        if params:
+            self.log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        flat = flatten("", params)
+        items = [Param(k, _param_value(v)) for k, v in flat.items()]
+        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        ]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, _param_value(v)) for k, v in tags.items()])
+
+    def end_run(self, run_id: str, status: str) -> None:
+        """status: FINISHED, KILLED (early-stopped) or FAILED."""
+        self.client.set_terminated(run_id, status=status)
+
+    def artifact_uri(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.artifact_uri
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        if os.path.isdir(local_path):
+            self.client.log_artifacts(run_id, local_path, artifact_path)
+        else:
+            self.client.log_artifact(run_id, local_path, artifact_path)
+
+
+def direct_storage_uri(artifact_uri: str) -> str | None:
+    """The fsspec location behind a run's artifact URI, when trainers can write there directly
+    (a local/file store, or s3:// when the server does not proxy artifacts). None for proxied
+    ``mlflow-artifacts:`` URIs, which only the tracking server can write."""
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme in ("", "file"):
+        return unquote(parsed.path) if parsed.scheme == "file" else artifact_uri
+    if parsed.scheme in ("s3", "gs", "gcs", "abfs", "az"):
+        return artifact_uri
+    return None

@@ -1,0 +1,310 @@
+"""The built-in training function: an image classifier trained with DDP on a prepared dataset.
+
+``train_image_classifier(config)`` runs on every rank of a ``ddp_runtime.torch.TorchTrainer`` group, inside a
+Dask worker. It is plain PyTorch and reads top to bottom: build the model, the data and the optimizer from
+names in ``config`` (as Ray's legacy ``model_creator`` / ``data_creator`` / ``optimizer_creator`` did), resume
+from a checkpoint if the trainer hands one over, then train, validate, report and checkpoint once per epoch.
+
+Config keys (all JSON-able, so a sweep's trial config can be passed as is):
+
+    data_path     prepared dataset directory (``tasks.datasets.prepare_dataset(...).path``); required
+    model         "net" (default), "resnet18" or "small_cnn"       (see ``tasks.models``)
+    epochs        total epochs, counting those already done by a resumed checkpoint (default 10)
+    batch_size    per rank (default 64): the global batch is batch_size * world size
+    lr            learning rate (default 1e-3)
+    optimizer     "adam" (default), "adamw" or "sgd"
+    momentum      SGD momentum (default 0.9)
+    weight_decay  (default 0.0)
+    seed          seeds model init and data order (default 0)
+    num_workers   DataLoader worker processes per rank (default 0: the data is already in memory)
+    l1, l2 / channels, dropout   model hyperparameters; other keys are ignored
+
+This module must not import Prefect or MLflow: it is imported by Dask workers, which should start fast and
+need only torch. Metrics reach MLflow through the driver (``TorchTrainer(on_report=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
+from torch import nn
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+import ddp_runtime
+from ddp_runtime.torch import prepare_data_loader, prepare_model
+from tasks.datasets import load_meta, load_split
+from tasks.models import build_model, model_hparams
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+CHECKPOINT_META = "meta.json"
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+
+_DEFAULTS: dict[str, Any] = {
+    "model": "net",
+    "epochs": 10,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "optimizer": "adam",
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "seed": 0,
+    "num_workers": 0,
+}
+_EVAL_BATCH_SIZE = 512  # evaluation keeps no activations for backward, so much larger batches are cheap
+
+
+def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Config with defaults filled in, checked here so a typo fails on the first line, not mid-epoch."""
+    cfg = {**_DEFAULTS, **config}
+    if not cfg.get("data_path"):
+        raise ValueError(
+            "train_image_classifier needs config['data_path']: the prepared dataset directory, i.e. "
+            "tasks.datasets.prepare_dataset(DataConfig(...)).path"
+        )
+    for key in ("epochs", "batch_size", "seed", "num_workers"):
+        value = cfg[key]
+        if isinstance(value, bool) or not float(value).is_integer() or value < (1 if key != "seed" else 0):
+            raise ValueError(f"config[{key!r}] must be a whole number >= 1 (seed: >= 0), got {value!r}")
+        cfg[key] = int(value)
+    if cfg["num_workers"] < 0:
+        raise ValueError(f"config['num_workers'] must be >= 0, got {cfg['num_workers']!r}")
+    for key in ("lr", "momentum", "weight_decay"):
+        cfg[key] = float(cfg[key])
+    if not math.isfinite(cfg["lr"]) or cfg["lr"] <= 0:
+        raise ValueError(f"config['lr'] must be a positive number, got {config.get('lr')!r}")
+    cfg["optimizer"] = str(cfg["optimizer"]).lower()
+    if cfg["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"config['optimizer'] must be one of {', '.join(OPTIMIZERS)}, got {cfg['optimizer']!r}")
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------ creators
+
+
+def make_model(config: Mapping[str, Any], meta: Mapping[str, Any]) -> nn.Module:
+    """The model named by ``config['model']``, sized for the dataset described by ``meta`` (its meta.json)."""
+    return build_model(
+        config.get("model", _DEFAULTS["model"]),
+        input_shape=tuple(meta["input_shape"]),
+        num_classes=int(meta["num_classes"]),
+        hparams=config,
+    )
+
+
+def make_loaders(config: Mapping[str, Any]) -> tuple[DataLoader, DataLoader]:
+    """(train, val) DataLoaders over the prepared splits; the train loader is not yet sharded.
+
+    The val loader holds only this rank's share (every world_size-th sample). ``DistributedSampler`` would
+    pad the split with repeated samples to make shards equal, which would skew the summed metrics; a strided
+    split covers every sample exactly once, and the per-rank sums are all-reduced afterwards.
+    """
+    ctx = ddp_runtime.get_context()
+    x_train, y_train = load_split(config["data_path"], "train")
+    x_val, y_val = load_split(config["data_path"], "val")
+    train = TensorDataset(x_train, y_train)
+    val = Subset(TensorDataset(x_val, y_val), range(ctx.get_world_rank(), len(y_val), ctx.get_world_size()))
+    num_workers = int(config.get("num_workers", 0))
+    train_loader = DataLoader(
+        train, batch_size=int(config["batch_size"]), shuffle=True, num_workers=num_workers
+    )
+    val_loader = DataLoader(val, batch_size=_EVAL_BATCH_SIZE, shuffle=False, num_workers=num_workers)
+    return train_loader, val_loader
+
+
+def make_optimizer(config: Mapping[str, Any], params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer named by ``config['optimizer']`` (adam, adamw, sgd)."""
+    name = str(config.get("optimizer", _DEFAULTS["optimizer"])).lower()
+    lr = float(config.get("lr", _DEFAULTS["lr"]))
+    weight_decay = float(config.get("weight_decay", _DEFAULTS["weight_decay"]))
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        momentum = float(config.get("momentum", _DEFAULTS["momentum"]))
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; use one of: {', '.join(OPTIMIZERS)}")
+
+
+# ------------------------------------------------------------------------------------------- the training
+
+
+def train_image_classifier(config: dict[str, Any]) -> None:
+    """Train ``config['model']`` on ``config['data_path']`` on this rank; see the module docstring for keys.
+
+    Reports once per epoch ``{"epoch" (1-based), "train_loss", "val_loss", "val_accuracy"}`` (global over
+    all ranks) with a checkpoint from rank 0 (``model.pt``, ``optimizer.pt``, ``meta.json``).
+    """
+    cfg = _with_defaults(config)
+    ctx = ddp_runtime.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    is_rank0 = rank == 0  # rank 0 alone writes the checkpoint: the others' would be discarded anyway
+    device = ctx.get_device()
+    data_meta = load_meta(cfg["data_path"])
+
+    # Same seed on every rank, so each starts from the same weights (DDP would broadcast rank 0's anyway, but
+    # a 1-rank run must be reproducible too).
+    torch.manual_seed(cfg["seed"])
+    model = make_model(cfg, data_meta)
+
+    # Resume: a restarted group (or a trainer given resume_from_checkpoint) continues after the last saved
+    # epoch. Weights go into the bare model before prepare_model, so DDP starts from them on every rank.
+    start_epoch = 1
+    optimizer_state = None
+    checkpoint = ddp_runtime.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as ckpt_dir:
+            saved = _read_checkpoint_meta(ckpt_dir)
+            if saved["model"] != cfg["model"]:
+                raise ValueError(
+                    f"cannot resume: the checkpoint holds model {saved['model']!r} but config['model'] is "
+                    f"{cfg['model']!r}; resume with the same model or start without a checkpoint"
+                )
+            model.load_state_dict(torch.load(os.path.join(ckpt_dir, MODEL_FILE), weights_only=True))
+            optimizer_state = torch.load(
+                os.path.join(ckpt_dir, OPTIMIZER_FILE), map_location=device, weights_only=True
+            )
+        start_epoch = int(saved["epoch"]) + 1
+
+    model = prepare_model(model)  # to the rank's device, wrapped in DDP when world_size > 1
+    bare_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    optimizer = make_optimizer(cfg, model.parameters())
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+
+    train_loader, val_loader = make_loaders(cfg)
+    train_loader = prepare_data_loader(train_loader)  # shards the train split with a DistributedSampler
+    val_loader = prepare_data_loader(val_loader, add_dist_sampler=False)  # already this rank's share
+
+    # Seeds differ per rank from here on, so dropout masks are independent across ranks; the data order is
+    # the DistributedSampler's (seeded by set_epoch), the same on all ranks.
+    torch.manual_seed(cfg["seed"] + 1 + rank + 1000 * start_epoch)
+
+    checkpoint_meta = {
+        "model": cfg["model"],
+        "model_hparams": model_hparams(cfg["model"], cfg),
+        "input_shape": [int(v) for v in data_meta["input_shape"]],
+        "num_classes": int(data_meta["num_classes"]),
+        "dataset": data_meta.get("name"),
+        **{key: data_meta[key] for key in ("class_names", "mean", "std") if key in data_meta},
+    }
+
+    for epoch in range(start_epoch, cfg["epochs"] + 1):
+        if world_size > 1:
+            train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, identical across ranks
+
+        # Train: sums, not means, so the epoch loss can be combined exactly across ranks below.
+        model.train()
+        train_loss_sum, train_count = 0.0, 0
+        for x, y in train_loader:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP all-reduces the gradients here
+            optimizer.step()
+            train_loss_sum += loss.item() * len(y)
+            train_count += len(y)
+
+        # Validate on the bare model: each rank sees a different number of val batches, and DDP's forward
+        # may issue collectives that would then not match up across ranks.
+        val_loss_sum, val_correct, val_count = _evaluate_sums(bare_model, val_loader)
+
+        totals = torch.tensor(
+            [train_loss_sum, train_count, val_loss_sum, val_correct, val_count], dtype=torch.float64
+        )
+        if world_size > 1:
+            # gloo reduces CPU tensors, NCCL only CUDA ones; one collective carries all five sums.
+            reduce_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+            totals = totals.to(reduce_device)
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+            totals = totals.cpu()
+        train_loss_sum, train_count, val_loss_sum, val_correct, val_count = totals.tolist()
+        metrics = {
+            "epoch": epoch,
+            "train_loss": train_loss_sum / max(train_count, 1),
+            "val_loss": val_loss_sum / max(val_count, 1),
+            "val_accuracy": val_correct / max(val_count, 1),
+        }
+
+        # Every rank must call report (it is the group's barrier); only rank 0's checkpoint is persisted,
+        # so the other ranks skip writing one.
+        if is_rank0:
+            with tempfile.TemporaryDirectory(prefix="sweepflow-train-") as ckpt_dir:
+                _write_checkpoint(ckpt_dir, bare_model, optimizer, {**checkpoint_meta, "epoch": epoch})
+                ddp_runtime.report(metrics, checkpoint=ddp_runtime.Checkpoint.from_directory(ckpt_dir))
+        else:
+            ddp_runtime.report(metrics)
+
+
+@torch.no_grad()
+def _evaluate_sums(model: nn.Module, loader: Iterable[Any]) -> tuple[float, int, int]:
+    """(summed cross-entropy, correct predictions, samples) of ``model`` over ``loader``, in eval mode."""
+    was_training = model.training
+    model.eval()  # BatchNorm uses its running stats, dropout is off
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in loader:
+        logits = model(x)
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == y).sum().item())
+        count += len(y)
+    model.train(was_training)
+    return loss_sum, correct, count
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def _write_checkpoint(
+    directory: str, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
+) -> None:
+    torch.save(model.state_dict(), os.path.join(directory, MODEL_FILE))  # the bare module: no "module." prefix
+    torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
+    with open(os.path.join(directory, CHECKPOINT_META), "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+
+
+def _read_checkpoint_meta(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, CHECKPOINT_META)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{directory!r} is not a train_image_classifier checkpoint (no {CHECKPOINT_META}); pass the "
+            "directory of a checkpoint it reported, e.g. result.checkpoint.path"
+        ) from None
+    missing = [key for key in ("model", "input_shape", "num_classes", "epoch") if key not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}; it was not written by train_image_classifier")
+    return meta
+
+
+def load_model_from_checkpoint(
+    checkpoint_dir: str | os.PathLike[str] | ddp_runtime.Checkpoint,
+) -> nn.Module:
+    """Rebuild the model a ``train_image_classifier`` checkpoint holds, with its weights, in eval mode, on CPU.
+
+    Takes a local directory or a ``ddp_runtime.Checkpoint`` (e.g. ``result.checkpoint``, also on S3).
+    """
+    if isinstance(checkpoint_dir, ddp_runtime.Checkpoint):
+        with checkpoint_dir.as_directory() as local_dir:
+            return load_model_from_checkpoint(local_dir)
+    directory = os.fspath(checkpoint_dir)
+    meta = _read_checkpoint_meta(directory)
+    model = build_model(
+        meta["model"],
+        input_shape=tuple(meta["input_shape"]),
+        num_classes=int(meta["num_classes"]),
+        hparams=meta.get("model_hparams", {}),
+    )
+    state = torch.load(os.path.join(directory, MODEL_FILE), map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    return model.eval()

@@ -1,0 +1,229 @@
+"""One trial = one Prefect task run that drives one ddp_runtime DDP group on the Dask cluster.
+
+The task is thin: it opens the trial's MLflow child run, runs ``TorchTrainer.fit()`` with an ``on_report``
+callback that logs each report to MLflow and asks the shared trial scheduler (ASHA) whether to go on, and
+closes the run with the trial's status. Checkpoints are written straight into the child run's artifact
+location when trainers can reach it (local store, or s3:// artifact roots), so there is no second copy.
+
+Live objects (the Dask client, the scheduler, the tracker) are not task parameters: they live in a
+``SweepRuntime`` registered under an id for the duration of the sweep, and tasks receive the id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Client
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+import ddp_runtime as train
+from ddp_runtime.torch import TorchTrainer
+from tasks.schedulers import STOP, TrialScheduler
+from tasks.tracking import RunTracker, direct_storage_uri
+
+COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
+_MLFLOW_STATUS = {COMPLETED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one trial runs (plain data: it is the Prefect task's parameter)."""
+
+    trial_id: str
+    name: str
+    params: dict[str, Any]  # the sampled hyperparameters
+    train_fn: str  # "module:function"
+    train_loop_config: dict[str, Any]  # base config + params + data path
+    num_ranks: int
+    resources_per_rank: dict[str, float]
+    use_gpu: bool
+    selection_metric: str
+    selection_mode: str
+    max_failures: int = 0
+
+
+@dataclass
+class SweepProgress:
+    """Counts and best-so-far across trials; every change is logged as one line."""
+
+    metric: str
+    mode: str
+    total: int
+    log: Callable[[str], None]
+    started_at: float = field(default_factory=time.monotonic)
+    running: set[str] = field(default_factory=set)
+    finished: dict[str, str] = field(default_factory=dict)
+    best: tuple[float, str] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _better(self, value: float) -> bool:
+        return self.best is None or (value > self.best[0] if self.mode == "max" else value < self.best[0])
+
+    def update(
+        self, trial_id: str, *, metrics: dict[str, Any] | None = None, status: str | None = None
+    ) -> None:
+        with self._lock:
+            if status is None:
+                self.running.add(trial_id)
+            else:
+                self.running.discard(trial_id)
+                self.finished[trial_id] = status
+            value = (metrics or {}).get(self.metric)
+            if isinstance(value, int | float) and self._better(float(value)):
+                self.best = (float(value), trial_id)
+            line = self.line()
+        self.log(line)
+
+    def line(self) -> str:
+        statuses = list(self.finished.values())
+        pending = self.total - len(self.running) - len(self.finished)
+        best = f"{self.metric}={self.best[0]:.4f} ({self.best[1]})" if self.best else "-"
+        return (
+            f"[{time.monotonic() - self.started_at:6.1f}s] trials: {len(self.running)} running, "
+            f"{statuses.count(STOPPED)} stopped early, {statuses.count(COMPLETED)} completed, "
+            f"{statuses.count(FAILED)} failed, {pending} pending | best {best}"
+        )
+
+
+@dataclass
+class SweepRuntime:
+    client: Client
+    scheduler: TrialScheduler
+    tracker: RunTracker
+    parent_run_id: str
+    progress: SweepProgress
+    staging_dir: str  # for checkpoints when the artifact store is proxied by the tracking server
+    deadline: float | None = None  # time.monotonic() after which running trials are stopped
+    storage_options: dict[str, Any] | None = None
+
+
+_RUNTIMES: dict[str, SweepRuntime] = {}
+
+
+@contextlib.contextmanager
+def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
+    runtime_id = uuid.uuid4().hex
+    _RUNTIMES[runtime_id] = runtime
+    try:
+        yield runtime_id
+    finally:
+        _RUNTIMES.pop(runtime_id, None)
+
+
+def import_train_fn(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"training.train_fn={path!r}: cannot import {module_name!r} ({exc}); it must be importable in the flow "
+            "process and on every Dask worker (install your package there, or put it on PYTHONPATH)"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise AttributeError(f"training.train_fn={path!r}: {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def _best(history: list[dict[str, Any]], metric: str, mode: str) -> float | None:
+    values = [float(m[metric]) for m in history if isinstance(m.get(metric), int | float)]
+    if not values:
+        return None
+    return max(values) if mode == "max" else min(values)
+
+
+@task(name="train-trial", cache_policy=NO_CACHE, retries=0)
+def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
+    """Train one trial as a DDP group; returns its summary (status, metrics, best checkpoint, MLflow run)."""
+    rt = _RUNTIMES[runtime_id]
+    logger = get_run_logger()
+    run_id = rt.tracker.start_run(
+        spec.name,
+        parent_run_id=rt.parent_run_id,
+        params={**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank},
+        tags={"sweepflow.trial_id": spec.trial_id, "sweepflow.train_fn": spec.train_fn},
+    )
+    storage = direct_storage_uri(rt.tracker.artifact_uri(run_id))
+    proxied = storage is None
+    if proxied:
+        storage = os.path.join(rt.staging_dir, run_id)
+    rt.scheduler.on_trial_add(spec.trial_id)
+    rt.progress.update(spec.trial_id)
+
+    def on_report(metrics: dict[str, Any]) -> bool:
+        step = int(metrics.get("epoch", metrics["training_iteration"]))
+        rt.tracker.log_metrics(run_id, metrics, step=step)
+        decision = rt.scheduler.on_trial_result(spec.trial_id, metrics)
+        out_of_time = rt.deadline is not None and time.monotonic() > rt.deadline
+        if decision == STOP or out_of_time:
+            logger.info(
+                "%s: stopping at report %s (%s)",
+                spec.name,
+                step,
+                "ASHA" if decision == STOP else "time budget",
+            )
+            return True
+        return False
+
+    trainer = TorchTrainer(
+        import_train_fn(spec.train_fn),
+        train_loop_config=spec.train_loop_config,
+        scaling_config=train.ScalingConfig(
+            num_workers=spec.num_ranks,
+            use_gpu=spec.use_gpu,
+            resources_per_worker=spec.resources_per_rank or None,
+        ),
+        run_config=train.RunConfig(
+            name="checkpoints",
+            storage_path=storage,
+            storage_options=rt.storage_options,
+            checkpoint_config=train.CheckpointConfig(
+                num_to_keep=1,  # plus the latest, always kept
+                checkpoint_score_attribute=spec.selection_metric,
+                checkpoint_score_order=spec.selection_mode,
+            ),
+            failure_config=train.FailureConfig(max_failures=spec.max_failures),
+        ),
+        client=rt.client,
+        on_report=on_report,
+    )
+    error = None
+    try:
+        result = trainer.fit()
+    except train.TrainingFailedError as exc:
+        result, error = exc.result, exc.result.error
+    status = FAILED if error is not None else STOPPED if result.stopped_early else COMPLETED
+    if status == FAILED:
+        rt.scheduler.on_trial_error(spec.trial_id)
+        rt.tracker.set_tags(run_id, {"sweepflow.error": str(error)[:5000]})
+        logger.error("%s failed: %s", spec.name, error)
+    else:
+        rt.scheduler.on_trial_complete(spec.trial_id, result.metrics)
+    if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
+        rt.tracker.log_artifact(run_id, os.path.join(storage, "checkpoints"), "checkpoints")
+    rt.tracker.set_tags(run_id, {"sweepflow.status": status, "sweepflow.epochs": len(result.metrics_history)})
+    rt.tracker.end_run(run_id, _MLFLOW_STATUS[status])
+    best_checkpoint = result.best_checkpoints[0][0].path if result.best_checkpoints else None
+    summary = {
+        "trial_id": spec.trial_id,
+        "name": spec.name,
+        "params": spec.params,
+        "status": status,
+        "run_id": run_id,
+        "epochs": len(result.metrics_history),
+        "last": result.metrics or {},
+        "best": _best(result.metrics_history, spec.selection_metric, spec.selection_mode),
+        "best_checkpoint": best_checkpoint,
+        "error": str(error) if error is not None else None,
+    }
+    rt.progress.update(spec.trial_id, metrics=result.metrics, status=status)
+    return summary
