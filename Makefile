@@ -8,7 +8,7 @@ install-dev:
 	bash scripts/install.sh dev
 
 run: install
-	.venv/bin/python examples/ray_train_getting_started.py
+	.venv/bin/sweepflow run
 
 lint:
 	.venv/bin/ruff check .

@@ -30,6 +30,9 @@ class Result:
     stopped_early: bool = False
     num_failures: int = 0
     attempts_errors: list[BaseException] = field(default_factory=list)
+    # Seconds rank 0 spent inside the training function (all attempts): fit()'s wall time minus this is the
+    # runtime's own overhead (reservation, launch, rendezvous, teardown).
+    train_time_s: float = 0.0
 
 
 class TrainingFailedError(RuntimeError):

@@ -127,8 +127,10 @@ class TorchTrainer:
         stopped = False
         max_failures = self.run_config.failure_config.max_failures
         attempt = 0
+        self._train_time_s = 0.0
         while True:
             outcome = _GroupRun(self, client, attempt, resume, committed, history).run()
+            self._train_time_s += outcome.train_time_s
             committed = outcome.committed
             if outcome.error is None:
                 stopped = outcome.stopped
@@ -167,6 +169,7 @@ class TorchTrainer:
             stopped_early=stopped,
             num_failures=len(errors),
             attempts_errors=errors,
+            train_time_s=self._train_time_s,
         )
 
 
@@ -209,6 +212,7 @@ class _GroupRun:
         self.channel = f"sweepflow-{self.group_id}-a{attempt}"
         self.error: BaseException | None = None
         self.stopped = False
+        self.train_time_s = 0.0
 
     def run(self) -> _GroupRun:
         addresses = self._reserve()
@@ -401,6 +405,9 @@ class _GroupRun:
             with contextlib.suppress(TimeoutError):
                 wait(running, timeout=self.trainer.torch_config.teardown_timeout_s)
         outcomes = [self._outcome(f) for f in futures if f.done()]
+        rank0 = next((o for o in outcomes if o.get("rank") == 0 and "started_at" in o), None)
+        if rank0 is not None:
+            self.train_time_s = rank0["ended_at"] - rank0["started_at"]
         if self.error is not None and len(futures) > 1 and live:
             doomed = [a for _, a in live]
             log.warning("group %s failed: restarting its Dask workers %s", self.group_id, doomed)

@@ -178,6 +178,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
                 send_report=_rank0_reporter(spec) if spec.world_rank == 0 else None,
             )
         )
+        outcome["started_at"] = time.time()
         _call(train_fn, config)
         outcome["status"] = "finished"
     except StopTraining:
@@ -191,6 +192,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             time=time.time(),  # the earliest failure of a group is its root cause; the others are fallout
         )
     finally:
+        outcome["ended_at"] = time.time()
         _install(None)
         if initialised:
             dist.destroy_process_group()

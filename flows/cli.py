@@ -67,8 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (", champion)" if reg["became_champion"] else f"; champion stays v{reg['champion_version']})")
     )
     print(f"Failed trials: {summary['failed_trials'] or 'none'}")
+    stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in summary["timings"].items())
     print(
-        f"\nTimings: server {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, flow {t_end - t_import:.1f}s"
+        f"\nTimings: prefect server {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, "
+        f"flow {t_end - t_import:.1f}s ({stages})"
     )
     uri = summary["tracking_uri"]
     print("\nCompare trials in the MLflow UI:")

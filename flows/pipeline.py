@@ -155,11 +155,14 @@ def _sweep(
     with registered_runtime(runtime) as runtime_id:
         pending = list(specs)
         in_flight = []
+        submitted: dict[Any, float] = {}
         while pending or in_flight:
             out_of_time = deadline is not None and time.monotonic() > deadline
             while pending and len(in_flight) < concurrency and not out_of_time:
                 spec = pending.pop(0)
-                in_flight.append(run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id))
+                future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
+                submitted[future] = time.perf_counter()
+                in_flight.append(future)
             if out_of_time and pending:
                 logger.warning("time budget spent: %d trial(s) not started", len(pending))
                 pending.clear()
@@ -167,7 +170,11 @@ def _sweep(
                 break
             done = next(as_completed(in_flight))
             in_flight.remove(done)
-            results.append(done.result())
+            result = done.result()
+            # Per-trial bookkeeping: Prefect task run + MLflow child run + group start/stop, i.e. the trial's
+            # wall time minus the time spent inside the training function.
+            result["bookkeeping_s"] = time.perf_counter() - submitted.pop(done) - result["train_time_s"]
+            results.append(result)
     return results
 
 
@@ -176,6 +183,15 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
     """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
     cfg = resolve_settings(config)
     logger = get_run_logger()
+    timings: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        timings[name] = round(now - mark, 3)
+        mark = now
+
     prepared = PreparedDataset.from_dict(
         download_dataset(
             DataConfig(
@@ -188,6 +204,7 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             )
         )
     )
+    lap("data_s")
     default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     tracker = RunTracker(
         cfg.mlflow.tracking_uri,
@@ -204,10 +221,13 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             "prefect.flow_run_id": str(flow_run.get_id() or ""),
         },
     )
+    lap("mlflow_setup_s")
     status = "FAILED"
     try:
         with dask_client(cfg) as client:
+            lap("dask_start_s")
             results = _sweep(cfg, prepared, client, tracker, parent)
+            lap("sweep_s")
         board = leaderboard(results, cfg.selection.metric, cfg.selection.mode)
         os.makedirs(os.path.join(cfg.state_dir, "tmp"), exist_ok=True)
         board_path = os.path.join(cfg.state_dir, "tmp", f"leaderboard-{parent}.csv")
@@ -237,6 +257,7 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
         tracker.log_metrics(parent, {f"best_{cfg.selection.metric}": best["best"]}, step=0)
         evaluation = evaluate_best(best["best_checkpoint"], prepared.path, tracker, parent)
         test_value = evaluation["metrics"][cfg.selection.champion_metric]
+        lap("evaluate_s")
         registration = register_best(
             best["best_checkpoint"],
             prepared.path,
@@ -248,7 +269,9 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             higher_is_better=cfg.selection.champion_mode == "max",
             tags={"sweepflow.best_trial": best["trial_id"], "sweepflow.data_checksum": prepared.checksum},
         )
+        lap("register_s")
         status = "FINISHED"
+        logger.info("stage timings: %s", timings)
         logger.info(
             "best trial %s: %s=%.4f; test %s=%.4f; registered %s v%s%s",
             best["trial_id"],
@@ -270,6 +293,10 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             "registration": registration,
             "leaderboard": board.to_dict(orient="records"),
             "state_dir": cfg.state_dir,
+            "data_path": prepared.path,
+            "timings": timings,
+            "sweep_seconds": timings["sweep_s"],
+            "trials": results,
         }
     finally:
         tracker.end_run(parent, status)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -70,20 +71,22 @@ def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
             "train_image_classifier needs config['data_path']: the prepared dataset directory, i.e. "
             "tasks.datasets.prepare_dataset(DataConfig(...)).path"
         )
-    for key in ("epochs", "batch_size", "seed", "num_workers"):
+    for key, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0), ("num_workers", 0)):
         value = cfg[key]
-        if isinstance(value, bool) or not float(value).is_integer() or value < (1 if key != "seed" else 0):
-            raise ValueError(f"config[{key!r}] must be a whole number >= 1 (seed: >= 0), got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer():
+            raise ValueError(f"config[{key!r}] must be a whole number, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"config[{key!r}] must be >= {minimum}, got {value!r}")
         cfg[key] = int(value)
-    if cfg["num_workers"] < 0:
-        raise ValueError(f"config['num_workers'] must be >= 0, got {cfg['num_workers']!r}")
     for key in ("lr", "momentum", "weight_decay"):
         cfg[key] = float(cfg[key])
     if not math.isfinite(cfg["lr"]) or cfg["lr"] <= 0:
         raise ValueError(f"config['lr'] must be a positive number, got {config.get('lr')!r}")
     cfg["optimizer"] = str(cfg["optimizer"]).lower()
     if cfg["optimizer"] not in OPTIMIZERS:
-        raise ValueError(f"config['optimizer'] must be one of {', '.join(OPTIMIZERS)}, got {cfg['optimizer']!r}")
+        raise ValueError(
+            f"config['optimizer'] must be one of {', '.join(OPTIMIZERS)}, got {cfg['optimizer']!r}"
+        )
     return cfg
 
 
@@ -169,7 +172,9 @@ def train_image_classifier(config: dict[str, Any]) -> None:
                     f"cannot resume: the checkpoint holds model {saved['model']!r} but config['model'] is "
                     f"{cfg['model']!r}; resume with the same model or start without a checkpoint"
                 )
-            model.load_state_dict(torch.load(os.path.join(ckpt_dir, MODEL_FILE), weights_only=True))
+            model.load_state_dict(
+                torch.load(os.path.join(ckpt_dir, MODEL_FILE), map_location="cpu", weights_only=True)
+            )
             optimizer_state = torch.load(
                 os.path.join(ckpt_dir, OPTIMIZER_FILE), map_location=device, weights_only=True
             )
@@ -185,9 +190,9 @@ def train_image_classifier(config: dict[str, Any]) -> None:
     train_loader = prepare_data_loader(train_loader)  # shards the train split with a DistributedSampler
     val_loader = prepare_data_loader(val_loader, add_dist_sampler=False)  # already this rank's share
 
-    # Seeds differ per rank from here on, so dropout masks are independent across ranks; the data order is
-    # the DistributedSampler's (seeded by set_epoch), the same on all ranks.
-    torch.manual_seed(cfg["seed"] + 1 + rank + 1000 * start_epoch)
+    # Seeds differ per rank from here on, so dropout masks are independent across ranks. (With several ranks
+    # the data order comes from the DistributedSampler and set_epoch; with one, from this seed.)
+    torch.manual_seed(cfg["seed"] + 1 + rank)
 
     checkpoint_meta = {
         "model": cfg["model"],
@@ -265,7 +270,9 @@ def _evaluate_sums(model: nn.Module, loader: Iterable[Any]) -> tuple[float, int,
 def _write_checkpoint(
     directory: str, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
 ) -> None:
-    torch.save(model.state_dict(), os.path.join(directory, MODEL_FILE))  # the bare module: no "module." prefix
+    torch.save(
+        model.state_dict(), os.path.join(directory, MODEL_FILE)
+    )  # the bare module: no "module." prefix
     torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
     with open(os.path.join(directory, CHECKPOINT_META), "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)

@@ -40,3 +40,15 @@ def s3_endpoint() -> Iterator[dict]:
         yield {"url": url, "storage_options": options}
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A real (temporary) Prefect API for the session: flow and task runs are recorded and queryable."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+from mlflow_server import mlflow_server  # noqa: E402,F401 - session fixture: a real `mlflow server`

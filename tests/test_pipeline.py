@@ -1,0 +1,156 @@
+"""The pipeline end to end: real Dask LocalCluster, real `mlflow server`, Prefect test harness."""
+
+from __future__ import annotations
+
+import os
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect import flow
+
+from ddp_runtime.cluster import local_cluster
+from flows.config import PipelineConfig, resolve_settings
+from flows.pipeline import _sweep, training_pipeline
+from tasks.datasets import DataConfig, prepare_dataset
+from tasks.tracking import RunTracker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(n_workers=2) as client:
+        yield client
+
+
+def _config(tmp_path, cluster, tracking_uri, **sections) -> PipelineConfig:
+    base = {
+        "state_dir": str(tmp_path / "state"),
+        "dask": {"scheduler_address": cluster.scheduler.address},
+        "mlflow": {"tracking_uri": tracking_uri, "experiment_name": "e2e", "registered_model_name": "digits-e2e"},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return PipelineConfig.model_validate(base)
+
+
+def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
+    prefect_harness, mlflow_server, cluster, tmp_path
+):
+    good = _config(
+        tmp_path,
+        cluster,
+        mlflow_server,
+        sweep={
+            "search_space": {
+                "l1": {"type": "pow2", "low": 32, "high": 128},
+                "l2": {"type": "pow2", "low": 32, "high": 128},
+                "lr": {"type": "loguniform", "low": 3e-3, "high": 2e-2},
+                "batch_size": {"type": "choice", "values": [32]},
+            },
+            "num_samples": 3,
+        },
+        training={"epochs": 4},
+        scheduler={"max_t": 4, "grace_period": 1, "reduction_factor": 2},
+        resources={"ranks_per_trial": 2},
+    )
+    summary = training_pipeline(config=good)
+    client = MlflowClient(mlflow_server)
+
+    # The registered model is good and holds both aliases.
+    assert summary["test_metrics"]["test_accuracy"] >= 0.90
+    reg = summary["registration"]
+    assert reg["became_champion"] and reg["version"] == 1
+    version = client.get_model_version_by_alias("digits-e2e", "champion")
+    assert version.version == "1"
+    assert client.get_model_version_by_alias("digits-e2e", "challenger").version == "1"
+
+    # Parent run: config, data checksum, code version, best trial, test metrics, confusion matrix, leaderboard.
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["sweepflow.data_checksum"]
+    assert parent.data.tags["sweepflow.best_trial"] == summary["best_trial"]["trial_id"]
+    assert "sweep.num_samples" in parent.data.params
+    assert parent.data.metrics["test_accuracy"] >= 0.90
+    parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "evaluation")}
+    assert "evaluation/confusion_matrix.png" in parent_artifacts
+    assert client.list_artifacts(parent.info.run_id, "leaderboard")
+
+    # One nested child run per trial, with params, per-epoch metrics, a status and checkpoints in its artifacts.
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert len(children) == 3
+    for child in children:
+        assert {"l1", "l2", "lr", "batch_size"} <= set(child.data.params)
+        assert child.info.status in ("FINISHED", "KILLED")
+        history = client.get_metric_history(child.info.run_id, "val_loss")
+        assert [m.step for m in history] == list(range(1, len(history) + 1))
+        expected_status = "KILLED" if child.data.tags["sweepflow.status"] == "STOPPED" else "FINISHED"
+        assert child.info.status == expected_status
+        checkpoints = client.list_artifacts(child.info.run_id, "checkpoints")
+        assert checkpoints and all(c.path.startswith("checkpoints/checkpoint_") for c in checkpoints)
+    assert len(summary["leaderboard"]) == 3
+
+    # The registered model loads from a process that knows only the tracking URI.
+    mlflow.set_tracking_uri(mlflow_server)
+    model = mlflow.pyfunc.load_model("models:/digits-e2e@champion")
+    import numpy as np
+
+    assert model.predict(np.zeros((5, 1, 8, 8), dtype=np.float32)).shape[0] == 5
+
+    # Scheduled retraining with a worse budget: a new challenger, the champion stays.
+    worse = _config(
+        tmp_path,
+        cluster,
+        mlflow_server,
+        sweep={"search_space": {"lr": 1e-5, "batch_size": 64, "l1": 4, "l2": 4}, "num_samples": 1},
+        training={"epochs": 1},
+        scheduler={"type": "fifo", "max_t": 1},
+        resources={"ranks_per_trial": 1},
+    )
+    second = training_pipeline(config=worse)
+    assert second["registration"]["version"] == 2 and not second["registration"]["became_champion"]
+    assert client.get_model_version_by_alias("digits-e2e", "champion").version == "1"
+    assert client.get_model_version_by_alias("digits-e2e", "challenger").version == "2"
+
+
+def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
+    """One trial at a time, so the rung decisions are fixed: trial 0 (best) runs to max_t; each later, worse
+    trial reaches rung 1 behind a better recorded value and is stopped after its first report."""
+    cfg = resolve_settings(
+        _config(
+            tmp_path,
+            cluster,
+            f"sqlite:///{tmp_path}/mlflow.db",
+            sweep={"search_space": {"quality": {"type": "grid", "values": [1, 2, 3]}}, "max_concurrent_trials": 1},
+            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 4},
+            scheduler={"metric": "val_loss", "mode": "min", "max_t": 4, "grace_period": 1, "reduction_factor": 2},
+            resources={"ranks_per_trial": 1},
+        )
+    )
+    prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
+    tracker = RunTracker(cfg.mlflow.tracking_uri, "asha", artifact_root=str(tmp_path / "artifacts"))
+
+    @flow
+    def sweep_only() -> list[dict]:
+        parent = tracker.start_run("asha-parent")
+        return _sweep(cfg, prepared, cluster, tracker, parent)
+
+    results = {r["params"]["quality"]: r for r in sweep_only()}
+    assert results[1]["status"] == "COMPLETED" and results[1]["epochs"] == 4
+    for quality in (2, 3):
+        assert results[quality]["status"] == "STOPPED" and results[quality]["epochs"] == 1
+        run = tracker.client.get_run(results[quality]["run_id"])
+        assert run.info.status == "KILLED"
+
+
+def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
+    with pytest.raises(ValueError, match="ranks_per_trial"):
+        PipelineConfig.model_validate({"resources": {"ranks_per_trial": 2, "gpus_per_rank": 0.5}})
+    with pytest.raises(ValueError, match="loguniform"):
+        PipelineConfig.model_validate({"sweep": {"search_space": {"lr": {"type": "loguniform", "low": 0, "high": 1}}}})
+    with pytest.raises(ValueError, match="max_t"):
+        PipelineConfig.model_validate({"scheduler": {"max_t": 10}, "training": {"epochs": 2}})
+    assert os.path.isabs(resolve_settings(PipelineConfig()).state_dir)
