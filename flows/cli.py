@@ -39,11 +39,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sweepflow: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
     state_dir = _state_dir(config)
-    if not args.no_server and not os.environ.get("PREFECT_API_URL"):
-        from flows.local_server import ensure_server, server_env
+    if not args.no_server:
+        from flows.local_server import ensure_dask, ensure_server, server_env
 
-        os.environ.update(server_env(state_dir))
-        os.environ["PREFECT_API_URL"] = ensure_server(state_dir)
+        if not os.environ.get("PREFECT_API_URL"):
+            os.environ.update(server_env(state_dir))
+            os.environ["PREFECT_API_URL"] = ensure_server(state_dir)
+        wants_local_cluster = not config.dask.scheduler_address and not os.environ.get(
+            "DASK_SCHEDULER_ADDRESS"
+        )
+        if wants_local_cluster and not config.resources.use_gpu:
+            address = ensure_dask(state_dir, n_workers=config.dask.n_workers)
+            config = config.model_copy(
+                update={"dask": config.dask.model_copy(update={"scheduler_address": address})}
+            )
     t_server = time.perf_counter()
     from flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
 
@@ -91,17 +100,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     from flows.config import PipelineConfig
-    from flows.local_server import ensure_server, running_server, stop_server
+    from flows.local_server import ensure_dask, ensure_server, running_dask, running_server, stop_server
 
     state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir))
     if args.action == "start":
         print(ensure_server(state_dir))
+        print(ensure_dask(state_dir))
     elif args.action == "stop":
         print("stopped" if stop_server(state_dir) else "no server recorded")
     else:
-        url = running_server(state_dir)
-        print(url or "not running")
-        return 0 if url else 1
+        url, address = running_server(state_dir), running_dask(state_dir)
+        print(f"prefect: {url or 'not running'}\ndask: {address or 'not running'}")
+        return 0 if url and address else 1
     return 0
 
 
@@ -115,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. sweep.num_samples=4"
     )
-    run.add_argument("--no-server", action="store_true", help="use Prefect's temporary in-process server")
+    run.add_argument(
+        "--no-server",
+        action="store_true",
+        help="don't start/reuse the background Prefect server and Dask cluster (temporary ones per run)",
+    )
     run.add_argument("--summary-json", help="write the run summary to this file")
     run.set_defaults(func=cmd_run)
-    server = sub.add_parser("server", help="the reusable local Prefect server")
+    server = sub.add_parser("server", help="the reusable local Prefect server and Dask cluster")
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--state-dir", default=None)
     server.set_defaults(func=cmd_server)

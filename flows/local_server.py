@@ -1,9 +1,10 @@
-"""A local Prefect server that is started once and reused by later runs, like a local Dask scheduler.
+"""Local services started once and reused by later runs: a Prefect server and a Dask cluster.
 
-Prefect's ephemeral mode starts a temporary server for every flow run (9-13 s here). Instead the CLI keeps one
-server per state directory running in the background (state: ``<state_dir>/prefect/server.json``), checks its
-health, and points ``PREFECT_API_URL`` at it, so every run is a real, recorded flow run visible in the UI.
-``sweepflow server stop`` ends it.
+Prefect's ephemeral mode starts a temporary server for every flow run (9-13 s here), and a fresh Dask cluster
+costs its workers' torch imports on every run. Instead the CLI keeps one Prefect server and one Dask
+LocalCluster per state directory running in the background (state files under ``<state_dir>/services/``),
+checks their health, and points the run at them, so every run is still a real, recorded Prefect flow run on a
+real Dask cluster. ``sweepflow server stop`` ends both. Both listen on free ports on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def _healthy(api_url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _state_file(state_dir: str) -> str:
-    return os.path.join(state_dir, "prefect", "server.json")
+def _state_file(state_dir: str, name: str = "prefect") -> str:
+    return os.path.join(state_dir, "services", f"{name}.json")
 
 
 def server_env(state_dir: str) -> dict[str, str]:
@@ -65,6 +66,7 @@ def ensure_server(state_dir: str, *, host: str = "127.0.0.1", port: int | None =
         return url
     home = os.path.join(state_dir, "prefect")
     os.makedirs(home, exist_ok=True)
+    os.makedirs(os.path.dirname(_state_file(state_dir)), exist_ok=True)
     port = port or _free_port()
     api_url = f"http://{host}:{port}/api"
     log_path = os.path.join(home, "server.log")
@@ -95,15 +97,109 @@ def ensure_server(state_dir: str, *, host: str = "127.0.0.1", port: int | None =
     )
 
 
-def stop_server(state_dir: str) -> bool:
+def _stop(state_dir: str, name: str) -> bool:
     try:
-        with open(_state_file(state_dir)) as f:
+        with open(_state_file(state_dir, name)) as f:
             info = json.load(f)
     except FileNotFoundError:
         return False
     try:
         os.killpg(info["pid"], signal.SIGTERM)
     except ProcessLookupError:
-        pass
-    os.remove(_state_file(state_dir))
+        pass  # already gone: only the state file is left to remove
+    os.remove(_state_file(state_dir, name))
     return True
+
+
+def stop_server(state_dir: str) -> bool:
+    """Stop this state dir's Prefect server and Dask cluster; True if either was recorded."""
+    dask_stopped = _stop(state_dir, "dask")
+    return _stop(state_dir, "prefect") or dask_stopped
+
+
+# ------------------------------------------------------------------------------------------ local Dask cluster
+
+
+def _scheduler_up(address: str) -> bool:
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def running_dask(state_dir: str) -> str | None:
+    try:
+        with open(_state_file(state_dir, "dask")) as f:
+            info = json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return info["address"] if _scheduler_up(info["address"]) else None
+
+
+def ensure_dask(state_dir: str, *, n_workers: int | None = None) -> str:
+    """The scheduler address of this state dir's background LocalCluster, starting it if needed."""
+    address = running_dask(state_dir)
+    if address:
+        return address
+    services = os.path.dirname(_state_file(state_dir, "dask"))
+    os.makedirs(services, exist_ok=True)
+    log_path = os.path.join(services, "dask.log")
+    ready = os.path.join(services, "dask.ready")
+    if os.path.exists(ready):
+        os.remove(ready)
+    cmd = [sys.executable, "-m", "flows.local_server", "dask", "--ready-file", ready]
+    if n_workers:
+        cmd += ["--n-workers", str(n_workers)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if os.path.exists(ready):
+            with open(ready) as f:
+                address = f.read().strip()
+            with open(_state_file(state_dir, "dask"), "w") as f:
+                json.dump({"address": address, "pid": proc.pid, "log": log_path}, f)
+            return address
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-3000:]
+    raise RuntimeError(f"the local Dask cluster did not start; its log ({log_path}):\n{tail}")
+
+
+def _serve_dask(ready_file: str, n_workers: int | None) -> None:
+    """Foreground body of the background Dask process: run a LocalCluster until SIGTERM."""
+    import threading
+
+    from ddp_runtime.cluster import local_cluster
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with local_cluster(n_workers=n_workers) as client:
+        with open(ready_file + ".tmp", "w") as f:
+            f.write(client.scheduler.address)
+        os.replace(ready_file + ".tmp", ready_file)
+        stop.wait()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="run a local Dask cluster for sweepflow in the foreground")
+    parser.add_argument("service", choices=["dask"])
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--n-workers", type=int, default=None)
+    args = parser.parse_args()
+    _serve_dask(args.ready_file, args.n_workers)

@@ -138,6 +138,7 @@ def _sweep(
                 use_gpu=cfg.resources.use_gpu,
                 selection_metric=cfg.selection.metric,
                 selection_mode=cfg.selection.mode,
+                max_reports=cfg.scheduler.max_t if cfg.scheduler.type == "asha" else cfg.training.epochs,
             )
         )
     progress = SweepProgress(cfg.selection.metric, cfg.selection.mode, len(specs), log=logger.info)

@@ -106,15 +106,15 @@ def evaluate_model(
     # One bincount over (true, predicted) pairs builds the whole matrix.
     confusion = torch.bincount(y * num_classes + predicted, minlength=num_classes * num_classes)
     confusion = confusion.reshape(num_classes, num_classes)
-    per_class_total = confusion.sum(dim=1)
-    correct = confusion.diagonal()
+    per_class_total = confusion.sum(dim=1).tolist()
+    correct = confusion.diagonal().tolist()  # python ints: exact ratios, not float32 ones
     per_class = {
-        name: (float(correct[i] / per_class_total[i]) if per_class_total[i] > 0 else float("nan"))
+        name: (correct[i] / per_class_total[i] if per_class_total[i] > 0 else float("nan"))
         for i, name in enumerate(class_names)
     }
     return EvaluationResult(
         loss=loss_sum / len(y),
-        accuracy=float(correct.sum()) / len(y),
+        accuracy=sum(correct) / len(y),
         per_class_accuracy=per_class,
         confusion_matrix=confusion.tolist(),
         class_names=class_names,
@@ -163,7 +163,8 @@ def plot_confusion_matrix(
                     ha="center",
                     va="center",
                     fontsize=font_size,
-                    color="white" if shares[i, j] > 0.5 else "black",
+                    # zeros in grey so the eye goes to the diagonal and to the actual mistakes
+                    color="white" if shares[i, j] > 0.5 else ("black" if counts[i, j] else "0.6"),
                 )
 
     long_names = max((len(name) for name in result.class_names), default=0) > 3
@@ -172,6 +173,7 @@ def plot_confusion_matrix(
         labels=result.class_names,
         rotation=45 if long_names else 0,
         ha="right" if long_names else "center",
+        rotation_mode="anchor",  # rotate about the label's end, so it stays under its column
     )
     ax.set_yticks(range(n), labels=result.class_names)
     ax.set_xlabel("predicted class")
@@ -182,5 +184,5 @@ def plot_confusion_matrix(
     parent = os.path.dirname(out)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    fig.savefig(out, format="png")
+    fig.savefig(out, format="png", bbox_inches="tight")  # "tight": long class names are never cut off
     return out

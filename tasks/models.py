@@ -6,7 +6,8 @@ training hyperparameters (``lr``, ``batch_size``, ...) without every model havin
 and lets a checkpoint record exactly the arguments needed to rebuild its model (see ``model_hparams``).
 
 Every model works on any (C, H, W) input the prepared datasets produce: 8x8 digits, 28x28 MNIST-likes and
-32x32 CIFAR-10. Only torch and torchvision are imported here: this module runs inside Dask workers.
+32x32 CIFAR-10. Only torch (and, for the ResNet, torchvision) is imported here: this module runs inside Dask
+workers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
 from torch import nn
-from torchvision.models import resnet18
 
 # Below this side length two valid 5x5 convs + two 2x2 pools would shrink the feature map to nothing
 # (16x16 -> 12 -> 6 -> 2 -> 1), so Net switches to padded 3x3 convs that keep the size until pooling.
@@ -82,6 +82,10 @@ def resnet18_1ch(in_channels: int = 1, num_classes: int = 10) -> nn.Module:
     Only ``conv1`` changes (7x7, stride 2, as in the seed), so grayscale inputs need no channel copies; the
     adaptive average pool at the end makes it work on 28x28 and even 8x8 images (down to 1x1 feature maps).
     """
+    # Imported here, not at the top: torchvision.models pulls in torch._dynamo (seconds of import time),
+    # which processes that only build "net" or "small_cnn" (or just evaluate them) need not pay.
+    from torchvision.models import resnet18
+
     model = resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
     return model

@@ -116,8 +116,13 @@ def make_loaders(config: Mapping[str, Any]) -> tuple[DataLoader, DataLoader]:
     train = TensorDataset(x_train, y_train)
     val = Subset(TensorDataset(x_val, y_val), range(ctx.get_world_rank(), len(y_val), ctx.get_world_size()))
     num_workers = int(config.get("num_workers", 0))
+    batch_size = int(config["batch_size"])
+    # A last batch of a single sample makes BatchNorm fail in training mode (one value per channel once the
+    # feature map is 1x1, as in ResNet-18 on small images); drop just that one sample per epoch.
+    per_rank = math.ceil(len(train) / ctx.get_world_size())
+    drop_last = per_rank > batch_size and per_rank % batch_size == 1
     train_loader = DataLoader(
-        train, batch_size=int(config["batch_size"]), shuffle=True, num_workers=num_workers
+        train, batch_size=batch_size, shuffle=True, num_workers=num_workers, drop_last=drop_last
     )
     val_loader = DataLoader(val, batch_size=_EVAL_BATCH_SIZE, shuffle=False, num_workers=num_workers)
     return train_loader, val_loader
@@ -171,6 +176,12 @@ def train_image_classifier(config: dict[str, Any]) -> None:
                 raise ValueError(
                     f"cannot resume: the checkpoint holds model {saved['model']!r} but config['model'] is "
                     f"{cfg['model']!r}; resume with the same model or start without a checkpoint"
+                )
+            wanted = model_hparams(cfg["model"], cfg)
+            if wanted != saved.get("model_hparams", {}):  # else load_state_dict fails on shape mismatches
+                raise ValueError(
+                    f"cannot resume: the checkpoint's model was built with {saved.get('model_hparams')} but "
+                    f"the config asks for {wanted}; resume with the checkpoint's model hyperparameters"
                 )
             model.load_state_dict(
                 torch.load(os.path.join(ckpt_dir, MODEL_FILE), map_location="cpu", weights_only=True)

@@ -48,6 +48,7 @@ class TrialSpec:
     use_gpu: bool
     selection_metric: str
     selection_mode: str
+    max_reports: int  # the scheduler's max_t: a stop there means the trial is complete
     max_failures: int = 0
 
 
@@ -160,10 +161,16 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     rt.scheduler.on_trial_add(spec.trial_id)
     rt.progress.update(spec.trial_id)
 
+    budget_reached = False
+
     def on_report(metrics: dict[str, Any]) -> bool:
+        nonlocal budget_reached
         step = int(metrics.get("epoch", metrics["training_iteration"]))
         rt.tracker.log_metrics(run_id, metrics, step=step)
         decision = rt.scheduler.on_trial_result(spec.trial_id, metrics)
+        if decision == STOP and metrics["training_iteration"] >= spec.max_reports:
+            budget_reached = True  # the scheduler's max_t: the trial is done, not pruned (Ray: TERMINATED)
+            return True
         out_of_time = rt.deadline is not None and time.monotonic() > rt.deadline
         if decision == STOP or out_of_time:
             logger.info(
@@ -202,7 +209,9 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         result = trainer.fit()
     except train.TrainingFailedError as exc:
         result, error = exc.result, exc.result.error
-    status = FAILED if error is not None else STOPPED if result.stopped_early else COMPLETED
+    status = (
+        FAILED if error is not None else STOPPED if result.stopped_early and not budget_reached else COMPLETED
+    )
     if status == FAILED:
         rt.scheduler.on_trial_error(spec.trial_id)
         rt.tracker.set_tags(run_id, {"sweepflow.error": str(error)[:5000]})

@@ -103,7 +103,12 @@ def _start(cmd: list[str], env: Mapping[str, str], log_path: Path, url: str) -> 
         log.flush()
         # Own session = own process group, so stopping reaches the worker processes the server forks.
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env), start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
         )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
