@@ -46,13 +46,13 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
             "search_space": {
                 "l1": {"type": "pow2", "low": 32, "high": 128},
                 "l2": {"type": "pow2", "low": 32, "high": 128},
-                "lr": {"type": "loguniform", "low": 3e-3, "high": 2e-2},
+                "lr": {"type": "loguniform", "low": 4e-3, "high": 1.5e-2},
                 "batch_size": {"type": "choice", "values": [32]},
             },
             "num_samples": 3,
         },
-        training={"epochs": 4},
-        scheduler={"max_t": 4, "grace_period": 1, "reduction_factor": 2},
+        training={"epochs": 8},
+        scheduler={"max_t": 8, "grace_period": 2, "reduction_factor": 2},
         resources={"ranks_per_trial": 2},
     )
     summary = training_pipeline(config=good)
@@ -124,7 +124,11 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
             tmp_path,
             cluster,
             f"sqlite:///{tmp_path}/mlflow.db",
-            sweep={"search_space": {"quality": {"type": "grid", "values": [1, 2, 3]}}, "max_concurrent_trials": 1},
+            sweep={
+                "search_space": {"quality": {"type": "grid", "values": [1, 2, 3]}},
+                "num_samples": 1,
+                "max_concurrent_trials": 1,
+            },
             training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 4},
             scheduler={"metric": "val_loss", "mode": "min", "max_t": 4, "grace_period": 1, "reduction_factor": 2},
             resources={"ranks_per_trial": 1},
