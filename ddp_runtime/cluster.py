@@ -40,6 +40,9 @@ def local_cluster(
     ``CUDA_VISIBLE_DEVICES``): see ``gpu_local_cluster``.
     """
     n = n_workers or os.cpu_count() or 1
+    # Every worker advertises its share of the host's cores as a "CPU" resource, so ScalingConfig's
+    # resources_per_worker={"CPU": k} (cores for DataLoader workers) means the same here as on a real cluster.
+    resources = {"CPU": float(max(1, (os.cpu_count() or 1) // n)), **(resources or {})}
     with dask.config.set(worker_config()):
         cluster = LocalCluster(
             n_workers=n,
@@ -48,7 +51,7 @@ def local_cluster(
             host="127.0.0.1",
             # The HTTP server (health, metrics, and the dashboard when bokeh is installed) on a free loopback port.
             dashboard_address="127.0.0.1:0",
-            resources=resources or None,
+            resources=resources,
             preload=[PRELOAD],
         )
     try:

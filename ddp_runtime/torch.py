@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 import torch
-from distributed import Client, Future, Queue, Variable, default_client, wait
+from distributed import Client, Future, Queue, Variable, default_client
 from distributed.comm import get_address_host
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
@@ -402,8 +402,11 @@ class _GroupRun:
         live = [(f, a) for f, a in zip(futures, addresses, strict=True) if a not in gone]
         running = [f for f, _ in live if not f.done()]
         if running and self.error is not None:
-            with contextlib.suppress(TimeoutError):
-                wait(running, timeout=self.trainer.torch_config.teardown_timeout_s)
+            # Polling, not distributed.wait(): that can trip over futures whose done-callbacks already awaited
+            # them on the client's loop ("Event bound to a different event loop").
+            deadline = time.monotonic() + self.trainer.torch_config.teardown_timeout_s
+            while time.monotonic() < deadline and not all(f.done() for f in running):
+                time.sleep(0.02)
         outcomes = [self._outcome(f) for f in futures if f.done()]
         rank0 = next((o for o in outcomes if o.get("rank") == 0 and "started_at" in o), None)
         if rank0 is not None:

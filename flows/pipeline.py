@@ -25,7 +25,7 @@ from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent
 from flows.config import PipelineConfig, resolve_settings
 from tasks.data import download_dataset
 from tasks.datasets import DataConfig, PreparedDataset
-from tasks.finalize import evaluate_best, register_best
+from tasks.finalize import evaluate_best, register_best, warm_imports
 from tasks.schedulers import make_scheduler
 from tasks.search_space import describe_trial, generate_trials, parse_space
 from tasks.tracking import RunTracker, flatten
@@ -57,8 +57,7 @@ def dask_client(cfg: PipelineConfig) -> Iterator[Client]:
         with gpu_local_cluster() as client:
             yield client
         return
-    resources = {"CPU": 1.0} if cfg.resources.cpus_per_rank else None
-    with local_cluster(n_workers=cfg.dask.n_workers, resources=resources) as client:
+    with local_cluster(n_workers=cfg.dask.n_workers) as client:
         yield client
 
 
@@ -184,6 +183,7 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
     """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
     cfg = resolve_settings(config)
     logger = get_run_logger()
+    warm_imports()
     timings: dict[str, float] = {}
     mark = time.perf_counter()
 

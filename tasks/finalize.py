@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ddp_runtime import Checkpoint
-from tasks.datasets import load_split
-from tasks.evaluate import evaluate_checkpoint, plot_confusion_matrix
-from tasks.registry import log_and_register
 from tasks.tracking import RunTracker
-from tasks.train_loop import load_model_from_checkpoint
+
+# tasks.evaluate (matplotlib) and tasks.registry (mlflow.pytorch, torch._dynamo for pt2 export) cost seconds
+# to import: they are imported where used, and warm_imports() loads them in the background during the sweep.
+
+
+def warm_imports() -> threading.Thread:
+    """Import the finalize stages' heavy modules in a background thread (the sweep mostly waits on Dask)."""
+
+    def _load() -> None:
+        import torch._dynamo  # noqa: F401
+
+        import tasks.evaluate  # noqa: F401
+        import tasks.registry  # noqa: F401
+
+    thread = threading.Thread(target=_load, name="sweepflow-warm-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 @task(name="evaluate-best-trial", cache_policy=NO_CACHE)
@@ -26,6 +40,7 @@ def evaluate_best(
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to the parent run."""
+    from tasks.evaluate import evaluate_checkpoint, plot_confusion_matrix
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         result = evaluate_checkpoint(local, data_path, split="test")
     metrics = result.to_metrics()
@@ -56,6 +71,9 @@ def register_best(
 ) -> dict[str, Any]:
     """Log the model with mlflow.pytorch (signature + input example) in the parent run and register it:
     alias ``challenger`` always, ``champion`` only if it beats the current champion on the test metric."""
+    from tasks.datasets import load_split
+    from tasks.registry import log_and_register
+    from tasks.train_loop import load_model_from_checkpoint
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         model = load_model_from_checkpoint(local)
     x_test, _ = load_split(data_path, "test")
