@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 START_TIMEOUT_S = 90.0
 
@@ -80,21 +81,30 @@ def ensure_server(state_dir: str, *, host: str = "127.0.0.1", port: int | None =
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # outlives this command: later runs reuse it
         )
+    return _await_service(
+        proc, state_dir, "prefect", log_path, lambda: api_url if _healthy(api_url) else None, key="api_url"
+    )
+
+
+def _await_service(
+    proc: subprocess.Popen[bytes], state_dir: str, name: str, log_path: str, probe: Any, *, key: str
+) -> str:
+    """Wait until ``probe()`` returns the service's address, record it for later runs, and return it; on
+    failure kill the process and raise with its log's tail."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if _healthy(api_url):
-            with open(_state_file(state_dir), "w") as f:
-                json.dump({"api_url": api_url, "pid": proc.pid, "log": log_path}, f)
-            return api_url
+        value = probe()
+        if value:
+            with open(_state_file(state_dir, name), "w") as f:
+                json.dump({key: value, "pid": proc.pid, "log": log_path}, f)
+            return value
         if proc.poll() is not None:
             break
-        time.sleep(0.25)
+        time.sleep(0.1)
     proc.kill()
     with open(log_path, errors="replace") as f:
         tail = f.read()[-3000:]
-    raise RuntimeError(
-        f"the local Prefect server did not become healthy at {api_url}; its log ({log_path}):\n{tail}"
-    )
+    raise RuntimeError(f"the local {name} service did not start; its log ({log_path}):\n{tail}")
 
 
 def _stop(state_dir: str, name: str) -> bool:
@@ -162,21 +172,14 @@ def ensure_dask(state_dir: str, *, n_workers: int | None = None) -> str:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if os.path.exists(ready):
-            with open(ready) as f:
-                address = f.read().strip()
-            with open(_state_file(state_dir, "dask"), "w") as f:
-                json.dump({"address": address, "pid": proc.pid, "log": log_path}, f)
-            return address
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    with open(log_path, errors="replace") as f:
-        tail = f.read()[-3000:]
-    raise RuntimeError(f"the local Dask cluster did not start; its log ({log_path}):\n{tail}")
+
+    def read_address() -> str | None:
+        if not os.path.exists(ready):
+            return None
+        with open(ready) as f:
+            return f.read().strip()
+
+    return _await_service(proc, state_dir, "dask", log_path, read_address, key="address")
 
 
 def _serve_dask(ready_file: str, n_workers: int | None) -> None:

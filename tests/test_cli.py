@@ -1,0 +1,70 @@
+"""`sweepflow run` as a user runs it: background Prefect server + Dask cluster started once, then reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SWEEPFLOW = os.path.join(os.path.dirname(sys.executable), "sweepflow")
+SMALL = [
+    "sweep.num_samples=2",
+    "training.epochs=2",
+    "scheduler.type=fifo",
+    "scheduler.max_t=2",
+    "resources.ranks_per_trial=1",
+]
+
+
+def _run(state_dir: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [SWEEPFLOW, "run", "--summary-json", os.path.join(state_dir, "summary.json")]
+    for item in [*SMALL, f"state_dir={state_dir}", *extra]:
+        cmd += ["--set", item]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
+    state = str(tmp_path / "state")
+    try:
+        first = _run(state)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert "Leaderboard (best first):" in first.stdout
+        assert "mlflow ui --backend-store-uri sqlite:///" in first.stdout
+        with open(os.path.join(state, "services", "prefect.json")) as f:
+            server = json.load(f)
+        with open(os.path.join(state, "services", "dask.json")) as f:
+            cluster = json.load(f)
+
+        second = _run(state)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        with open(os.path.join(state, "services", "prefect.json")) as f:
+            assert json.load(f) == server  # the same server process was reused, not restarted
+        with open(os.path.join(state, "services", "dask.json")) as f:
+            assert json.load(f) == cluster
+        with open(os.path.join(state, "summary.json")) as f:
+            summary = json.load(f)
+        assert summary["registration"]["version"] == 2
+        status = subprocess.run([SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True)
+        assert status.returncode == 0 and server["api_url"] in status.stdout
+    finally:
+        subprocess.run([SWEEPFLOW, "server", "stop", "--state-dir", state], capture_output=True, text=True)
+    status = subprocess.run([SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True)
+    assert status.returncode == 1
+
+
+def test_cli_rejects_an_invalid_config_before_any_work(tmp_path):
+    proc = subprocess.run(
+        [SWEEPFLOW, "run", "--set", "resources.gpus_per_rank=0.5", "--set", f"state_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "ranks_per_trial" in proc.stderr and "invalid configuration" in proc.stderr
+    assert not os.path.exists(tmp_path / "services")
