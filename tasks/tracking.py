@@ -8,6 +8,8 @@ writes are batched: one ``log_batch`` per report.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -106,3 +108,54 @@ def direct_storage_uri(artifact_uri: str) -> str | None:
     if parsed.scheme in ("s3", "gs", "gcs", "abfs", "az"):
         return artifact_uri
     return None
+
+
+class MetricWriter:
+    """Writes one run's metrics from a background thread, so a training report is not held up by the
+    tracking store's latency (a SQLite commit or an HTTP round trip). Reports queued while a write is in
+    flight go out together as one batch. Still one writer per run; ``close()`` flushes everything."""
+
+    _STOP = object()
+
+    def __init__(self, tracker: RunTracker, run_id: str) -> None:
+        self._tracker = tracker
+        self._run_id = run_id
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"mlflow-metrics-{run_id[:8]}", daemon=True)
+        self._thread.start()
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._queue.put((dict(metrics), step, int(time.time() * 1000)))
+
+    def _loop(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is self._STOP for item in items)
+            batch = [
+                Metric(key, float(value), ts, step)
+                for metrics, step, ts in (i for i in items if i is not self._STOP)
+                for key, value in metrics.items()
+                if isinstance(value, int | float) and not isinstance(value, bool)
+            ]
+            try:
+                for i in range(0, len(batch), 1000):  # MLflow caps a batch at 1000 metrics
+                    self._tracker.client.log_batch(self._run_id, metrics=batch[i : i + 1000])
+            except BaseException as exc:  # noqa: BLE001 - re-raised by close() in the caller's thread
+                self._error = exc
+            if stop:
+                return
+
+    def close(self) -> None:
+        """Flush queued metrics; raise what a background write raised."""
+        self._queue.put(self._STOP)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(
+                f"writing metrics to MLflow run {self._run_id} failed: {self._error}"
+            ) from self._error

@@ -28,7 +28,7 @@ from prefect.cache_policies import NO_CACHE
 import ddp_runtime as train
 from ddp_runtime.torch import TorchTrainer
 from tasks.schedulers import STOP, TrialScheduler
-from tasks.tracking import RunTracker, direct_storage_uri
+from tasks.tracking import MetricWriter, RunTracker, direct_storage_uri
 
 COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
 _MLFLOW_STATUS = {COMPLETED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}
@@ -162,11 +162,12 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     rt.progress.update(spec.trial_id)
 
     budget_reached = False
+    metrics_writer = MetricWriter(rt.tracker, run_id)
 
     def on_report(metrics: dict[str, Any]) -> bool:
         nonlocal budget_reached
         step = int(metrics.get("epoch", metrics["training_iteration"]))
-        rt.tracker.log_metrics(run_id, metrics, step=step)
+        metrics_writer.log(metrics, step=step)
         decision = rt.scheduler.on_trial_result(spec.trial_id, metrics)
         if decision == STOP and metrics["training_iteration"] >= spec.max_reports:
             budget_reached = True  # the scheduler's max_t: the trial is done, not pruned (Ray: TERMINATED)
@@ -209,6 +210,13 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         result = trainer.fit()
     except train.TrainingFailedError as exc:
         result, error = exc.result, exc.result.error
+    except BaseException:
+        # Not a training failure (e.g. the cluster can never fit the trial): close the child run, then fail.
+        metrics_writer.close()
+        rt.scheduler.on_trial_error(spec.trial_id)
+        rt.tracker.end_run(run_id, "FAILED")
+        raise
+    metrics_writer.close()
     status = (
         FAILED if error is not None else STOPPED if result.stopped_early and not budget_reached else COMPLETED
     )
