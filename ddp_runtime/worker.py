@@ -140,10 +140,8 @@ def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
         )
     if params:
         train_fn(config if config is not None else {})
-    elif config:
-        train_fn()  # Ray allows a zero-argument function with a config; it just does not see it
     else:
-        train_fn()
+        train_fn()  # as in Ray, a zero-argument function simply does not see train_loop_config
 
 
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
