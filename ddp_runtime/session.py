@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +37,6 @@ class TrainContext:
     device: torch.device
     experiment_name: str
     trial_dir: str
-    metadata: dict[str, Any] = field(default_factory=dict)
 
     def get_world_rank(self) -> int:
         return self.world_rank

@@ -25,6 +25,15 @@ def _param_value(value: Any) -> str:
     return str(value)[:_MAX_PARAM_LEN]
 
 
+def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list[Metric]:
+    """The numeric entries of a report as MLflow metrics (strings, bools and nested values are not metrics)."""
+    return [
+        Metric(key, float(value), timestamp_ms, step)
+        for key, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+
+
 def flatten(prefix: str, value: Any) -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}: MLflow params are flat."""
     if isinstance(value, dict):
@@ -72,12 +81,7 @@ class RunTracker:
             self.client.log_batch(run_id, params=items[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
-        now = int(time.time() * 1000)
-        batch = [
-            Metric(key, float(value), now, step)
-            for key, value in metrics.items()
-            if isinstance(value, int | float) and not isinstance(value, bool)
-        ]
+        batch = metric_batch(metrics, step, int(time.time() * 1000))
         if batch:
             self.client.log_batch(run_id, metrics=batch)
 
@@ -137,12 +141,7 @@ class MetricWriter:
                 except queue.Empty:
                     break
             stop = any(item is self._STOP for item in items)
-            batch = [
-                Metric(key, float(value), ts, step)
-                for metrics, step, ts in (i for i in items if i is not self._STOP)
-                for key, value in metrics.items()
-                if isinstance(value, int | float) and not isinstance(value, bool)
-            ]
+            batch = [metric for item in items if item is not self._STOP for metric in metric_batch(*item)]
             try:
                 for i in range(0, len(batch), 1000):  # MLflow caps a batch at 1000 metrics
                     self._tracker.client.log_batch(self._run_id, metrics=batch[i : i + 1000])
