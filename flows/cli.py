@@ -31,6 +31,35 @@ def _state_dir(config) -> str:
     return resolve_settings(config).state_dir
 
 
+def _use_local_services(config, state_dir: str):
+    """Point this run at the state dir's background services (started in parallel if not running): a
+    Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, and
+    a Dask cluster unless a scheduler address is configured."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flows.local_server import ensure_dask, ensure_mlflow, ensure_server, server_env
+
+    starts = {}
+    if not os.environ.get("PREFECT_API_URL"):
+        os.environ.update(server_env(state_dir))
+        starts["prefect"] = lambda: ensure_server(state_dir)
+    if not config.mlflow.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        starts["mlflow"] = lambda: ensure_mlflow(state_dir)
+    wants_local_cluster = not config.dask.scheduler_address and not os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if wants_local_cluster and not config.resources.use_gpu:
+        starts["dask"] = lambda: ensure_dask(state_dir, n_workers=config.dask.n_workers)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        addresses = {name: future.result() for name, future in [(n, pool.submit(f)) for n, f in starts.items()]}
+    if "prefect" in addresses:
+        os.environ["PREFECT_API_URL"] = addresses["prefect"]
+    update = {}
+    if "mlflow" in addresses:
+        update["mlflow"] = config.mlflow.model_copy(update={"tracking_uri": addresses["mlflow"]})
+    if "dask" in addresses:
+        update["dask"] = config.dask.model_copy(update={"scheduler_address": addresses["dask"]})
+    return config.model_copy(update=update)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
@@ -40,19 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     state_dir = _state_dir(config)
     if not args.no_server:
-        from flows.local_server import ensure_dask, ensure_server, server_env
-
-        if not os.environ.get("PREFECT_API_URL"):
-            os.environ.update(server_env(state_dir))
-            os.environ["PREFECT_API_URL"] = ensure_server(state_dir)
-        wants_local_cluster = not config.dask.scheduler_address and not os.environ.get(
-            "DASK_SCHEDULER_ADDRESS"
-        )
-        if wants_local_cluster and not config.resources.use_gpu:
-            address = ensure_dask(state_dir, n_workers=config.dask.n_workers)
-            config = config.model_copy(
-                update={"dask": config.dask.model_copy(update={"scheduler_address": address})}
-            )
+        config = _use_local_services(config, state_dir)
     t_server = time.perf_counter()
     from flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
 
@@ -100,18 +117,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     from flows.config import PipelineConfig
-    from flows.local_server import ensure_dask, ensure_server, running_dask, running_server, stop_server
+    from flows.local_server import ensure_dask, ensure_mlflow, ensure_server, status, stop_server
 
     state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir))
     if args.action == "start":
-        print(ensure_server(state_dir))
-        print(ensure_dask(state_dir))
+        print(f"prefect: {ensure_server(state_dir)}")
+        print(f"mlflow: {ensure_mlflow(state_dir)}")
+        print(f"dask: {ensure_dask(state_dir)}")
     elif args.action == "stop":
         print("stopped" if stop_server(state_dir) else "no server recorded")
     else:
-        url, address = running_server(state_dir), running_dask(state_dir)
-        print(f"prefect: {url or 'not running'}\ndask: {address or 'not running'}")
-        return 0 if url and address else 1
+        addresses = status(state_dir)
+        for name, address in addresses.items():
+            print(f"{name}: {address or 'not running'}")
+        return 0 if all(addresses.values()) else 1
     return 0
 
 
@@ -128,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--no-server",
         action="store_true",
-        help="don't start/reuse the background Prefect server and Dask cluster (temporary ones per run)",
+        help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run)",
     )
     run.add_argument("--summary-json", help="write the run summary to this file")
     run.set_defaults(func=cmd_run)
-    server = sub.add_parser("server", help="the reusable local Prefect server and Dask cluster")
+    server = sub.add_parser("server", help="the reusable local Prefect server, MLflow server and Dask cluster")
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--state-dir", default=None)
     server.set_defaults(func=cmd_server)
