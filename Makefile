@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md). Each creates/refreshes .venv with what it needs.
-.PHONY: run test lint bench install install-dev
+.PHONY: run test lint bench install install-dev stack-up stack-down deploy
 
 install:
 	bash scripts/install.sh
@@ -19,3 +19,13 @@ test: install-dev lint
 
 bench: install
 	.venv/bin/python benchmarks/bench_ddp_runtime.py
+
+# The full local stack (see README "Run it on your cluster"), and the deployments on it.
+stack-up:
+	infra/stack up
+
+stack-down:
+	infra/stack down
+
+deploy:
+	set -a && . $${SWEEPFLOW_HOME:-$$HOME/.sweepflow}/stack/stack.env && set +a && .venv/bin/prefect --no-prompt deploy --all

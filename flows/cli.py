@@ -2,6 +2,7 @@
 
 sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server]
 sweepflow server start|stop|status
+sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see flows/stack.py)
 """
 
 from __future__ import annotations
@@ -134,6 +135,45 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stack(args: argparse.Namespace) -> int:
+    from flows import stack
+
+    state_dir = os.path.abspath(args.state_dir or stack.default_state_dir())
+    if args.action == "up":
+        try:
+            env = stack.up(state_dir, workers=args.workers)
+        except RuntimeError as exc:
+            print(f"sweepflow stack: {exc}", file=sys.stderr)
+            print(f"stop what did start with: sweepflow stack down --state-dir {state_dir}", file=sys.stderr)
+            return 1
+        for name, address in stack.status(state_dir).items():
+            print(f"{name:16s} {address}")
+        print(f"\nPrefect UI:  {env['PREFECT_API_URL'].removesuffix('/api')}")
+        print(f"MLflow UI:   {env['MLFLOW_TRACKING_URI']}")
+        print(f"Dask dashboard: {stack.dashboard_url(state_dir)}")
+        print(f"Settings:    source {os.path.join(state_dir, 'stack.env')}")
+        return 0
+    if args.action == "down":
+        stopped = stack.down(state_dir)
+        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+        return 0
+    if args.action == "env":
+        env = stack.read_env(state_dir)
+        if not env:
+            print(f"sweepflow stack: no stack under {state_dir}; run `sweepflow stack up` first", file=sys.stderr)
+            return 1
+        with open(os.path.join(state_dir, "stack.env")) as f:
+            print(f.read(), end="")
+        return 0
+    if args.action == "logs":
+        print(stack.logs(state_dir, args.service))
+        return 0
+    states = stack.status(state_dir)
+    for name, address in states.items():
+        print(f"{name:16s} {address or 'DOWN'}")
+    return 0 if states and all(states.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sweepflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -155,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--state-dir", default=None)
     server.set_defaults(func=cmd_server)
+    stack = sub.add_parser("stack", help="the full local stack: Prefect server+worker, Dask, MLflow, S3")
+    stack.add_argument("action", choices=["up", "down", "status", "env", "logs"])
+    stack.add_argument("service", nargs="?", default=None, help="for logs: one service (default: all)")
+    stack.add_argument("--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)")
+    stack.add_argument("--workers", type=int, default=2, help="Dask workers on a host without GPUs")
+    stack.set_defaults(func=cmd_stack)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -28,6 +28,11 @@ SEED_SEARCH_SPACE: dict[str, Any] = {
 
 DEFAULT_TRAIN_FN = "tasks.train_loop:train_image_classifier"
 
+#: Environment variables read (once, by ``resolve_settings``) to fill machine-dependent settings. S3
+#: credentials and endpoint come from the standard AWS chain (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...),
+#: which s3fs, boto3 and MLflow all honour.
+SETTINGS_ENV = ("SWEEPFLOW_HOME", "SWEEPFLOW_STORAGE", "MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS")
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -149,6 +154,11 @@ class DaskSettings(_Section):
 
 class MlflowSettings(_Section):
     tracking_uri: str | None = Field(None, description="Default: SQLite under the state dir")
+    artifacts_destination: str | None = Field(
+        None,
+        description="Where the tracking server stores proxied (mlflow-artifacts:) artifacts, e.g. "
+        "s3://bucket/mlflow: trainers then write checkpoints there directly. Default: <storage>/mlflow",
+    )
     experiment_name: str = "sweepflow"
     registered_model_name: str = "sweepflow-classifier"
 
@@ -174,6 +184,12 @@ class PipelineConfig(_Section):
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     selection: SelectionSettings = Field(default_factory=SelectionSettings)
     state_dir: str | None = Field(None, description="Default: $SWEEPFLOW_HOME or ~/.sweepflow")
+    storage: str | None = Field(
+        None,
+        description="Shared storage root (s3://bucket/prefix) for the dataset cache (<storage>/datasets) and, "
+        "behind an MLflow server that proxies artifacts to <storage>/mlflow, checkpoints. Default: "
+        "$SWEEPFLOW_STORAGE, else local disk under the state dir",
+    )
 
     @model_validator(mode="after")
     def _epochs_cover_schedule(self) -> PipelineConfig:
@@ -196,14 +212,18 @@ def resolve_settings(config: PipelineConfig, env: dict[str, str] | None = None) 
         or env.get("MLFLOW_TRACKING_URI")
         or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
     )
+    storage = (config.storage or env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None
+    cache_dir = config.data.cache_dir or (f"{storage}/datasets" if storage else os.path.join(state_dir, "data"))
+    artifacts_destination = config.mlflow.artifacts_destination or (f"{storage}/mlflow" if storage else None)
     scheduler_address = config.dask.scheduler_address or env.get("DASK_SCHEDULER_ADDRESS")
     return config.model_copy(
         update={
             "state_dir": state_dir,
-            "data": config.data.model_copy(
-                update={"cache_dir": config.data.cache_dir or os.path.join(state_dir, "data")}
+            "storage": storage,
+            "data": config.data.model_copy(update={"cache_dir": cache_dir}),
+            "mlflow": config.mlflow.model_copy(
+                update={"tracking_uri": tracking_uri, "artifacts_destination": artifacts_destination}
             ),
-            "mlflow": config.mlflow.model_copy(update={"tracking_uri": tracking_uri}),
             "dask": config.dask.model_copy(update={"scheduler_address": scheduler_address}),
         }
     )

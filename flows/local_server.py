@@ -40,7 +40,9 @@ def server_env(state_dir: str) -> dict[str, str]:
     return prefect_env(os.path.join(state_dir, "prefect"))
 
 
-def prefect_server_spec(state_dir: str, *, name: str = PREFECT, host: str = "127.0.0.1") -> services.ServiceSpec:
+def prefect_server_spec(
+    state_dir: str, *, name: str = PREFECT, host: str = "127.0.0.1"
+) -> services.ServiceSpec:
     port = services.free_port(host)
     api_url = f"http://{host}:{port}/api"
     os.makedirs(os.path.join(state_dir, "prefect"), exist_ok=True)

@@ -28,7 +28,7 @@ from tasks.datasets import DataConfig, PreparedDataset
 from tasks.finalize import evaluate_best, register_best, warm_imports
 from tasks.schedulers import make_scheduler
 from tasks.search_space import describe_trial, generate_trials, parse_space
-from tasks.tracking import RunTracker, flatten
+from tasks.tracking import RunTracker, check_direct_writes, direct_storage_uri, flatten
 from tasks.trial import (
     COMPLETED,
     FAILED,
@@ -150,6 +150,7 @@ def _sweep(
         progress=progress,
         staging_dir=os.path.join(cfg.state_dir, "staging"),
         deadline=deadline,
+        artifacts_destination=cfg.mlflow.artifacts_destination,
     )
     results: list[dict[str, Any]] = []
     with registered_runtime(runtime) as runtime_id:
@@ -222,9 +223,13 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             "prefect.flow_run_id": str(flow_run.get_id() or ""),
         },
     )
-    lap("mlflow_setup_s")
     status = "FAILED"
     try:
+        if cfg.mlflow.artifacts_destination:
+            direct = direct_storage_uri(tracker.artifact_uri(parent), cfg.mlflow.artifacts_destination)
+            if direct:
+                check_direct_writes(tracker, parent, direct)
+        lap("mlflow_setup_s")
         with dask_client(cfg) as client:
             lap("dask_start_s")
             results = _sweep(cfg, prepared, client, tracker, parent)

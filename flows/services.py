@@ -158,7 +158,13 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
         if address and probe(health):
             with open(_record_path(state_dir, spec.name), "w") as f:
                 json.dump(
-                    {"address": address, "pid": proc.pid, "log": log, "health": health, "argv": list(spec.argv)},
+                    {
+                        "address": address,
+                        "pid": proc.pid,
+                        "log": log,
+                        "health": health,
+                        "argv": list(spec.argv),
+                    },
                     f,
                 )
             return address

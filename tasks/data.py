@@ -10,7 +10,9 @@ not downloaded again, an existing prepared directory is reused). The Prefect lay
   ``Cached``). The key is the config's ``cache_identity()`` (dataset, source, cache dir, split parameters,
   checksum overrides; no credentials), so a dict and a ``DataConfig`` with the same values share it. A
   cached result is only accepted while its prepared directory still exists: if someone cleaned the cache,
-  the task runs again and re-creates it, instead of handing trainers a path to nothing.
+  the task runs again and re-creates it, instead of handing trainers a path to nothing. That check reads
+  the cache where it is, so it works the same for a local ``cache_dir`` and an ``s3://`` one (with the
+  config's ``cache_storage_options``, or the AWS environment).
 """
 
 from __future__ import annotations
@@ -61,13 +63,13 @@ def dataset_cache_key(config: DataConfig | Mapping[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _still_valid(result: Any) -> bool:
-    """True if a cached task result points at a complete prepared directory."""
+def _still_valid(result: Any, storage_options: Mapping[str, Any] | None) -> bool:
+    """True if a cached task result points at a complete prepared directory (local or remote)."""
     try:
         prepared = PreparedDataset.from_dict(result)
     except ValueError:
         return False
-    return prepared_dataset_exists(prepared.path)
+    return prepared_dataset_exists(prepared.path, storage_options)
 
 
 @dataclass
@@ -90,9 +92,10 @@ class PreparedDatasetCachePolicy(CachePolicy):
         **kwargs: Any,
     ) -> str | None:
         try:
-            key = dataset_cache_key(inputs.get("config", {}))
+            config = DataConfig.coerce(inputs.get("config", {}))
         except DatasetConfigError:
             return None  # no caching; the task body raises the same error with its message
+        key = dataset_cache_key(config)
         store: ResultStore | None = getattr(task_ctx, "result_store", None) if task_ctx else None
         if store is None:
             return key
@@ -100,7 +103,7 @@ class PreparedDatasetCachePolicy(CachePolicy):
             if not store.exists(key):
                 return key
             result = store.read(key).result
-            if _still_valid(result):
+            if _still_valid(result, config.cache_storage_options):
                 return key
             stale = result.get("path") if isinstance(result, Mapping) else repr(result)
             key = hashlib.sha256(f"{key}:stale:{stale}".encode()).hexdigest()
@@ -128,7 +131,9 @@ def download_dataset(config: DataConfig | dict[str, Any]) -> dict[str, Any]:
 
     ``config`` is a ``DataConfig`` or its ``to_dict()`` form (what a deployment parameter is). The returned
     dict is JSON, so it can be a Prefect result and be passed to training tasks on Dask workers, which
-    read the splits with ``tasks.datasets.load_split(result["path"], "train")``.
+    read the splits with ``tasks.datasets.load_split(result["path"], "train")``. With an ``s3://``
+    ``cache_dir`` the path is an S3 URI; workers then need read access to it (the AWS environment, or
+    ``load_split(..., storage_options=...)``). The result never holds credentials.
     """
     cfg = DataConfig.coerce(config)
     logger = get_run_logger()

@@ -24,6 +24,22 @@ Pipeline (``prepare_dataset`` is the single entry point):
 The fingerprint covers the raw data's checksum, the source and the split parameters: the same inputs map to
 the same directory (a second ``prepare_dataset`` is a cheap no-op), and any change maps elsewhere.
 
+**Remote cache.** ``cache_dir`` may also be a writable fsspec URI such as ``s3://bucket/prefix`` (credentials
+from ``cache_storage_options`` or, for S3, the standard AWS chain: ``AWS_ACCESS_KEY_ID``,
+``AWS_ENDPOINT_URL_S3``, profiles, instance roles...). The layout is the same, but object stores have no
+rename, so the steps above change where they must:
+
+* Work happens in a host-local *staging* directory, ``<default_cache_dir()>/remote-staging/<sha of the
+  URI>/``, kept between runs. A raw file is taken from the staging copy if its MD5 is right (checking only
+  that the remote copy exists with the same size), else downloaded from ``<cache_dir>/raw/<dataset>/`` and
+  MD5-verified, else (absent, or a wrong MD5 there) fetched from the source, verified, and uploaded. A file
+  that fails verification is never uploaded.
+* The prepared files are written locally, then uploaded split by split with ``meta.json`` **last**:
+  ``prepared_dataset_exists`` requires ``meta.json`` and all splits, so readers on any host see either an
+  incomplete set (and ignore it) or a complete one, never a partial set marked complete.
+* ``PreparedDataset.path`` is the remote URI; trainers read it with ``load_split``/``load_meta`` (passing
+  the same storage options unless the environment supplies them).
+
 This module deliberately imports neither Prefect nor MLflow (``tasks/data.py`` wraps it in a Prefect task),
 and imports torch lazily, only in ``load_split``, so that the flow side stays light.
 """
@@ -46,7 +62,7 @@ import struct
 import tarfile
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -277,7 +293,8 @@ def default_cache_dir() -> str:
     """``$SWEEPFLOW_HOME/data`` (``SWEEPFLOW_HOME`` defaults to ``~/.sweepflow``), as an absolute path.
 
     The only place this module reads the environment; everything else takes ``cache_dir`` explicitly, so
-    entry points resolve settings once and pass them on (Dask workers need not share our environment).
+    entry points resolve settings once and pass them on (Dask workers need not share our environment). It
+    is also where a host keeps its local staging copies for a remote ``cache_dir`` (``remote-staging/``).
     """
     home = os.environ.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow")
     return os.path.abspath(os.path.expanduser(os.path.join(home, "data")))
@@ -294,6 +311,33 @@ def _protocol(uri: str) -> str | None:
     return uri.split("://", 1)[0].lower()
 
 
+#: fsspec protocols that can be read but not written (or not shared between hosts): not usable as cache_dir.
+_READ_ONLY_PROTOCOLS = frozenset({"http", "https", "github", "git", "zip", "tar", "libarchive", "reference"})
+
+
+def _endpoint_url(options: Mapping[str, Any] | None) -> str | None:
+    """The S3-style endpoint named in fsspec storage options, if any (it names a store, unlike credentials)."""
+    if not options:
+        return None
+    client_kwargs = options.get("client_kwargs") or {}
+    return options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+
+
+def _checked_options(field_name: str, options: Any) -> dict[str, Any]:
+    """``options`` as a deep-copied JSON-able dict, or a DatasetConfigError naming ``field_name``."""
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise DatasetConfigError(
+            f"DataConfig.{field_name} must be a dict with string keys or None (got {type(options).__name__})"
+        )
+    try:
+        return json.loads(json.dumps(options, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise DatasetConfigError(
+            f"DataConfig.{field_name} must be JSON-serialisable (they travel as task parameters and "
+            f"cache keys): {exc}. Pass plain strings/numbers/dicts, e.g. client_kwargs.endpoint_url"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Which dataset to prepare, from where, into which cache, and how to split it.
@@ -304,6 +348,15 @@ class DataConfig:
     "client_kwargs": {"endpoint_url": ...}}`` for S3; prefer AWS_* environment variables for credentials,
     since configs get logged and stored). ``checksums`` maps filenames to MD5s for mirrors whose files
     differ from the official ones.
+
+    ``cache_dir`` is a local directory (a shared mount works for multi-node) or a writable fsspec URI such
+    as ``s3://bucket/prefix``; ``cache_storage_options`` are fsspec options for a remote ``cache_dir``
+    (same shape as ``storage_options``). They are separate from ``storage_options`` because the source and
+    the cache are often different stores (an HTTPS mirror and an S3 bucket). When both are omitted, s3fs
+    uses the standard AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL_S3``,
+    ``AWS_PROFILE``, instance roles), which is also what trainers calling ``load_split(path, ...)`` without
+    options rely on. Neither set of options is part of ``repr``, ``cache_identity()`` or any result (only
+    an ``endpoint_url`` is kept in the identity: it names a store).
 
     For datasets with an official test set (mnist, fashion_mnist, cifar10) the test split *is* that set:
     ``val_fraction`` is taken from the official training set and ``test_fraction`` is unused. For bundled
@@ -318,6 +371,7 @@ class DataConfig:
     seed: int = 0
     storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     checksums: dict[str, str] | None = None
+    cache_storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or self.name not in DATASETS:
@@ -340,6 +394,7 @@ class DataConfig:
         self._normalise_cache_dir()
         self._normalise_source(spec)
         self._normalise_storage_options()
+        self._normalise_cache_storage_options()
         self._normalise_checksums(spec)
 
     @staticmethod
@@ -358,16 +413,41 @@ class DataConfig:
                 f"DataConfig.cache_dir must be a non-empty path (got {self.cache_dir!r}); omit it to use "
                 f"{default_cache_dir()}"
             )
-        if _protocol(cache_dir) not in (None, "file"):
-            raise DatasetConfigError(
-                f"DataConfig.cache_dir must be a local directory (got {cache_dir!r}): downloads and prepared "
-                "splits are written with atomic local renames. Use a local path (a shared filesystem mount "
-                "works for multi-node), and put remote data in `source` instead."
-            )
+        protocol = _protocol(cache_dir)
+        if protocol not in (None, "file"):
+            self._normalise_remote_cache_dir(cache_dir, protocol)
+            return
         if cache_dir.startswith("file://"):
             cache_dir = cache_dir[len("file://") :]
         # Absolute and user-expanded, so the same directory always gives the same cache key.
         object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(cache_dir)))
+
+    def _normalise_remote_cache_dir(self, cache_dir: str, protocol: str) -> None:
+        if protocol not in fsspec.available_protocols():
+            raise DatasetConfigError(
+                f"DataConfig.cache_dir: unsupported scheme {protocol!r} in {cache_dir!r}; use a local "
+                "directory or a writable fsspec URI such as s3://bucket/prefix"
+            )
+        if protocol in _READ_ONLY_PROTOCOLS:
+            raise DatasetConfigError(
+                f"DataConfig.cache_dir: {protocol}:// is read-only, but the cache is written to "
+                f"(got {cache_dir!r}); use a local directory or a writable store such as s3://bucket/prefix, "
+                "and put a read-only mirror in `source` instead"
+            )
+        if _redact(cache_dir) != cache_dir:
+            raise DatasetConfigError(
+                f"DataConfig.cache_dir must not contain credentials (got {_redact(cache_dir)!r}): it is part of "
+                "every prepared path, result and log line. Pass them in cache_storage_options or, for S3, "
+                "through the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+            )
+        scheme, location = cache_dir.split("://", 1)
+        if not location.strip("/"):
+            raise DatasetConfigError(
+                f"DataConfig.cache_dir {cache_dir!r} names no location; give a bucket and optional prefix, "
+                "e.g. s3://my-bucket/sweepflow-data"
+            )
+        # No trailing slash, so s3://b/p and s3://b/p/ give the same cache key and the same paths.
+        object.__setattr__(self, "cache_dir", f"{scheme}://{location.rstrip('/')}")
 
     def _normalise_source(self, spec: DatasetSpec) -> None:
         source = self.source
@@ -397,26 +477,28 @@ class DataConfig:
         object.__setattr__(self, "source", source)
 
     def _normalise_storage_options(self) -> None:
-        options = self.storage_options
-        if options is None:
+        if self.storage_options is None:
             return
-        if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-            raise DatasetConfigError(
-                f"DataConfig.storage_options must be a dict with string keys or None (got {type(options).__name__})"
-            )
+        options = _checked_options("storage_options", self.storage_options)
         if self.source is None:
             raise DatasetConfigError(
                 "DataConfig.storage_options only apply to a `source` override; set source=... as well, or "
-                "drop storage_options to use the official location"
+                "drop storage_options to use the official location (options for an s3:// cache_dir go in "
+                "cache_storage_options)"
             )
-        try:
-            json.dumps(options, sort_keys=True)
-        except (TypeError, ValueError) as exc:
+        object.__setattr__(self, "storage_options", options)
+
+    def _normalise_cache_storage_options(self) -> None:
+        if self.cache_storage_options is None:
+            return
+        options = _checked_options("cache_storage_options", self.cache_storage_options)
+        if not self.cache_is_remote:
             raise DatasetConfigError(
-                f"DataConfig.storage_options must be JSON-serialisable (they travel as task parameters and "
-                f"cache keys): {exc}. Pass plain strings/numbers/dicts, e.g. client_kwargs.endpoint_url"
-            ) from exc
-        object.__setattr__(self, "storage_options", json.loads(json.dumps(options)))  # deep copy
+                f"DataConfig.cache_storage_options only apply to a remote cache_dir such as s3://bucket/prefix "
+                f"(cache_dir is the local directory {self.cache_dir!r}); drop cache_storage_options, or set "
+                "cache_dir to the remote URI"
+            )
+        object.__setattr__(self, "cache_storage_options", options)
 
     def _normalise_checksums(self, spec: DatasetSpec) -> None:
         checksums = self.checksums
@@ -453,8 +535,13 @@ class DataConfig:
     def spec(self) -> DatasetSpec:
         return DATASETS[self.name]
 
+    @property
+    def cache_is_remote(self) -> bool:
+        """True if ``cache_dir`` is a remote fsspec URI (s3://...) rather than a local directory."""
+        return _protocol(self.cache_dir) is not None
+
     def to_dict(self) -> dict[str, Any]:
-        """All fields as plain JSON-able data (including storage_options: treat the result as secret)."""
+        """All fields as plain JSON-able data (including both storage options: treat the result as secret)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
@@ -481,17 +568,14 @@ class DataConfig:
 
         Used for cache keys: two configs with the same identity prepare the same data into the same
         place. Credentials are left out (they do not change the data, and keys end up in logs/storage),
-        but an S3 endpoint URL is kept because it names a different store.
+        but S3 endpoint URLs (of the source and of the cache) are kept because they name different stores.
         """
-        endpoint = None
-        if self.storage_options:
-            client_kwargs = self.storage_options.get("client_kwargs") or {}
-            endpoint = self.storage_options.get("endpoint_url") or client_kwargs.get("endpoint_url")
         return {
             "name": self.name,
             "source": _redact(self.source) if self.source else None,
-            "endpoint_url": endpoint,
+            "endpoint_url": _endpoint_url(self.storage_options),
             "cache_dir": self.cache_dir,
+            "cache_endpoint_url": _endpoint_url(self.cache_storage_options),
             "val_fraction": float(self.val_fraction),
             "test_fraction": None if self.spec.official_test else float(self.test_fraction),
             "seed": self.seed,
@@ -617,21 +701,16 @@ def _classify_fetch_error(exc: BaseException, filename: str, url: str) -> Datase
     )
 
 
-def _download_verified(
-    url: str, dest: Path, expected_md5: str, storage_options: Mapping[str, Any], source_label: str
-) -> None:
-    """Fetch ``url`` into a temp file next to ``dest``, verify its MD5, then atomically rename into place."""
+def _into_verified(dest: Path, expected_md5: str, source_label: str, fetch: Callable[[str], None]) -> None:
+    """Run ``fetch(tmp)`` into a temp file next to ``dest``, verify its MD5, then atomically rename into place.
+
+    On a mismatch (ChecksumMismatchError) or any fetch error, the temp file is removed and ``dest`` untouched.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     os.close(fd)
     try:
-        try:
-            fs, rpath = fsspec.core.url_to_fs(url, **storage_options)
-            fs.get_file(rpath, tmp)
-        except _transient_error_types() as exc:
-            if isinstance(exc, OSError) and exc.errno in _LOCAL_DISK_ERRNOS:
-                raise  # our disk, not the source: retrying the download cannot help
-            raise _classify_fetch_error(exc, dest.name, url) from exc
+        fetch(tmp)
         actual, _ = _file_digests(tmp)
         if actual != expected_md5:
             raise ChecksumMismatchError(dest.name, expected_md5, actual, source_label)
@@ -639,6 +718,68 @@ def _download_verified(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _download_verified(
+    url: str, dest: Path, expected_md5: str, storage_options: Mapping[str, Any], source_label: str
+) -> None:
+    """Fetch ``url`` from a source into ``dest``, MD5-verified and atomically (see ``_into_verified``)."""
+
+    def fetch(tmp: str) -> None:
+        try:
+            fs, rpath = fsspec.core.url_to_fs(url, **storage_options)
+            fs.get_file(rpath, tmp)
+        except _transient_error_types() as exc:
+            if isinstance(exc, OSError) and exc.errno in _LOCAL_DISK_ERRNOS:
+                raise  # our disk, not the source: retrying the download cannot help
+            raise _classify_fetch_error(exc, dest.name, url) from exc
+
+    _into_verified(dest, expected_md5, source_label, fetch)
+
+
+def _verified_local_copy(path: Path, expected_md5: str) -> bool:
+    """True if ``path`` exists with the expected MD5. A copy with another MD5 is deleted (and False returned)."""
+    if not path.exists():
+        return False
+    cached_md5, _ = _file_digests(path)
+    if cached_md5 == expected_md5:
+        logger.debug("using cached %s (md5 %s)", path, cached_md5)
+        return True
+    logger.warning(
+        "cached %s has MD5 %s but %s is expected; discarding it and downloading again",
+        path,
+        cached_md5,
+        expected_md5,
+    )
+    path.unlink()
+    return False
+
+
+def _fetch_from_source(
+    filename: str,
+    expected_md5: str,
+    bases: tuple[str, ...],
+    dest: Path,
+    storage_options: Mapping[str, Any],
+) -> None:
+    """Download ``filename`` into ``dest``, verified, trying ``bases`` (mirrors or the source) in order."""
+    errors: list[DatasetError] = []
+    for base in bases:
+        url = _join(base, filename)
+        logger.info("downloading %s", _redact(url))
+        try:
+            _download_verified(url, dest, expected_md5, storage_options, _redact(base))
+            return
+        except (DatasetFetchError, DatasetSourceError) as exc:
+            logger.warning("%s", exc)
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    kind = DatasetFetchError if any(isinstance(e, DatasetFetchError) for e in errors) else DatasetSourceError
+    raise kind(
+        f"{filename!r} could not be fetched from any of {len(errors)} locations: "
+        + "; ".join(map(str, errors))
+    )
 
 
 def _ensure_file(
@@ -650,35 +791,177 @@ def _ensure_file(
 ) -> Path:
     """Return the verified cached copy of ``filename``, downloading it (trying ``bases`` in order) if needed."""
     dest = raw_dir / filename
-    if dest.exists():
-        cached_md5, _ = _file_digests(dest)
-        if cached_md5 == expected_md5:
-            logger.debug("using cached %s (md5 %s)", dest, cached_md5)
-            return dest
-        logger.warning(
-            "cached %s has MD5 %s but %s is expected; discarding it and downloading again",
-            dest,
-            cached_md5,
-            expected_md5,
-        )
-        dest.unlink()
-    errors: list[DatasetError] = []
-    for base in bases:
-        url = _join(base, filename)
-        logger.info("downloading %s", _redact(url))
+    if not _verified_local_copy(dest, expected_md5):
+        _fetch_from_source(filename, expected_md5, bases, dest, storage_options)
+    return dest
+
+
+# --------------------------------------------------------------------------------------------------------
+# Remote cache: cache_dir on S3 (or another writable fsspec store), worked on through a local staging dir
+# --------------------------------------------------------------------------------------------------------
+
+
+def _permanent_cache_error_types() -> tuple[type[BaseException], ...]:
+    """Errors from a remote cache that retrying cannot fix: no such bucket, access denied, no credentials."""
+    types: list[type[BaseException]] = [FileNotFoundError, PermissionError]
+    with contextlib.suppress(ImportError):
+        import botocore.exceptions
+
+        types.extend([botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError])
+    return tuple(types)
+
+
+@contextlib.contextmanager
+def _cache_io(action: str, uri: str) -> Iterator[None]:
+    """Turn a remote cache's I/O errors into ours: access and setup problems are permanent, the rest transient."""
+    try:
+        yield
+    except DatasetError:
+        raise
+    except _permanent_cache_error_types() as exc:
+        raise DatasetConfigError(
+            f"could not {action} {uri} in the dataset cache: {exc!r}. Check that DataConfig.cache_dir names an "
+            "existing bucket (it is not created for you) and that cache_storage_options, or for S3 the AWS "
+            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3, AWS_PROFILE), grant "
+            "read and write access to it"
+        ) from exc
+    except _transient_error_types() as exc:
+        if isinstance(exc, OSError) and exc.errno in _LOCAL_DISK_ERRNOS:
+            raise  # the local staging disk, not the store: retrying cannot help
+        raise DatasetFetchError(
+            f"could not {action} {uri} in the dataset cache: {exc!r}. This looks transient (network, timeout "
+            "or server error): retry"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class _RemoteCache:
+    """A remote ``cache_dir`` and this host's staging directory for it.
+
+    Paths are relative to the cache (``raw/mnist/<file>``, ``prepared/<name>-<fp>/meta.json``). The staging
+    directory is ``<default_cache_dir()>/remote-staging/<sha of the URI>``: one per cache URI, kept between
+    runs, so a host downloads each raw file at most once and verifies it again (MD5) before every reuse.
+    """
+
+    uri: str
+    fs: Any
+    root: str
+    staging: Path
+
+    @classmethod
+    def for_config(cls, cfg: DataConfig) -> _RemoteCache:
+        fs, root = _fs_and_path(cfg.cache_dir, cfg.cache_storage_options)
+        digest = hashlib.sha256(cfg.cache_dir.encode()).hexdigest()[:16]
+        return cls(cfg.cache_dir, fs, root.rstrip("/"), Path(default_cache_dir()) / "remote-staging" / digest)
+
+    def uri_of(self, relpath: str) -> str:
+        return _join(self.uri, relpath)
+
+    def _path(self, relpath: str) -> str:
+        return _join(self.root, relpath)
+
+    def size(self, relpath: str) -> int | None:
+        """The size of the object at ``relpath``, or None if there is none; asks the store, not a listing cache."""
+        path = self._path(relpath)
+        with _cache_io("look up", self.uri_of(relpath)):
+            self.fs.invalidate_cache(path)
+            try:
+                info = self.fs.info(path)
+            except FileNotFoundError:
+                return None
+        return int(info["size"]) if info.get("type") == "file" else None
+
+    def download(self, relpath: str, dest: Path, expected_md5: str) -> bool:
+        """Download ``relpath`` into ``dest``, MD5-verified; False (``dest`` untouched) if its MD5 is wrong."""
+        uri = self.uri_of(relpath)
+
+        def fetch(tmp: str) -> None:
+            with _cache_io("download", uri):
+                self.fs.get_file(self._path(relpath), tmp)
+
         try:
-            _download_verified(url, dest, expected_md5, storage_options, _redact(base))
-            return dest
-        except (DatasetFetchError, DatasetSourceError) as exc:
-            logger.warning("%s", exc)
-            errors.append(exc)
-    if len(errors) == 1:
-        raise errors[0]
-    kind = DatasetFetchError if any(isinstance(e, DatasetFetchError) for e in errors) else DatasetSourceError
-    raise kind(
-        f"{filename!r} could not be fetched from any of {len(errors)} locations: "
-        + "; ".join(map(str, errors))
-    )
+            _into_verified(dest, expected_md5, uri, fetch)
+        except ChecksumMismatchError as exc:
+            logger.warning(
+                "%s in the dataset cache has MD5 %s but %s is expected; fetching it from the source again "
+                "and replacing it",
+                uri,
+                exc.actual,
+                exc.expected,
+            )
+            return False
+        return True
+
+    def upload(self, local: Path, relpath: str) -> None:
+        """Upload a local file to ``relpath`` (one PUT on S3: the object appears whole or not at all)."""
+        with _cache_io("upload", self.uri_of(relpath)):
+            self.fs.put_file(os.fspath(local), self._path(relpath))
+
+    def remove(self, relpath: str) -> None:
+        with _cache_io("remove", self.uri_of(relpath)):
+            self.fs.rm_file(self._path(relpath))
+
+    def ensure_raw_file(
+        self,
+        dataset: str,
+        filename: str,
+        expected_md5: str,
+        bases: tuple[str, ...],
+        source_options: Mapping[str, Any],
+    ) -> Path:
+        """The verified local (staged) copy of a raw file, with the remote cache holding it too.
+
+        Staged copy with the right MD5: used as is, and uploaded if the remote copy is missing or has
+        another size. Otherwise the remote copy is downloaded and verified; if it is missing or its MD5 is
+        wrong, the file is fetched from the source, verified, and uploaded (replacing a wrong copy).
+        """
+        relpath = f"raw/{dataset}/{filename}"
+        staged = self.staging / "raw" / dataset / filename
+        if _verified_local_copy(staged, expected_md5):
+            if self.size(relpath) != staged.stat().st_size:
+                logger.info(
+                    "%s is missing or differs from the verified copy; uploading it", self.uri_of(relpath)
+                )
+                self.upload(staged, relpath)
+            return staged
+        if self.size(relpath) is not None and self.download(relpath, staged, expected_md5):
+            logger.debug("using %s from the dataset cache", self.uri_of(relpath))
+            return staged
+        _fetch_from_source(filename, expected_md5, bases, staged, source_options)
+        logger.info("uploading %s", self.uri_of(relpath))
+        self.upload(staged, relpath)
+        return staged
+
+    def prepared_exists(self, relpath: str) -> bool:
+        with _cache_io("look up", self.uri_of(relpath)):
+            return _prepared_complete(self.fs, self._path(relpath))
+
+    def load_prepared(self, relpath: str) -> PreparedDataset:
+        with _cache_io("read", self.uri_of(relpath)):
+            with self.fs.open(self._path(_join(relpath, "meta.json")), "r") as f:
+                meta = json.load(f)
+        return _prepared_from_meta(self.uri_of(relpath), meta)
+
+    def publish_prepared(
+        self, relpath: str, arrays: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict[str, Any]
+    ) -> None:
+        """Write the prepared files locally, then upload the splits and ``meta.json`` last.
+
+        S3 has no rename, so completeness is marked by order instead: ``prepared_dataset_exists`` requires
+        ``meta.json``, which only appears once every split is in place. A stale ``meta.json`` (from a set
+        whose splits were deleted) is removed first, so it cannot vouch for half-uploaded splits.
+        """
+        if self.size(_join(relpath, "meta.json")) is not None:
+            logger.warning("%s is incomplete (files were removed?); preparing it again", self.uri_of(relpath))
+            self.remove(_join(relpath, "meta.json"))
+        self.staging.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.staging, prefix=".tmp-prepared-"))
+        try:
+            _write_prepared_files(tmp, arrays, meta)
+            for name in (*(f"{split}.npz" for split in SPLITS), "meta.json"):  # meta.json last
+                self.upload(tmp / name, _join(relpath, name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -837,7 +1120,7 @@ def _combined_checksum(digests: Mapping[str, Mapping[str, str]]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _materialise_raw(cfg: DataConfig) -> _RawInputs:
+def _materialise_raw(cfg: DataConfig, remote: _RemoteCache | None) -> _RawInputs:
     spec = cfg.spec
     if spec.loader == "digits":
         from sklearn.datasets import load_digits
@@ -860,11 +1143,15 @@ def _materialise_raw(cfg: DataConfig) -> _RawInputs:
     expected.update(cfg.checksums or {})
     bases = (cfg.source,) if cfg.source else spec.mirrors
     options = dict(cfg.storage_options or {})  # only set together with a source (validated)
-    raw_dir = Path(cfg.cache_dir) / "raw" / spec.name
     files: dict[str, Path] = {}
     digests = {}
     for filename in spec.filenames:
-        path = _ensure_file(filename, expected[filename], bases, raw_dir, options)
+        if remote is None:
+            path = _ensure_file(
+                filename, expected[filename], bases, Path(cfg.cache_dir) / "raw" / spec.name, options
+            )
+        else:
+            path = remote.ensure_raw_file(spec.name, filename, expected[filename], bases, options)
         md5, sha = _file_digests(path)
         files[filename] = path
         digests[filename] = {"md5": md5, "sha256": sha}
@@ -995,14 +1282,26 @@ def _fs_and_path(path: str, storage_options: Mapping[str, Any] | None = None) ->
     return fsspec.core.url_to_fs(path, **(storage_options or {}))
 
 
-def prepared_dataset_exists(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """True if ``path`` holds a complete prepared dataset (meta.json and all three split files)."""
-    fs, root = _fs_and_path(path, storage_options)
+def _prepared_complete(fs: Any, root: str) -> bool:
+    fs.invalidate_cache(root)  # ask the store itself: another host may have added or deleted files
     return all(fs.exists(_join(root, name)) for name in ("meta.json", *(f"{s}.npz" for s in SPLITS)))
 
 
+def prepared_dataset_exists(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """True if ``path`` holds a complete prepared dataset (meta.json and all three split files).
+
+    ``path`` is a local directory or any fsspec URI (``s3://...``); ``storage_options`` are fsspec options
+    for it (without them, s3fs uses the standard AWS chain: AWS_* environment variables, profiles, roles).
+    """
+    fs, root = _fs_and_path(path, storage_options)
+    return _prepared_complete(fs, root)
+
+
 def load_meta(path: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The prepared dataset's ``meta.json`` (name, num_classes, input_shape, sizes, mean, std, ...)."""
+    """The prepared dataset's ``meta.json`` (name, num_classes, input_shape, sizes, mean, std, ...).
+
+    ``path`` and ``storage_options`` as for ``prepared_dataset_exists``.
+    """
     fs, root = _fs_and_path(path, storage_options)
     meta_path = _join(root, "meta.json")
     try:
@@ -1020,7 +1319,9 @@ def load_split(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Load one prepared split as (x float32 (N, C, H, W), y int64 (N,)) tensors.
 
-    Called by training ranks on Dask workers; reads only the requested split.
+    Called by training ranks on Dask workers; reads only the requested split. ``path`` is a local directory
+    or an fsspec URI such as ``s3://bucket/prefix/prepared/<name>-<fp>``; ``storage_options`` as for
+    ``prepared_dataset_exists`` (on workers, prefer the AWS environment so no credentials travel in configs).
     """
     import torch
 
@@ -1043,6 +1344,16 @@ def _prepared_from_meta(path: str, meta: Mapping[str, Any]) -> PreparedDataset:
     return PreparedDataset.from_dict({**meta, "path": path})
 
 
+def _write_prepared_files(
+    directory: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict[str, Any]
+) -> None:
+    for split, (x, y) in arrays.items():
+        with open(directory / f"{split}.npz", "wb") as f:
+            np.savez(f, x=x, y=y)
+    with open(directory / "meta.json", "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+
+
 def _write_prepared(
     final: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict[str, Any]
 ) -> None:
@@ -1051,11 +1362,7 @@ def _write_prepared(
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        for split, (x, y) in arrays.items():
-            with open(tmp / f"{split}.npz", "wb") as f:
-                np.savez(f, x=x, y=y)
-        with open(tmp / "meta.json", "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
+        _write_prepared_files(tmp, arrays, meta)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -1070,15 +1377,23 @@ def prepare_dataset(cfg: DataConfig) -> PreparedDataset:
     """Fetch, verify, parse, split, normalise and store ``cfg``'s dataset; return where it is.
 
     Idempotent and cheap on repeat: verified raw files are not downloaded again, and an existing prepared
-    directory with the same fingerprint is reused as is.
+    directory with the same fingerprint is reused as is. With a remote ``cache_dir`` the returned ``path``
+    is a URI under it (see the module docstring for how the remote cache is written).
     """
     spec = cfg.spec
-    raw = _materialise_raw(cfg)
-    final = Path(cfg.cache_dir) / "prepared" / f"{spec.name}-{_fingerprint(cfg, raw)}"
-    if prepared_dataset_exists(str(final)):
+    remote = _RemoteCache.for_config(cfg) if cfg.cache_is_remote else None
+    raw = _materialise_raw(cfg, remote)
+    dirname = f"{spec.name}-{_fingerprint(cfg, raw)}"
+    relpath = f"prepared/{dirname}"  # remote cache
+    final = Path(cfg.cache_dir) / "prepared" / dirname  # local cache
+    if remote is not None:
+        if remote.prepared_exists(relpath):
+            logger.info("reusing prepared %s at %s", spec.name, remote.uri_of(relpath))
+            return remote.load_prepared(relpath)
+    elif prepared_dataset_exists(str(final)):
         logger.info("reusing prepared %s at %s", spec.name, final)
         return _prepared_from_meta(str(final), load_meta(str(final)))
-    if final.exists():
+    elif final.exists():
         logger.warning("%s is incomplete (files were removed?); preparing it again", final)
         shutil.rmtree(final)
 
@@ -1123,6 +1438,11 @@ def prepare_dataset(cfg: DataConfig) -> PreparedDataset:
             "stratified": stratified,
         },
     }
-    _write_prepared(final, {split: (normalised[split], labels[split]) for split in SPLITS}, meta)
+    arrays = {split: (normalised[split], labels[split]) for split in SPLITS}
+    if remote is not None:
+        remote.publish_prepared(relpath, arrays, meta)
+        logger.info("prepared %s at %s: %s", spec.name, remote.uri_of(relpath), meta["sizes"])
+        return remote.load_prepared(relpath)
+    _write_prepared(final, arrays, meta)
     logger.info("prepared %s at %s: %s", spec.name, final, meta["sizes"])
     return _prepared_from_meta(str(final), load_meta(str(final)))

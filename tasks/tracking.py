@@ -7,6 +7,7 @@ writes are batched: one ``log_batch`` per report.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -102,16 +103,37 @@ class RunTracker:
             self.client.log_artifact(run_id, local_path, artifact_path)
 
 
-def direct_storage_uri(artifact_uri: str) -> str | None:
-    """The fsspec location behind a run's artifact URI, when trainers can write there directly
-    (a local/file store, or s3:// when the server does not proxy artifacts). None for proxied
-    ``mlflow-artifacts:`` URIs, which only the tracking server can write."""
+def direct_storage_uri(artifact_uri: str, artifacts_destination: str | None = None) -> str | None:
+    """The fsspec location behind a run's artifact URI, when trainers can write there directly: a local/file
+    store, an s3:// (gs, abfs) artifact root, or a proxied ``mlflow-artifacts:`` URI when the server's
+    ``--artifacts-destination`` is known. None otherwise: then only the tracking server can write there."""
     parsed = urlparse(artifact_uri)
     if parsed.scheme in ("", "file"):
         return unquote(parsed.path) if parsed.scheme == "file" else artifact_uri
     if parsed.scheme in ("s3", "gs", "gcs", "abfs", "az"):
         return artifact_uri
+    if parsed.scheme == "mlflow-artifacts" and artifacts_destination:
+        # The server stores mlflow-artifacts:/<path> at <artifacts-destination>/<path>.
+        return f"{artifacts_destination.rstrip('/')}/{unquote(parsed.path).lstrip('/')}"
     return None
+
+
+def check_direct_writes(tracker: RunTracker, run_id: str, direct_uri: str) -> None:
+    """Write a small file straight to ``direct_uri`` and make sure the tracking server lists it as one of the
+    run's artifacts, so a wrong ``artifacts_destination`` fails the run at its start, not after training."""
+    import fsspec
+
+    marker = "storage-check.json"
+    with fsspec.open(f"{direct_uri.rstrip('/')}/sweepflow/{marker}", "w") as f:
+        json.dump({"run_id": run_id, "written_at": time.time()}, f)
+    listed = {os.path.basename(a.path) for a in tracker.client.list_artifacts(run_id, "sweepflow")}
+    if marker not in listed:
+        raise RuntimeError(
+            f"checkpoints written to {direct_uri} are not visible in MLflow run {run_id} "
+            f"(artifact URI {tracker.artifact_uri(run_id)}): mlflow.artifacts_destination (or "
+            "$SWEEPFLOW_STORAGE/mlflow) must equal the tracking server's --artifacts-destination. Set it to that "
+            "value, or unset it to let the server upload checkpoints (one extra copy)"
+        )
 
 
 class MetricWriter:

@@ -105,6 +105,7 @@ class SweepRuntime:
     staging_dir: str  # for checkpoints when the artifact store is proxied by the tracking server
     deadline: float | None = None  # time.monotonic() after which running trials are stopped
     storage_options: dict[str, Any] | None = None
+    artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
 
 
 _RUNTIMES: dict[str, SweepRuntime] = {}
@@ -154,7 +155,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         params={**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank},
         tags={"sweepflow.trial_id": spec.trial_id, "sweepflow.train_fn": spec.train_fn},
     )
-    storage = direct_storage_uri(rt.tracker.artifact_uri(run_id))
+    storage = direct_storage_uri(rt.tracker.artifact_uri(run_id), rt.artifacts_destination)
     proxied = storage is None
     if proxied:
         storage = os.path.join(rt.staging_dir, run_id)

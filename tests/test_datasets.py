@@ -7,6 +7,7 @@ through ``DataConfig.checksums`` exactly as a user with a private mirror would d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -19,7 +20,8 @@ import struct
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +33,7 @@ import torch
 
 from tasks.datasets import (
     DATASETS,
+    SPLITS,
     ChecksumMismatchError,
     DataConfig,
     DatasetConfigError,
@@ -42,6 +45,7 @@ from tasks.datasets import (
     load_meta,
     load_split,
     prepare_dataset,
+    prepared_dataset_exists,
     read_cifar10_tarball,
     read_idx,
 )
@@ -480,6 +484,293 @@ def test_unreachable_source_is_a_transient_error(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
+# Remote cache: cache_dir on S3
+# ------------------------------------------------------------------------------------------------------
+
+
+def _s3_client(s3: S3) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def _objects(s3: S3, bucket: str) -> dict[str, bytes]:
+    """Every object in ``bucket`` (read with boto3, so no s3fs listing cache is involved)."""
+    client = _s3_client(s3)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    return {key: client.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
+
+
+def _key(uri: str, bucket: str) -> str:
+    assert uri.startswith(f"s3://{bucket}/"), uri
+    return uri[len(f"s3://{bucket}/") :]
+
+
+PREPARED_FILES = ("meta.json", "train.npz", "val.npz", "test.npz")
+
+
+@pytest.fixture
+def cache_bucket(s3: S3) -> str:
+    """A fresh, empty bucket for one test's remote cache."""
+    name = f"cache-{uuid.uuid4().hex[:12]}"
+    _s3_client(s3).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], Path]:
+    """Switch the simulated host: each has its own SWEEPFLOW_HOME, hence its own remote-staging directory."""
+
+    def switch(name: str) -> Path:
+        home = tmp_path / name
+        monkeypatch.setenv("SWEEPFLOW_HOME", str(home))
+        return home
+
+    switch("host-a")
+    return switch
+
+
+def _mnist_s3_cache(
+    generated: Generated, http_server: HttpServer, s3: S3, bucket: str, **kwargs: Any
+) -> DataConfig:
+    return DataConfig(
+        name="mnist",
+        source=f"{http_server.url}/mnist",
+        cache_dir=f"s3://{bucket}/cache/",
+        cache_storage_options=s3.storage_options,
+        checksums=kwargs.pop("checksums", generated.mnist_md5),
+        **kwargs,
+    )
+
+
+def test_s3_cache_end_to_end_with_mnist_source(
+    generated: Generated,
+    http_server: HttpServer,
+    s3: S3,
+    cache_bucket: str,
+    host: Callable[[str], Path],
+) -> None:
+    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket)
+    assert cfg.cache_dir == f"s3://{cache_bucket}/cache" and cfg.cache_is_remote
+    assert "testing" not in repr(cfg) and "testing" not in json.dumps(cfg.cache_identity())
+    before = len(http_server.requests)
+    prepared = prepare_dataset(cfg)
+    fetched = len(http_server.requests)
+    assert sorted(http_server.requests[before:]) == sorted(f"GET /mnist/{name}" for name in IDX_FILES)
+
+    # Raw files and the prepared set live in the bucket; the result names the S3 location, no credentials.
+    assert prepared.path.startswith(f"s3://{cache_bucket}/cache/prepared/mnist-")
+    assert "testing" not in json.dumps(prepared.to_dict())
+    prefix = _key(prepared.path, cache_bucket)
+    objects = _objects(s3, cache_bucket)
+    assert sorted(objects) == sorted(
+        [*(f"cache/raw/mnist/{name}" for name in IDX_FILES), *(f"{prefix}/{name}" for name in PREPARED_FILES)]
+    )
+    for name in IDX_FILES:
+        assert objects[f"cache/raw/mnist/{name}"] == (generated.root / "mnist" / name).read_bytes()
+
+    # Trainers on any host read the splits straight from S3.
+    options = s3.storage_options
+    assert prepared_dataset_exists(prepared.path, options)
+    shapes = {split: tuple(load_split(prepared.path, split, options)[0].shape) for split in SPLITS}
+    assert shapes == {"train": (N_TRAIN - 9, 1, 28, 28), "val": (9, 1, 28, 28), "test": (N_TEST, 1, 28, 28)}
+    np.testing.assert_array_equal(load_split(prepared.path, "test", options)[1], generated.mnist["test_y"])
+    meta = load_meta(prepared.path, options)
+    assert meta["sizes"] == prepared.sizes and meta["source"] == f"{http_server.url}/mnist"
+
+    # Same host again: the staged raw copies are re-verified and reused; the source is not contacted.
+    assert prepare_dataset(cfg) == prepared
+    assert len(http_server.requests) == fetched
+
+    # Another host (empty staging): the raw files come from the S3 cache, not from the source.
+    home_b = host("host-b")
+    assert prepare_dataset(cfg) == prepared
+    assert len(http_server.requests) == fetched
+    assert sorted(p.name for p in home_b.rglob("raw/mnist/*")) == sorted(IDX_FILES)
+
+    # Prepared set deleted from S3: rebuilt from the verified raw files, identical, without the source.
+    train_before = load_split(prepared.path, "train", options)[0]
+    _s3_client(s3).delete_objects(
+        Bucket=cache_bucket, Delete={"Objects": [{"Key": f"{prefix}/{name}"} for name in PREPARED_FILES]}
+    )
+    assert not prepared_dataset_exists(prepared.path, options)
+    assert prepare_dataset(cfg) == prepared
+    assert torch.equal(load_split(prepared.path, "train", options)[0], train_before)
+    assert len(http_server.requests) == fetched
+
+    # A corrupt staged copy on this host is replaced from the S3 cache, still without the source.
+    next(home_b.rglob("raw/mnist/t10k-labels-idx1-ubyte.gz")).write_bytes(b"garbage")
+    assert prepare_dataset(cfg) == prepared
+    assert len(http_server.requests) == fetched
+
+
+def test_s3_cache_replaces_a_corrupt_raw_object(
+    generated: Generated,
+    http_server: HttpServer,
+    s3: S3,
+    cache_bucket: str,
+    host: Callable[[str], Path],
+) -> None:
+    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket)
+    prepared = prepare_dataset(cfg)
+    key = "cache/raw/mnist/t10k-labels-idx1-ubyte.gz"
+    original = (generated.root / "mnist" / "t10k-labels-idx1-ubyte.gz").read_bytes()
+    client = _s3_client(s3)
+
+    # Same host: its verified staged copy shows the remote object is wrong, and re-uploads it.
+    client.put_object(Bucket=cache_bucket, Key=key, Body=b"garbage")
+    before = len(http_server.requests)
+    assert prepare_dataset(cfg) == prepared
+    assert len(http_server.requests) == before
+    assert _objects(s3, cache_bucket)[key] == original
+
+    # Another host: downloads the corrupt object, finds the MD5 wrong, fetches that one file from the
+    # source and overwrites the object.
+    client.put_object(Bucket=cache_bucket, Key=key, Body=b"garbage")
+    host("host-b")
+    assert prepare_dataset(cfg) == prepared
+    assert http_server.requests[before:] == ["GET /mnist/t10k-labels-idx1-ubyte.gz"]
+    assert _objects(s3, cache_bucket)[key] == original
+
+
+def test_s3_cache_checksum_mismatch_uploads_nothing_corrupt(
+    generated: Generated,
+    http_server: HttpServer,
+    s3: S3,
+    cache_bucket: str,
+    host: Callable[[str], Path],
+) -> None:
+    bad = "t10k-images-idx3-ubyte.gz"
+    cfg = _mnist_s3_cache(
+        generated, http_server, s3, cache_bucket, checksums=dict(generated.mnist_md5, **{bad: "0" * 32})
+    )
+    with pytest.raises(ChecksumMismatchError, match=bad):
+        prepare_dataset(cfg)
+    objects = _objects(s3, cache_bucket)
+    assert f"cache/raw/mnist/{bad}" not in objects
+    assert not any(key.startswith("cache/prepared/") for key in objects), sorted(objects)
+    for key, body in objects.items():  # files verified before the bad one are cached, and intact
+        assert body == (generated.root / "mnist" / key.rsplit("/", 1)[1]).read_bytes()
+    staged = _cache_files(host("host-a"))
+    assert not any(name.endswith((bad, ".part")) for name in staged), staged
+
+
+@contextlib.contextmanager
+def _s3_uploads_fail_on(name: str, uploads: list[str]) -> Iterator[None]:
+    """Record the file name of every s3fs upload, and fail the upload of ``name`` like a dropped connection."""
+    import s3fs
+
+    real_put_file = s3fs.S3FileSystem._put_file
+
+    async def put_file(self: Any, lpath: str, rpath: str, **kwargs: Any) -> Any:
+        uploads.append(rpath.rsplit("/", 1)[1])
+        if rpath.endswith(f"/{name}"):
+            raise ConnectionResetError(f"simulated connection reset while uploading {name}")
+        return await real_put_file(self, lpath, rpath, **kwargs)
+
+    # s3fs instances bind their sync methods when created, and fsspec caches instances: start afresh on
+    # entry (so the patch is picked up) and on exit (so later tests get the real method).
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(s3fs.S3FileSystem, "_put_file", put_file)
+            yield
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_s3_cache_uploads_meta_json_last_and_recovers(
+    s3: S3, cache_bucket: str, host: Callable[[str], Path]
+) -> None:
+    cfg = DataConfig(
+        name="digits", cache_dir=f"s3://{cache_bucket}/cache", cache_storage_options=s3.storage_options
+    )
+    uploads: list[str] = []
+
+    # The connection drops when only meta.json is left: the splits are there, but the set is not complete.
+    with _s3_uploads_fail_on("meta.json", uploads), pytest.raises(DatasetFetchError, match="transient"):
+        prepare_dataset(cfg)  # a transient error: the Prefect task retries it
+    assert uploads == ["train.npz", "val.npz", "test.npz", "meta.json"]
+    keys = sorted(_objects(s3, cache_bucket))
+    assert len(keys) == 3 and all(key.endswith(".npz") for key in keys), keys
+    path = f"s3://{cache_bucket}/{keys[0].rsplit('/', 1)[0]}"
+    assert not prepared_dataset_exists(path, s3.storage_options)
+    with pytest.raises(DatasetSourceError, match="no prepared dataset"):
+        load_meta(path, s3.storage_options)
+
+    # A retry completes the set.
+    prepared = prepare_dataset(cfg)
+    assert prepared.path == path and prepared_dataset_exists(path, s3.storage_options)
+    assert sum(prepared.sizes.values()) == 1797
+
+    # A split deleted later: the stale meta.json is removed before anything is uploaded, so it cannot vouch
+    # for a half-uploaded set if this attempt fails too.
+    _s3_client(s3).delete_object(Bucket=cache_bucket, Key=f"{_key(path, cache_bucket)}/train.npz")
+    uploads.clear()
+    with _s3_uploads_fail_on("val.npz", uploads), pytest.raises(DatasetFetchError):
+        prepare_dataset(cfg)
+    assert uploads == ["train.npz", "val.npz"]
+    assert not any(key.endswith("meta.json") for key in _objects(s3, cache_bucket))
+    assert not prepared_dataset_exists(path, s3.storage_options)
+    assert prepare_dataset(cfg) == prepared
+    assert sorted(_objects(s3, cache_bucket)) == sorted(
+        f"{_key(path, cache_bucket)}/{n}" for n in PREPARED_FILES
+    )
+
+
+@pytest.fixture
+def aws_environment(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """S3 credentials and endpoint only in the standard AWS environment variables, as on a worker host."""
+    import s3fs
+
+    for name, value in {
+        "AWS_ENDPOINT_URL_S3": s3.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance made under another environment must not be reused
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_s3_cache_with_credentials_from_the_aws_environment(
+    aws_environment: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
+) -> None:
+    cfg = DataConfig(name="digits", cache_dir=f"s3://{cache_bucket}/env-cache")
+    assert cfg.cache_storage_options is None
+    prepared = prepare_dataset(cfg)
+    assert prepared.path.startswith(f"s3://{cache_bucket}/env-cache/prepared/digits-")
+    assert sorted(_objects(s3, cache_bucket)) == sorted(
+        f"{_key(prepared.path, cache_bucket)}/{name}" for name in PREPARED_FILES
+    ), "digits is bundled: nothing under raw/"
+    assert prepared_dataset_exists(prepared.path)
+    x, y = load_split(prepared.path, "train")
+    assert x.shape == (prepared.sizes["train"], 1, 8, 8) and x.dtype == torch.float32 and len(y) == len(x)
+    assert load_meta(prepared.path)["input_shape"] == [1, 8, 8]
+    assert prepare_dataset(cfg) == prepared
+
+
+def test_s3_cache_in_a_missing_bucket_is_a_clear_config_error(s3: S3, host: Callable[[str], Path]) -> None:
+    cfg = DataConfig(
+        name="digits", cache_dir="s3://no-such-bucket/cache", cache_storage_options=s3.storage_options
+    )
+    with pytest.raises(DatasetConfigError, match="names an existing bucket") as info:
+        prepare_dataset(cfg)
+    assert "s3://no-such-bucket/cache/prepared/digits-" in str(info.value)
+    assert "testing" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------------
 # Bundled (offline) datasets
 # ------------------------------------------------------------------------------------------------------
 
@@ -525,7 +816,15 @@ def test_bundled_datasets_work_offline(
         ({"name": "mnist", "storage_options": {"key": "k"}}, "storage_options only apply to a `source`"),
         ({"name": "mnist", "checksums": {"train.gz": "0" * 32}}, "its files are: train-images-idx3-ubyte.gz"),
         ({"name": "mnist", "checksums": {"t10k-images-idx3-ubyte.gz": "abc"}}, "32-character hex MD5"),
-        ({"cache_dir": "s3://bucket/cache"}, "cache_dir must be a local directory"),
+        ({"cache_dir": "https://example.org/cache"}, "DataConfig.cache_dir: https:// is read-only"),
+        ({"cache_dir": "nosuch://bucket/cache"}, "DataConfig.cache_dir: unsupported scheme 'nosuch'"),
+        ({"cache_dir": "s3://"}, "names no location; give a bucket"),
+        ({"cache_dir": "s3://key:secret@bucket/c"}, "must not contain credentials (got 's3://***@bucket/c')"),
+        ({"cache_storage_options": {"key": "k"}}, "cache_storage_options only apply to a remote cache_dir"),
+        (
+            {"cache_dir": "s3://bucket/c", "cache_storage_options": {"key": object()}},
+            "DataConfig.cache_storage_options must be JSON-serialisable",
+        ),
     ],
 )
 def test_data_config_errors_name_the_field_and_fix(
@@ -535,12 +834,19 @@ def test_data_config_errors_name_the_field_and_fix(
     with pytest.raises(DatasetConfigError) as info:
         DataConfig(**kwargs)
     assert expected in str(info.value)
+    assert "secret" not in str(info.value), "credentials in a URI must not be echoed"
 
 
 def test_data_config_round_trips_and_rejects_unknown_keys(tmp_path: Path) -> None:
     cfg = DataConfig(name="mnist", source="relative/dir", cache_dir=str(tmp_path), seed=3)
     assert os.path.isabs(cfg.source or "")
     assert DataConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    remote = DataConfig(
+        name="mnist", cache_dir="s3://bucket/cache/", cache_storage_options={"key": "k", "secret": "s"}
+    )
+    assert remote.cache_dir == "s3://bucket/cache" and remote.cache_is_remote and not cfg.cache_is_remote
+    assert DataConfig.from_dict(json.loads(json.dumps(remote.to_dict()))) == remote
+    assert "'s'" not in repr(remote) and "secret" not in json.dumps(remote.cache_identity())
     with pytest.raises(DatasetConfigError, match="unknown field\\(s\\) 'val_frac'"):
         DataConfig.from_dict({"name": "digits", "val_frac": 0.1})
 
@@ -612,6 +918,34 @@ def test_download_task_second_call_is_cached_and_revalidated(
     assert len(http_server.requests) == requests_after_first  # rebuilt from the verified raw cache
     assert download_dataset(config, return_state=True).name == "Cached"
     print(f"prefect task calls took {time.perf_counter() - start:.1f}s")
+
+
+def test_download_task_with_s3_cache_is_cached_and_revalidated(
+    prefect_harness: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
+) -> None:
+    from tasks.data import download_dataset
+
+    config = DataConfig(
+        name="digits", cache_dir=f"s3://{cache_bucket}/cache", cache_storage_options=s3.storage_options
+    ).to_dict()
+    first = download_dataset(config, return_state=True)
+    assert first.name == "Completed"
+    result = first.result()
+    assert result["path"].startswith(f"s3://{cache_bucket}/cache/prepared/digits-")
+    assert "testing" not in json.dumps(result), "the Prefect result must not hold credentials"
+
+    second = download_dataset(config, return_state=True)
+    assert second.name == "Cached" and second.result() == result
+
+    # The cache hit is refused once the prepared objects are gone from S3: the task runs and re-uploads.
+    prefix = _key(result["path"], cache_bucket)
+    _s3_client(s3).delete_objects(
+        Bucket=cache_bucket, Delete={"Objects": [{"Key": f"{prefix}/{name}"} for name in PREPARED_FILES]}
+    )
+    third = download_dataset(config, return_state=True)
+    assert third.name == "Completed" and third.result() == result
+    assert prepared_dataset_exists(result["path"], s3.storage_options)
+    assert download_dataset(config, return_state=True).name == "Cached"
 
 
 def test_download_task_retries_only_network_errors() -> None:
