@@ -88,7 +88,11 @@ def main() -> None:
     from flows.local_server import stop_server
 
     try:
-        for label in ("first run (starts the local Prefect server)", "second run (reuses it)"):
+        labels = (
+            "first run (starts the local Prefect, MLflow and Dask services)",
+            "second run (reuses them)",
+        )
+        for label in labels:
             summary_path = os.path.join(state_dir, "summary.json")
             wall, out = run_cli(state_dir, summary_path)
             timings = next(line for line in out.splitlines() if line.startswith("Timings:"))
@@ -126,6 +130,15 @@ def main() -> None:
     print(
         f"3. per-trial bookkeeping: median {statistics.median(overheads):.0f} ms, "
         f"max {max(overheads):.0f} ms over {len(overheads)} trials (target < 50 ms)"
+    )
+    phases = {
+        name: statistics.median(t["phases_s"][name] * 1000 for t in summary["trials"])
+        for name in summary["trials"][0]["phases_s"]
+    }
+    print(
+        "   median per phase (ms): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in phases.items())
+        + f"; Prefect task run and the rest {statistics.median(overheads) - sum(phases.values()):.0f}"
     )
     print(f"   epochs run per trial (ASHA): {[t['epochs'] for t in trials]}")
 

@@ -33,6 +33,7 @@ def local_cluster(
     n_workers: int | None = None,
     resources: dict[str, float] | None = None,
     threads_per_worker: int = 1,
+    preload: list[str] | None = None,
 ) -> Iterator[Client]:
     """A LocalCluster on 127.0.0.1 with worker processes; yields a Client and closes both.
 
@@ -52,7 +53,7 @@ def local_cluster(
             # The HTTP server (health, metrics, and the dashboard when bokeh is installed) on a free loopback port.
             dashboard_address="127.0.0.1:0",
             resources=resources,
-            preload=[PRELOAD],
+            preload=[PRELOAD, *(preload or [])],
         )
     try:
         client = Client(cluster)

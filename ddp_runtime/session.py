@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from ddp_runtime.checkpoint import Checkpoint, RunStorage
+
+if TYPE_CHECKING:  # torch is imported where ranks run, not by drivers (the flow process stays light)
+    import torch
 
 
 class StopTraining(BaseException):  # noqa: N818 - it is a control-flow signal, not an error
@@ -121,6 +121,9 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
         assert session.send_report is not None
         stop = session.send_report(dict(metrics), stored)
     if ctx.world_size > 1:
+        import torch
+        import torch.distributed as dist
+
         # The verdict travels from rank 0 to all ranks; this collective is also the report's barrier.
         flag = torch.tensor([1 if stop else 0], dtype=torch.int32, device=_collective_device(ctx))
         dist.broadcast(flag, src=0)
@@ -130,5 +133,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
 
 
 def _collective_device(ctx: TrainContext) -> torch.device:
+    import torch
+    import torch.distributed as dist
+
     # NCCL only moves CUDA tensors; gloo only CPU ones.
     return ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -20,13 +20,10 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from distributed import Client, Future, Queue, Variable, default_client
 from distributed.comm import get_address_host
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from ddp_runtime import gang
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
@@ -43,6 +40,12 @@ from ddp_runtime.worker import (
     run_rank,
     verdicts_queue_name,
 )
+
+if TYPE_CHECKING:
+    # The driver side (TorchTrainer) never touches torch: it is imported by the in-worker helpers below and by
+    # the ranks, so the process that drives a sweep does not pay its import (~5 s) or its memory.
+    import torch
+    from torch.utils.data import DataLoader
 
 log = logging.getLogger(__name__)
 
@@ -443,6 +446,8 @@ def prepare_model(
     parallel_strategy_kwargs: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
     """Move the model to the rank's device and wrap it in DistributedDataParallel when world size > 1."""
+    from torch.nn.parallel import DistributedDataParallel
+
     ctx = get_context()
     device = ctx.get_device()
     if move_to_device:
@@ -457,6 +462,8 @@ def prepare_model(
 
 
 def _move(batch: Any, device: torch.device) -> Any:
+    import torch
+
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, tuple | list):
@@ -498,6 +505,8 @@ def prepare_data_loader(
     torch in every DataLoader worker at every epoch; on Linux the loader is given ``fork`` (PyTorch's usual
     default there) unless it names a ``multiprocessing_context`` itself.
     """
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
     ctx = get_context()
     if data_loader.num_workers > 0 and multiprocessing.current_process().daemon:
         raise RuntimeError(

@@ -13,15 +13,16 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
 from distributed import Queue, Variable, get_worker
 from distributed.comm import get_address_host
 
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
+
+if TYPE_CHECKING:  # imported inside the functions that run on workers: drivers never need torch
+    import torch
 
 STOP, CONTINUE = "stop", "continue"
 
@@ -66,6 +67,8 @@ def rendezvous_variable_name(channel: str) -> str:
 
 
 def _device(spec: RankSpec, worker_address: str) -> torch.device:
+    import torch
+
     if not spec.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -82,6 +85,8 @@ def _device(spec: RankSpec, worker_address: str) -> torch.device:
 
 
 def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> None:
+    import torch.distributed as dist
+
     """Rank 0 opens a TCPStore on a port the OS picks on its own host and publishes host:port through a Dask
     Variable; the other ranks read it and connect. No fixed port, so many groups share a cluster."""
     variable = Variable(rendezvous_variable_name(spec.channel))
@@ -146,6 +151,9 @@ def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
 
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
     """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?}."""
+    import torch
+    import torch.distributed as dist
+
     worker_address = get_worker().address
     initialised = False
     outcome: dict[str, Any] = {"rank": spec.world_rank, "worker": worker_address}

@@ -19,6 +19,7 @@ from flows import services
 
 PREFECT, MLFLOW, DASK = "prefect", "mlflow", "dask"
 LOCAL_SERVICES = (PREFECT, MLFLOW, DASK)
+WORKER_PRELOAD = "tasks.worker_preload"  # warms evaluation/registration imports on pipeline workers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -146,7 +147,7 @@ def _serve_dask(ready_file: str, n_workers: int | None) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with local_cluster(n_workers=n_workers) as client:
+    with local_cluster(n_workers=n_workers, preload=[WORKER_PRELOAD]) as client:
         with open(ready_file + ".tmp", "w") as f:
             f.write(client.scheduler.address)
         os.replace(ready_file + ".tmp", ready_file)

@@ -23,9 +23,10 @@ from prefect.runtime import flow_run
 import ddp_runtime as train
 from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent_groups
 from flows.config import PipelineConfig, resolve_settings
+from flows.local_server import WORKER_PRELOAD
 from tasks.data import download_dataset
 from tasks.datasets import DataConfig, PreparedDataset
-from tasks.finalize import evaluate_best, register_best, warm_imports
+from tasks.finalize import evaluate_best, register_best
 from tasks.schedulers import make_scheduler
 from tasks.search_space import describe_trial, generate_trials, parse_space
 from tasks.tracking import RunTracker, check_direct_writes, direct_storage_uri, flatten
@@ -35,6 +36,7 @@ from tasks.trial import (
     STOPPED,
     SweepProgress,
     SweepRuntime,
+    TrainFunction,
     TrialSpec,
     registered_runtime,
     run_trial,
@@ -57,7 +59,7 @@ def dask_client(cfg: PipelineConfig) -> Iterator[Client]:
         with gpu_local_cluster() as client:
             yield client
         return
-    with local_cluster(n_workers=cfg.dask.n_workers) as client:
+    with local_cluster(n_workers=cfg.dask.n_workers, preload=[WORKER_PRELOAD]) as client:
         yield client
 
 
@@ -92,6 +94,7 @@ def _sweep(
     cfg: PipelineConfig, prepared: PreparedDataset, client: Client, tracker: RunTracker, parent_run_id: str
 ) -> list[dict[str, Any]]:
     logger = get_run_logger()
+    TrainFunction(cfg.training.train_fn)  # a missing training module fails here, before any trial starts
     space = parse_space(cfg.sweep.search_space)
     configs = generate_trials(
         space, sampler=cfg.sweep.sampler, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed
@@ -153,7 +156,9 @@ def _sweep(
         artifacts_destination=cfg.mlflow.artifacts_destination,
     )
     results: list[dict[str, Any]] = []
-    with registered_runtime(runtime) as runtime_id:
+    with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
+        # Before the parent run closes, even on errors: every trial's queued MLflow writes are done.
+        cleanup.callback(runtime.join_writers)
         pending = list(specs)
         in_flight = []
         submitted: dict[Any, float] = {}
@@ -184,7 +189,6 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
     """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
     cfg = resolve_settings(config)
     logger = get_run_logger()
-    warm_imports()
     timings: dict[str, float] = {}
     mark = time.perf_counter()
 
@@ -224,16 +228,17 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
         },
     )
     status = "FAILED"
+    resources = contextlib.ExitStack()  # the Dask client: open for the sweep, evaluation and registration
     try:
         if cfg.mlflow.artifacts_destination:
             direct = direct_storage_uri(tracker.artifact_uri(parent), cfg.mlflow.artifacts_destination)
             if direct:
                 check_direct_writes(tracker, parent, direct)
         lap("mlflow_setup_s")
-        with dask_client(cfg) as client:
-            lap("dask_start_s")
-            results = _sweep(cfg, prepared, client, tracker, parent)
-            lap("sweep_s")
+        client = resources.enter_context(dask_client(cfg))
+        lap("dask_start_s")
+        results = _sweep(cfg, prepared, client, tracker, parent)
+        lap("sweep_s")
         board = leaderboard(results, cfg.selection.metric, cfg.selection.mode)
         os.makedirs(os.path.join(cfg.state_dir, "tmp"), exist_ok=True)
         board_path = os.path.join(cfg.state_dir, "tmp", f"leaderboard-{parent}.csv")
@@ -261,12 +266,13 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             },
         )
         tracker.log_metrics(parent, {f"best_{cfg.selection.metric}": best["best"]}, step=0)
-        evaluation = evaluate_best(best["best_checkpoint"], prepared.path, tracker, parent)
+        evaluation = evaluate_best(best["best_checkpoint"], prepared.path, tracker, parent, client)
         test_value = evaluation["metrics"][cfg.selection.champion_metric]
         lap("evaluate_s")
         registration = register_best(
             best["best_checkpoint"],
             prepared.path,
+            client=client,
             tracking_uri=cfg.mlflow.tracking_uri,
             parent_run_id=parent,
             registered_model_name=cfg.mlflow.registered_model_name,
@@ -305,4 +311,5 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             "trials": results,
         }
     finally:
+        resources.close()
         tracker.end_run(parent, status)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flows import services
-from flows.local_server import ROOT, mlflow_server_spec, prefect_server_spec, venv_executable
+from flows.local_server import ROOT, WORKER_PRELOAD, mlflow_server_spec, prefect_server_spec, venv_executable
 from flows.services import ServiceSpec
 
 WORK_POOL = "sweepflow-process"
@@ -190,6 +190,8 @@ def dask_worker_spec(
             "GPU=1",
             "--preload",
             "ddp_runtime._preload",
+            "--preload",
+            WORKER_PRELOAD,
             "--host",
             HOST,
             "--dashboard-address",

@@ -67,13 +67,20 @@ class RunTracker:
         params: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
     ) -> str:
+        run_id, _ = self.create_run(run_name, parent_run_id=parent_run_id, tags=tags)
+        if params:
+            self.log_params(run_id, params)
+        return run_id
+
+    def create_run(
+        self, run_name: str, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None
+    ) -> tuple[str, str]:
+        """One round trip: a RUNNING run with its tags; returns (run id, artifact URI)."""
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
-        if params:
-            self.log_params(run.info.run_id, params)
-        return run.info.run_id
+        return run.info.run_id, run.info.artifact_uri
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         flat = flatten("", params)
@@ -136,24 +143,52 @@ def check_direct_writes(tracker: RunTracker, run_id: str, direct_uri: str) -> No
         )
 
 
-class MetricWriter:
-    """Writes one run's metrics from a background thread, so a training report is not held up by the
-    tracking store's latency (a SQLite commit or an HTTP round trip). Reports queued while a write is in
-    flight go out together as one batch. Still one writer per run; ``close()`` flushes everything."""
+class RunWriter:
+    """All writes of one run, from one background thread, in order: params, metrics, tags, artifacts, end.
+
+    A trial's training reports and its start/finish are then not held up by the tracking server's latency
+    (an HTTP round trip, a SQLite commit); metric reports queued while a write is in flight go out together
+    as one ``log_batch``. Still one writer per run. ``finish(status)`` queues the run's end and returns; the
+    sweep joins every writer (``join()``) before it closes the parent run, and ``join`` raises what a
+    background write raised, so nothing is dropped silently.
+    """
 
     _STOP = object()
 
     def __init__(self, tracker: RunTracker, run_id: str) -> None:
         self._tracker = tracker
-        self._run_id = run_id
+        self.run_id = run_id
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name=f"mlflow-metrics-{run_id[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"mlflow-run-{run_id[:8]}", daemon=True)
         self._thread.start()
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self._queue.put((dict(metrics), step, int(time.time() * 1000)))
+    # ---- queued operations (return at once)
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._queue.put(("params", dict(params)))
 
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._queue.put(("metrics", (dict(metrics), step, int(time.time() * 1000))))
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._queue.put(("tags", dict(tags)))
+
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        """Upload ``local_dir`` (which must stay until ``join``) as ``artifact_path``."""
+        self._queue.put(("artifacts", (local_dir, artifact_path)))
+
+    def finish(self, status: str) -> None:
+        """Queue the run's end (FINISHED, KILLED or FAILED); nothing can be queued after it."""
+        self._queue.put(("end", status))
+        self._queue.put(self._STOP)
+
+    def join(self) -> None:
+        """Wait until everything queued is written; raise what a background write raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"writing MLflow run {self.run_id} failed: {self._error}") from self._error
+
+    # ---- the writer thread
     def _loop(self) -> None:
         while True:
             items = [self._queue.get()]
@@ -162,21 +197,28 @@ class MetricWriter:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(item is self._STOP for item in items)
-            batch = [metric for item in items if item is not self._STOP for metric in metric_batch(*item)]
             try:
-                for i in range(0, len(batch), 1000):  # MLflow caps a batch at 1000 metrics
-                    self._tracker.client.log_batch(self._run_id, metrics=batch[i : i + 1000])
-            except BaseException as exc:  # noqa: BLE001 - re-raised by close() in the caller's thread
-                self._error = exc
-            if stop:
+                self._write(items)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the sweep's thread
+                self._error = self._error or exc
+            if any(item is self._STOP for item in items):
                 return
 
-    def close(self) -> None:
-        """Flush queued metrics; raise what a background write raised."""
-        self._queue.put(self._STOP)
-        self._thread.join()
-        if self._error is not None:
-            raise RuntimeError(
-                f"writing metrics to MLflow run {self._run_id} failed: {self._error}"
-            ) from self._error
+    def _write(self, items: list[Any]) -> None:
+        tracker, metrics = self._tracker, []
+        for item in [*items, None]:  # None: flush the metrics gathered so far
+            kind, value = item if isinstance(item, tuple) else (None, None)
+            if kind == "metrics":
+                metrics.extend(metric_batch(*value))
+                continue
+            for i in range(0, len(metrics), 1000):  # MLflow caps a batch at 1000 metrics
+                tracker.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+            metrics = []
+            if kind == "params":
+                tracker.log_params(self.run_id, value)
+            elif kind == "tags":
+                tracker.set_tags(self.run_id, value)
+            elif kind == "artifacts":
+                tracker.log_artifact(self.run_id, *value)
+            elif kind == "end":
+                tracker.end_run(self.run_id, value)

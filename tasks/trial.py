@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import inspect
 import os
 import threading
 import time
@@ -28,7 +30,7 @@ from prefect.cache_policies import NO_CACHE
 import ddp_runtime as train
 from ddp_runtime.torch import TorchTrainer
 from tasks.schedulers import STOP, TrialScheduler
-from tasks.tracking import MetricWriter, RunTracker, direct_storage_uri
+from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
 
 COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
 _MLFLOW_STATUS = {COMPLETED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}
@@ -106,6 +108,18 @@ class SweepRuntime:
     deadline: float | None = None  # time.monotonic() after which running trials are stopped
     storage_options: dict[str, Any] | None = None
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
+    writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
+
+    def join_writers(self) -> None:
+        """Wait for every child run's queued MLflow writes; raise if any of them failed."""
+        errors = []
+        for writer in self.writers:
+            try:
+                writer.join()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise RuntimeError("some trial results did not reach MLflow:\n" + "\n".join(errors))
 
 
 _RUNTIMES: dict[str, SweepRuntime] = {}
@@ -136,6 +150,32 @@ def import_train_fn(path: str) -> Callable[..., Any]:
     return fn
 
 
+@dataclass(frozen=True)
+class TrainFunction:
+    """A training function named by import path and imported where it runs, on the Dask workers: the flow
+    process never imports the training code (nor torch). The module is located at once, so a typo fails the
+    trial before any group starts."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        module_name = self.path.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            raise ImportError(
+                f"training.train_fn={self.path!r}: no module {module_name!r}; it must be importable in the flow "
+                "process and on every Dask worker (install your package there, or put it on PYTHONPATH)"
+            )
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        fn = import_train_fn(self.path)
+        # As in Ray, a zero-argument training function simply does not see train_loop_config.
+        return fn(config) if inspect.signature(fn).parameters else fn()
+
+
 def _best(history: list[dict[str, Any]], metric: str, mode: str) -> float | None:
     values = [float(m[metric]) for m in history if isinstance(m.get(metric), int | float)]
     if not values:
@@ -149,26 +189,32 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     task_start = time.perf_counter()
     rt = _RUNTIMES[runtime_id]
     logger = get_run_logger()
-    run_id = rt.tracker.start_run(
+    # One round trip to MLflow before training starts (the run and its artifact location); every other write
+    # of the child run (params, metrics, tags, end) goes through its background writer, in order.
+    run_id, artifact_uri = rt.tracker.create_run(
         spec.name,
         parent_run_id=rt.parent_run_id,
-        params={**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank},
         tags={"sweepflow.trial_id": spec.trial_id, "sweepflow.train_fn": spec.train_fn},
     )
-    storage = direct_storage_uri(rt.tracker.artifact_uri(run_id), rt.artifacts_destination)
+    writer = RunWriter(rt.tracker, run_id)
+    rt.writers.append(writer)
+    writer.log_params(
+        {**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank}
+    )
+    storage = direct_storage_uri(artifact_uri, rt.artifacts_destination)
     proxied = storage is None
     if proxied:
         storage = os.path.join(rt.staging_dir, run_id)
     rt.scheduler.on_trial_add(spec.trial_id)
     rt.progress.update(spec.trial_id)
+    mlflow_start_s = time.perf_counter() - task_start
 
     budget_reached = False
-    metrics_writer = MetricWriter(rt.tracker, run_id)
 
     def on_report(metrics: dict[str, Any]) -> bool:
         nonlocal budget_reached
         step = int(metrics.get("epoch", metrics["training_iteration"]))
-        metrics_writer.log(metrics, step=step)
+        writer.log(metrics, step=step)
         decision = rt.scheduler.on_trial_result(spec.trial_id, metrics)
         if decision == STOP and metrics["training_iteration"] >= spec.max_reports:
             budget_reached = True  # the scheduler's max_t: the trial is done, not pruned (Ray: TERMINATED)
@@ -185,7 +231,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         return False
 
     trainer = TorchTrainer(
-        import_train_fn(spec.train_fn),
+        TrainFunction(spec.train_fn),
         train_loop_config=spec.train_loop_config,
         scaling_config=train.ScalingConfig(
             num_workers=spec.num_ranks,
@@ -207,30 +253,30 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         on_report=on_report,
     )
     error = None
+    fit_start = time.perf_counter()
     try:
         result = trainer.fit()
     except train.TrainingFailedError as exc:
         result, error = exc.result, exc.result.error
     except BaseException:
         # Not a training failure (e.g. the cluster can never fit the trial): close the child run, then fail.
-        metrics_writer.close()
         rt.scheduler.on_trial_error(spec.trial_id)
-        rt.tracker.end_run(run_id, "FAILED")
+        writer.finish("FAILED")
         raise
-    metrics_writer.close()
+    fit_s = time.perf_counter() - fit_start
     status = (
         FAILED if error is not None else STOPPED if result.stopped_early and not budget_reached else COMPLETED
     )
     if status == FAILED:
         rt.scheduler.on_trial_error(spec.trial_id)
-        rt.tracker.set_tags(run_id, {"sweepflow.error": str(error)[:5000]})
+        writer.set_tags({"sweepflow.error": str(error)[:5000]})
         logger.error("%s failed: %s", spec.name, error)
     else:
         rt.scheduler.on_trial_complete(spec.trial_id, result.metrics)
     if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
-        rt.tracker.log_artifact(run_id, os.path.join(storage, "checkpoints"), "checkpoints")
-    rt.tracker.set_tags(run_id, {"sweepflow.status": status, "sweepflow.epochs": len(result.metrics_history)})
-    rt.tracker.end_run(run_id, _MLFLOW_STATUS[status])
+        writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
+    writer.set_tags({"sweepflow.status": status, "sweepflow.epochs": len(result.metrics_history)})
+    writer.finish(_MLFLOW_STATUS[status])
     best_checkpoint = result.best_checkpoints[0][0].path if result.best_checkpoints else None
     summary = {
         "trial_id": spec.trial_id,
@@ -249,4 +295,9 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     # Everything this task spent outside the user's training function: MLflow child run, reservation,
     # launch, rendezvous, report relay, teardown. The sweep benchmark reports it per trial.
     summary["overhead_s"] = time.perf_counter() - task_start - result.train_time_s
+    summary["phases_s"] = {
+        "mlflow_start": round(mlflow_start_s, 4),
+        "group_overhead": round(fit_s - result.train_time_s, 4),  # reserve, launch, rendezvous, teardown
+        "mlflow_end": round(time.perf_counter() - fit_start - fit_s, 4),  # queued: written in the background
+    }
     return summary

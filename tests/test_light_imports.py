@@ -1,0 +1,29 @@
+"""The processes that drive sweeps never import torch: it costs ~5 s and ~400 MB per process, and only the
+ranks (Dask workers) and the evaluation/registration tasks (also on workers) need it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _imports_torch(code: str) -> bool:
+    probe = f"{code}\nimport sys\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().endswith("True")
+
+
+def test_ddp_runtime_driver_side_does_not_import_torch():
+    assert not _imports_torch(
+        "import ddp_runtime\nfrom ddp_runtime.torch import TorchTrainer, prepare_model\nimport ddp_runtime.cluster"
+    )
+
+
+def test_the_flow_process_does_not_import_torch():
+    assert not _imports_torch(
+        "import flows.cli, flows.pipeline, flows.stack\nfrom tasks.trial import TrainFunction"
+    )

@@ -1,0 +1,50 @@
+"""The per-run background writer against a real MLflow server: order, batching, end status, errors surfaced."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
+
+
+def test_run_writer_writes_everything_in_order_and_ends_the_run(mlflow_server):
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    run_id, artifact_uri = tracker.create_run("trial", tags={"sweepflow.trial_id": "t0"})
+    assert tracker.client.get_run(run_id).info.artifact_uri == artifact_uri
+    writer = RunWriter(tracker, run_id)
+    writer.log_params({"lr": 0.01, "model": {"l1": 64}})
+    for epoch in range(1, 6):
+        writer.log({"val_loss": 1.0 / epoch, "epoch": epoch}, step=epoch)
+    writer.set_tags({"sweepflow.status": "COMPLETED"})
+    writer.finish("KILLED")
+    writer.join()
+
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.info.end_time is not None
+    assert run.data.params == {"lr": "0.01", "model.l1": "64"}
+    assert run.data.tags["sweepflow.status"] == "COMPLETED"
+    history = tracker.client.get_metric_history(run_id, "val_loss")
+    assert [(m.step, round(m.value, 4)) for m in history] == [(e, round(1.0 / e, 4)) for e in range(1, 6)]
+
+
+def test_run_writer_raises_a_failed_background_write_on_join(mlflow_server):
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    writer = RunWriter(tracker, uuid.uuid4().hex)  # no such run: every write fails on the server
+    writer.log({"val_loss": 1.0}, step=1)
+    writer.finish("FINISHED")
+    with pytest.raises(RuntimeError, match="writing MLflow run"):
+        writer.join()
+
+
+def test_proxied_artifact_uris_map_onto_the_servers_destination():
+    uri = "mlflow-artifacts:/3/0123abcd/artifacts"
+    assert direct_storage_uri(uri) is None  # unknown destination: only the server can write there
+    assert direct_storage_uri(uri, "s3://bucket/mlflow/") == "s3://bucket/mlflow/3/0123abcd/artifacts"
+    assert (
+        direct_storage_uri("mlflow-artifacts://host:5000/3/r/artifacts", "s3://b/m")
+        == "s3://b/m/3/r/artifacts"
+    )
+    assert direct_storage_uri("file:///tmp/a%20b/artifacts") == "/tmp/a b/artifacts"
+    assert direct_storage_uri("s3://bucket/x/artifacts", "s3://other") == "s3://bucket/x/artifacts"
