@@ -32,27 +32,37 @@ def _state_dir(config) -> str:
     return resolve_settings(config).state_dir
 
 
-def _use_local_services(config, state_dir: str):
+def _use_local_services(config, state_dir: str, *, launcher: bool):
     """Point this run at the state dir's background services (started in parallel if not running): a
-    Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, and
-    a Dask cluster unless a scheduler address is configured."""
+    Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, a
+    Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from flows.local_server import ensure_dask, ensure_mlflow, ensure_server, server_env
+    from flows import launcher as warm_launcher
+    from flows import services
+    from flows.local_server import PREFECT, ensure_dask, ensure_mlflow, prefect_server_spec, server_env
 
     starts = {}
     if not os.environ.get("PREFECT_API_URL"):
         os.environ.update(server_env(state_dir))
-        starts["prefect"] = lambda: ensure_server(state_dir)
+        url = services.running(state_dir, PREFECT)
+        if not url:  # its address is known before it is up, so the launcher can start alongside it
+            spec = prefect_server_spec(state_dir)
+            url = spec.address
+            starts["prefect"] = lambda: services.ensure(state_dir, spec)
+        os.environ["PREFECT_API_URL"] = url
     if not config.mlflow.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
         starts["mlflow"] = lambda: ensure_mlflow(state_dir)
     wants_local_cluster = not config.dask.scheduler_address and not os.environ.get("DASK_SCHEDULER_ADDRESS")
     if wants_local_cluster and not config.resources.use_gpu:
         starts["dask"] = lambda: ensure_dask(state_dir, n_workers=config.dask.n_workers)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        addresses = {name: future.result() for name, future in [(n, pool.submit(f)) for n, f in starts.items()]}
-    if "prefect" in addresses:
-        os.environ["PREFECT_API_URL"] = addresses["prefect"]
+    if launcher:
+        env = dict(os.environ)
+        starts["launcher"] = lambda: warm_launcher.ensure(state_dir, env)
+    with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
+        addresses = {
+            name: future.result() for name, future in [(n, pool.submit(f)) for n, f in starts.items()]
+        }
     update = {}
     if "mlflow" in addresses:
         update["mlflow"] = config.mlflow.model_copy(update={"tracking_uri": addresses["mlflow"]})
@@ -62,7 +72,8 @@ def _use_local_services(config, state_dir: str):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
+    # Wall-clock, so that a run handed to the warm launcher reports from when *this command* started.
+    t0 = float(os.environ.pop("SWEEPFLOW_STARTED_AT", "") or time.time())
     try:
         config = _load_config(args.config, args.set)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
@@ -70,13 +81,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     state_dir = _state_dir(config)
     if not args.no_server:
-        config = _use_local_services(config, state_dir)
-    t_server = time.perf_counter()
+        config = _use_local_services(config, state_dir, launcher=not args.in_process)
+        if not args.in_process:
+            from flows import launcher
+
+            return launcher.run(state_dir, args.argv, started_at=t0)  # the same command, in a warm child
+    t_server = time.time()
     from flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
 
-    t_import = time.perf_counter()
+    t_import = time.time()
     summary = training_pipeline(config=config)
-    t_end = time.perf_counter()
+    t_end = time.time()
 
     import pandas as pd
 
@@ -96,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"Failed trials: {summary['failed_trials'] or 'none'}")
     stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in summary["timings"].items())
     print(
-        f"\nTimings: prefect server {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, "
+        f"\nTimings: services {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, "
         f"flow {t_end - t_import:.1f}s ({stages})"
     )
     uri = summary["tracking_uri"]
@@ -160,7 +175,10 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if args.action == "env":
         env = stack.read_env(state_dir)
         if not env:
-            print(f"sweepflow stack: no stack under {state_dir}; run `sweepflow stack up` first", file=sys.stderr)
+            print(
+                f"sweepflow stack: no stack under {state_dir}; run `sweepflow stack up` first",
+                file=sys.stderr,
+            )
             return 1
         with open(os.path.join(state_dir, "stack.env")) as f:
             print(f.read(), end="")
@@ -190,18 +208,28 @@ def main(argv: list[str] | None = None) -> int:
         help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run)",
     )
     run.add_argument("--summary-json", help="write the run summary to this file")
+    run.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the flow in this process instead of a child of the warm launcher (see flows/launcher.py)",
+    )
     run.set_defaults(func=cmd_run)
-    server = sub.add_parser("server", help="the reusable local Prefect server, MLflow server and Dask cluster")
+    server = sub.add_parser(
+        "server", help="the reusable local Prefect server, MLflow server and Dask cluster"
+    )
     server.add_argument("action", choices=["start", "stop", "status"])
     server.add_argument("--state-dir", default=None)
     server.set_defaults(func=cmd_server)
     stack = sub.add_parser("stack", help="the full local stack: Prefect server+worker, Dask, MLflow, S3")
     stack.add_argument("action", choices=["up", "down", "status", "env", "logs"])
     stack.add_argument("service", nargs="?", default=None, help="for logs: one service (default: all)")
-    stack.add_argument("--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)")
+    stack.add_argument(
+        "--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)"
+    )
     stack.add_argument("--workers", type=int, default=2, help="Dask workers on a host without GPUs")
     stack.set_defaults(func=cmd_stack)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 

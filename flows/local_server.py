@@ -17,8 +17,8 @@ import threading
 
 from flows import services
 
-PREFECT, MLFLOW, DASK = "prefect", "mlflow", "dask"
-LOCAL_SERVICES = (PREFECT, MLFLOW, DASK)
+PREFECT, MLFLOW, DASK, LAUNCHER = "prefect", "mlflow", "dask", "launcher"
+LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER)  # the launcher: see flows.launcher
 WORKER_PRELOAD = "tasks.worker_preload"  # warms evaluation/registration imports on pipeline workers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -64,6 +64,16 @@ def dask_worker_registered(identity_url: str, worker_name: str) -> bool:
     return any(w.get("name") == worker_name for w in identity.get("workers", {}).values())
 
 
+def unix_socket_accepts(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def file_contents(path: str) -> str | None:
     try:
         with open(path) as f:
@@ -80,6 +90,8 @@ def probe(health: Mapping[str, Any]) -> bool:
         return tcp_open(health["address"])
     if kind == "dask_worker":
         return dask_worker_registered(health["identity_url"], health["name"])
+    if kind == "unix":
+        return unix_socket_accepts(health["path"])
     raise ValueError(f"unknown probe kind {kind!r} in a service record; delete the record and start again")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         assert "Leaderboard (best first):" in first.stdout
         records = {}
-        for name in ("prefect", "mlflow", "dask"):
+        for name in ("prefect", "mlflow", "dask", "launcher"):
             with open(os.path.join(state, "services", f"{name}.json")) as f:
                 records[name] = json.load(f)
         assert f"open {records['mlflow']['address']}" in first.stdout  # the MLflow UI is already serving
@@ -49,13 +50,57 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
         with open(os.path.join(state, "summary.json")) as f:
             summary = json.load(f)
         assert summary["registration"]["version"] == 2
-        status = subprocess.run([SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True)
+        status = subprocess.run(
+            [SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True
+        )
         assert status.returncode == 0, status.stdout
         assert all(record["address"] in status.stdout for record in records.values())
     finally:
         subprocess.run([SWEEPFLOW, "server", "stop", "--state-dir", state], capture_output=True, text=True)
-    status = subprocess.run([SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True)
+    status = subprocess.run(
+        [SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True
+    )
     assert status.returncode == 1
+
+
+def test_ctrl_c_reaches_the_run_in_the_warm_launcher_which_keeps_serving(tmp_path):
+    """`sweepflow run` hands the flow to a child of the warm launcher; Ctrl-C on the command must still stop
+    the run (flow run marked Crashed, exit 130), and the launcher must serve the next run."""
+    state = str(tmp_path / "state")
+    cmd = [SWEEPFLOW, "run"]
+    for item in [*SMALL, "sweep.num_samples=6", "training.epochs=3", f"state_dir={state}"]:
+        cmd += ["--set", item]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))}
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, restore_signals=True
+        )
+        lines = []
+        for line in proc.stdout:  # wait until trials are running inside the launcher's child
+            lines.append(line)
+            if "running," in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=120)
+        output = "".join(lines) + rest
+        assert proc.returncode == 130, output[-3000:]
+        assert "Crashed" in output, output[-3000:]
+        with open(os.path.join(state, "services", "launcher.json")) as f:
+            launcher = json.load(f)
+        again = _run(state)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        with open(os.path.join(state, "services", "launcher.json")) as f:
+            assert json.load(f) == launcher, "the launcher was restarted instead of reused"
+    finally:
+        subprocess.run([SWEEPFLOW, "server", "stop", "--state-dir", state], capture_output=True, text=True)
+
+
+def test_launcher_fingerprint_follows_prefect_settings_and_code():
+    from flows.launcher import fingerprint
+
+    base = {"PREFECT_API_URL": "http://127.0.0.1:1/api", "HOME": "/x"}
+    assert fingerprint(base) == fingerprint({**base, "HOME": "/y"})  # other variables don't matter
+    assert fingerprint(base) != fingerprint({**base, "PREFECT_API_URL": "http://127.0.0.1:2/api"})
 
 
 def test_cli_rejects_an_invalid_config_before_any_work(tmp_path):

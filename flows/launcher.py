@@ -1,0 +1,261 @@
+"""A warm launcher for ``sweepflow run``: the flow process starts with Prefect, MLflow and Dask already imported.
+
+Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
+search. Like the local Prefect server and Dask cluster (``flows.local_server``), one launcher per state dir
+stays in the background with those modules imported (no torch: the flow process never needs it). Each
+``sweepflow run`` hands it its arguments, environment, working directory and terminal (stdin/stdout/stderr,
+passed as file descriptors over a Unix socket); the launcher forks a child that runs the command exactly as
+the CLI would, in a fresh process of its own, and reports the child's exit code back. The client forwards
+Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own process and its
+own recorded Prefect flow run.
+
+The launcher is keyed by what it cannot change after start: the Prefect settings (read when prefect is
+imported) and the code itself. If either differs from the client's — another PREFECT_API_URL, or an edited
+source file in flows/, tasks/ or ddp_runtime/ — the client restarts it first. ``sweepflow run --no-server``
+bypasses it (and every other background service).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from flows import services
+
+NAME = "launcher"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("flows", "tasks", "ddp_runtime")
+_MAX_REQUEST = 4 << 20
+
+
+def socket_path(state_dir: str) -> str:
+    return os.path.join(state_dir, "services", f"{NAME}.sock")
+
+
+def fingerprint(env: dict[str, str]) -> str:
+    """What a running launcher must match: the interpreter, our source files, the Prefect settings."""
+    h = hashlib.sha256(sys.executable.encode())
+    for package in PACKAGES:
+        for directory, _, files in sorted(os.walk(os.path.join(ROOT, package))):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                st = os.stat(os.path.join(directory, name))
+                h.update(f"{directory}/{name}:{st.st_mtime_ns}:{st.st_size}".encode())
+    for key in sorted(k for k in env if k.startswith("PREFECT_")):
+        h.update(f"{key}={env[key]}".encode())
+    return h.hexdigest()[:16]
+
+
+def launcher_spec(state_dir: str, env: dict[str, str]) -> services.ServiceSpec:
+    path = socket_path(state_dir)
+    ready = os.path.join(state_dir, "services", f"{NAME}.ready")
+    key = fingerprint(env)
+    return services.ServiceSpec(
+        name=NAME,
+        argv=[sys.executable, "-m", "flows.launcher", "--socket", path, "--ready-file", ready, "--key", key],
+        health={},
+        ready_file=ready,
+        health_from_address=lambda address: {"kind": "unix", "path": address, "key": key},
+        env={k: v for k, v in env.items() if k.startswith("PREFECT_")},
+        cwd=ROOT,
+    )
+
+
+def ensure(state_dir: str, env: dict[str, str]) -> str:
+    """A launcher matching ``env`` and the current code; an outdated one is replaced."""
+    record = services.read_record(state_dir, NAME)
+    if record and record["health"].get("key") != fingerprint(env):
+        services.stop(state_dir, NAME)
+    return services.ensure(state_dir, launcher_spec(state_dir, env))
+
+
+# --------------------------------------------------------------------------------------------------- client
+
+
+def run(state_dir: str, argv: list[str], *, started_at: float) -> int:
+    """Run ``sweepflow <argv>`` in a child of the launcher, on this terminal; return its exit code.
+    ``started_at`` (``time.time()`` when the command started) lets the child report the command's timings."""
+    env = {**os.environ, "SWEEPFLOW_STARTED_AT": str(started_at)}
+    request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(socket_path(state_dir))
+        socket.send_fds(conn, [request], [0, 1, 2])
+        replies = conn.makefile("r")
+        child = int(json.loads(replies.readline())["pid"])
+
+        def forward(signum: int, _frame: Any) -> None:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass  # it has just exited: its exit code is on its way
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            line = replies.readline()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if not line:
+        raise RuntimeError(
+            f"the sweepflow launcher closed the connection without the run's exit code; see "
+            f"{services.log_path(state_dir, NAME)}, or run with --no-server"
+        )
+    return int(json.loads(line)["exit"])
+
+
+# --------------------------------------------------------------------------------------------------- server
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: take over the client's terminal, environment and directory, run the CLI, exit."""
+    code = 1
+    try:
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)
+        for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        import dask
+
+        dask.config.refresh()  # Dask reads DASK_* variables into its config at import
+        from flows.cli import main
+
+        sys.argv = ["sweepflow", *request["argv"]]
+        code = main([*request["argv"], "--in-process"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - printed on the client's terminal, then the child exits non-zero
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()  # what a normal interpreter exit would run (log/event flushes)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)
+
+
+def serve(path: str, ready_file: str) -> None:
+    """Foreground body of the launcher service: import the stack once, then fork one child per request."""
+    import flows.cli  # noqa: F401
+    import flows.pipeline  # noqa: F401  (prefect, mlflow, distributed, pandas and our tasks)
+
+    if os.path.exists(path):
+        os.remove(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)  # only this user may hand the launcher commands
+    listener.listen(16)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # SIGCHLD/SIGTERM wake the selector below
+    stopping = []
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    with open(ready_file + ".tmp", "w") as f:
+        f.write(path)
+    os.replace(ready_file + ".tmp", ready_file)
+    print(f"launcher ready on {path}", flush=True)
+    try:
+        while not stopping:
+            for key, _ in selector.select(timeout=5):
+                if key.fileobj is wake_r:
+                    os.read(wake_r, 512)
+                    continue
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _receive(conn)
+                except EOFError:  # a health probe: connected and closed
+                    conn.close()
+                    continue
+                except (OSError, ValueError) as exc:
+                    print(f"rejected a request: {exc}", flush=True)
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    conn.close()
+                    _child(request, fds)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                _reply(conn, {"pid": pid})
+                print(f"run {pid}: sweepflow {' '.join(request['argv'])}", flush=True)
+            _reap(children)
+    finally:
+        listener.close()
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+    if not data and not fds:
+        raise EOFError
+    while not data.endswith(b"\n") and len(data) < _MAX_REQUEST:
+        more = conn.recv(_MAX_REQUEST)
+        if not more:
+            break
+        data += more
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"expected stdin/stdout/stderr descriptors, got {len(fds)}")
+    return json.loads(data), list(fds)
+
+
+def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError as exc:  # the client went away (e.g. killed): the run itself is unaffected
+        print(f"could not reply {message} to a client: {exc}", flush=True)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            code = os.waitstatus_to_exitcode(status)
+            _reply(conn, {"exit": code if code >= 0 else 128 - code})
+            conn.close()
+            print(f"run {pid}: exit {code}", flush=True)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the warm launcher behind `sweepflow run` (foreground)")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--key", required=True, help="the fingerprint this launcher was started for")
+    args = parser.parse_args()
+    serve(args.socket, args.ready_file)
