@@ -205,20 +205,32 @@ class RunWriter:
                 return
 
     def _write(self, items: list[Any]) -> None:
-        tracker, metrics = self._tracker, []
-        for item in [*items, None]:  # None: flush the metrics gathered so far
+        """Params, metrics and tags queued together go out as one ``log_batch`` (each request costs the
+        tracking server a database transaction); artifacts and the run's end keep their place in the order."""
+        tracker = self._tracker
+        params: list[Param] = []
+        metrics: list[Metric] = []
+        tags: list[RunTag] = []
+
+        def flush() -> None:
+            while params or metrics or tags:  # MLflow caps a batch at 100 params, 100 tags, 1000 metrics
+                tracker.client.log_batch(
+                    self.run_id, metrics=metrics[:1000], params=params[:100], tags=tags[:100]
+                )
+                del metrics[:1000], params[:100], tags[:100]
+
+        for item in items:
             kind, value = item if isinstance(item, tuple) else (None, None)
-            if kind == "metrics":
-                metrics.extend(metric_batch(*value))
-                continue
-            for i in range(0, len(metrics), 1000):  # MLflow caps a batch at 1000 metrics
-                tracker.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
-            metrics = []
             if kind == "params":
-                tracker.log_params(self.run_id, value)
+                params.extend(Param(k, _param_value(v)) for k, v in flatten("", value).items())
+            elif kind == "metrics":
+                metrics.extend(metric_batch(*value))
             elif kind == "tags":
-                tracker.set_tags(self.run_id, value)
+                tags.extend(RunTag(k, _param_value(v)) for k, v in value.items())
             elif kind == "artifacts":
+                flush()
                 tracker.log_artifact(self.run_id, *value)
             elif kind == "end":
+                flush()
                 tracker.end_run(self.run_id, value)
+        flush()
