@@ -55,7 +55,10 @@ class SweepSettings(_Section):
     """The search: space (as data), sampler, budget."""
 
     search_space: dict[str, Any] = Field(default_factory=lambda: dict(SEED_SEARCH_SPACE))
-    sampler: Literal["random", "grid"] = "random"
+    sampler: Literal["random", "grid", "tpe"] = Field(
+        "random",
+        description="random (seeded), grid (exhaustive), tpe (adaptive: Optuna TPE, asks as results arrive)",
+    )
     num_samples: int = Field(8, ge=1)
     max_concurrent_trials: int | None = Field(
         None, ge=1, description="Default: as many trials as the cluster fits at once given the resources"
@@ -70,6 +73,16 @@ class SweepSettings(_Section):
     def _valid_space(cls, value: dict[str, Any]) -> dict[str, Any]:
         parse_space(value)  # raises ValueError naming the parameter and the fix
         return value
+
+    @model_validator(mode="after")
+    def _tpe_without_grids(self) -> SweepSettings:
+        grids = parse_space(self.search_space).grid_names
+        if self.sampler == "tpe" and grids:
+            raise ValueError(
+                f"sampler='tpe' cannot search grid parameters {grids} (a grid is exhaustive): make them "
+                '{"type": "choice", "values": [...]}, or use sampler="random"'
+            )
+        return self
 
 
 class SchedulerSettings(_Section):
@@ -213,7 +226,9 @@ def resolve_settings(config: PipelineConfig, env: dict[str, str] | None = None) 
         or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
     )
     storage = (config.storage or env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None
-    cache_dir = config.data.cache_dir or (f"{storage}/datasets" if storage else os.path.join(state_dir, "data"))
+    cache_dir = config.data.cache_dir or (
+        f"{storage}/datasets" if storage else os.path.join(state_dir, "data")
+    )
     artifacts_destination = config.mlflow.artifacts_destination or (f"{storage}/mlflow" if storage else None)
     scheduler_address = config.dask.scheduler_address or env.get("DASK_SCHEDULER_ADDRESS")
     return config.model_copy(

@@ -28,7 +28,7 @@ from tasks.data import download_dataset
 from tasks.datasets import DataConfig, PreparedDataset
 from tasks.finalize import evaluate_best, register_best
 from tasks.schedulers import make_scheduler
-from tasks.search_space import describe_trial, generate_trials, parse_space
+from tasks.search_space import TPESampler, describe_trial, generate_trials, parse_space
 from tasks.tracking import RunTracker, check_direct_writes, direct_storage_uri, flatten
 from tasks.trial import (
     COMPLETED,
@@ -96,9 +96,18 @@ def _sweep(
     logger = get_run_logger()
     TrainFunction(cfg.training.train_fn)  # a missing training module fails here, before any trial starts
     space = parse_space(cfg.sweep.search_space)
-    configs = generate_trials(
-        space, sampler=cfg.sweep.sampler, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed
-    )
+    # Where trial configs come from: a list made up front (random, grid), or TPE proposing each next config
+    # from the results so far (told as trials finish).
+    tpe = None
+    if cfg.sweep.sampler == "tpe":
+        tpe = TPESampler(space, mode=cfg.selection.mode, seed=cfg.sweep.seed)
+        configs = None
+        total = cfg.sweep.num_samples
+    else:
+        configs = generate_trials(
+            space, sampler=cfg.sweep.sampler, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed
+        )
+        total = len(configs)
     scaling = train.ScalingConfig(
         num_workers=cfg.resources.ranks_per_trial,
         use_gpu=cfg.resources.use_gpu,
@@ -110,40 +119,43 @@ def _sweep(
             f"no trial fits on this Dask cluster: each needs {scaling.num_workers} workers with "
             f"{scaling.worker_resources or 'a free thread'}; lower resources.ranks_per_trial or add workers"
         )
-    concurrency = min(cfg.sweep.max_concurrent_trials or fits, len(configs))
+    concurrency = min(cfg.sweep.max_concurrent_trials or fits, total)
     logger.info(
-        "sweep: %d trials, %d at a time (cluster fits %d), %d rank(s) each",
-        len(configs),
+        "sweep: %d trials (%s sampler), %d at a time (cluster fits %d), %d rank(s) each",
+        total,
+        cfg.sweep.sampler,
         concurrency,
         fits,
         scaling.num_workers,
     )
-    specs = []
-    for i, params in enumerate(configs):
+
+    def next_trial(i: int) -> tuple[TrialSpec, int | None]:
+        """The i-th trial's spec, and its TPE trial number (None for list samplers)."""
+        number, params = tpe.ask() if tpe is not None else (None, configs[i])
         trial_id = f"trial_{i:04d}"
-        specs.append(
-            TrialSpec(
-                trial_id=trial_id,
-                name=f"{trial_id}-{describe_trial(params, space.varying_names)}",
-                params=params,
-                train_fn=cfg.training.train_fn,
-                train_loop_config={
-                    **cfg.training.base_config,
-                    "model": cfg.training.model,
-                    **params,
-                    "epochs": cfg.training.epochs,
-                    "data_path": prepared.path,
-                    "seed": cfg.sweep.seed + i,
-                },
-                num_ranks=scaling.num_workers,
-                resources_per_rank=scaling.worker_resources,
-                use_gpu=cfg.resources.use_gpu,
-                selection_metric=cfg.selection.metric,
-                selection_mode=cfg.selection.mode,
-                max_reports=cfg.scheduler.max_t if cfg.scheduler.type == "asha" else cfg.training.epochs,
-            )
+        spec = TrialSpec(
+            trial_id=trial_id,
+            name=f"{trial_id}-{describe_trial(params, space.varying_names)}",
+            params=params,
+            train_fn=cfg.training.train_fn,
+            train_loop_config={
+                **cfg.training.base_config,
+                "model": cfg.training.model,
+                **params,
+                "epochs": cfg.training.epochs,
+                "data_path": prepared.path,
+                "seed": cfg.sweep.seed + i,
+            },
+            num_ranks=scaling.num_workers,
+            resources_per_rank=scaling.worker_resources,
+            use_gpu=cfg.resources.use_gpu,
+            selection_metric=cfg.selection.metric,
+            selection_mode=cfg.selection.mode,
+            max_reports=cfg.scheduler.max_t if cfg.scheduler.type == "asha" else cfg.training.epochs,
         )
-    progress = SweepProgress(cfg.selection.metric, cfg.selection.mode, len(specs), log=logger.info)
+        return spec, number
+
+    progress = SweepProgress(cfg.selection.metric, cfg.selection.mode, total, log=logger.info)
     deadline = time.monotonic() + cfg.sweep.time_budget_s if cfg.sweep.time_budget_s else None
     runtime = SweepRuntime(
         client=client,
@@ -159,27 +171,31 @@ def _sweep(
     with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
         # Before the parent run closes, even on errors: every trial's queued MLflow writes are done.
         cleanup.callback(runtime.join_writers)
-        pending = list(specs)
+        started = 0
         in_flight = []
-        submitted: dict[Any, float] = {}
-        while pending or in_flight:
+        submitted: dict[Any, tuple[float, int | None]] = {}
+        while started < total or in_flight:
             out_of_time = deadline is not None and time.monotonic() > deadline
-            while pending and len(in_flight) < concurrency and not out_of_time:
-                spec = pending.pop(0)
+            while started < total and len(in_flight) < concurrency and not out_of_time:
+                spec, number = next_trial(started)
+                started += 1
                 future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
-                submitted[future] = time.perf_counter()
+                submitted[future] = (time.perf_counter(), number)
                 in_flight.append(future)
-            if out_of_time and pending:
-                logger.warning("time budget spent: %d trial(s) not started", len(pending))
-                pending.clear()
+            if out_of_time and started < total:
+                logger.warning("time budget spent: %d trial(s) not started", total - started)
+                total = started
             if not in_flight:
                 break
             done = next(as_completed(in_flight))
             in_flight.remove(done)
             result = done.result()
+            submitted_at, number = submitted.pop(done)
+            if tpe is not None:  # early-stopped trials count with the best value they reached, as in Ray
+                tpe.tell(number, result["best"] if result["status"] != FAILED else None)
             # Per-trial bookkeeping: Prefect task run + MLflow child run + group start/stop, i.e. the trial's
             # wall time minus the time spent inside the training function.
-            result["bookkeeping_s"] = time.perf_counter() - submitted.pop(done) - result["train_time_s"]
+            result["bookkeeping_s"] = time.perf_counter() - submitted_at - result["train_time_s"]
             results.append(result)
     return results
 

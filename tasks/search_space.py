@@ -536,7 +536,94 @@ class GridSampler:
         return configs
 
 
-SAMPLERS = ("random", "grid")
+class TPESampler:
+    """Adaptive search with Optuna's TPE (Tree-structured Parzen Estimator), like Ray Tune's ``OptunaSearch``:
+    each new trial's config is proposed from the results of the trials finished so far (``ask``/``tell``).
+
+    Domains map onto Optuna distributions: uniform/loguniform -> floats (log scale for loguniform),
+    randint/qrandint/pow2 -> integers (of the multiple or the exponent), choice -> a categorical over the
+    values' positions (so values may be lists), constants stay fixed; grid domains are rejected (a grid is
+    exhaustive by definition: use the grid or random sampler). With several trials running at once, Optuna's
+    "constant liar" keeps concurrent proposals from piling onto the same point. ``seed`` makes the sequence
+    reproducible for the same sequence of results.
+    """
+
+    def __init__(
+        self,
+        space: Mapping[str, Any] | SearchSpace,
+        *,
+        mode: str,
+        seed: int | None = None,
+        n_startup_trials: int = 4,
+    ) -> None:
+        try:
+            import optuna
+        except ImportError as exc:
+            raise ImportError("sampler='tpe' needs Optuna: pip install 'optuna>=4'") from exc
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.space = parse_space(space)
+        grids = self.space.grid_names
+        if grids:
+            raise ValueError(
+                f"sampler='tpe' cannot search grid parameters {grids}: a grid is tried exhaustively; use "
+                f'{{"type": "choice", "values": [...]}} for TPE, or sampler="grid"/"random"'
+            )
+        self._optuna = optuna
+        self._distributions: dict[str, Any] = {}
+        for name, dom in self.space.params:
+            if isinstance(dom, Uniform):
+                self._distributions[name] = optuna.distributions.FloatDistribution(dom.low, dom.high)
+            elif isinstance(dom, LogUniform):
+                self._distributions[name] = optuna.distributions.FloatDistribution(
+                    dom.low, dom.high, log=True
+                )
+            elif isinstance(dom, RandInt):
+                self._distributions[name] = optuna.distributions.IntDistribution(dom.low, dom.high - 1)
+            elif isinstance(dom, QRandInt):
+                self._distributions[name] = optuna.distributions.IntDistribution(*dom._k_range)
+            elif isinstance(dom, Pow2):
+                self._distributions[name] = optuna.distributions.IntDistribution(*dom._exp_range)
+            elif isinstance(dom, Choice):
+                self._distributions[name] = optuna.distributions.CategoricalDistribution(
+                    range(len(dom.values))
+                )
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._study = optuna.create_study(
+            direction="maximize" if mode == "max" else "minimize",
+            sampler=optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=n_startup_trials, constant_liar=True
+            ),
+        )
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        """(trial number for ``tell``, the config)."""
+        trial = self._study.ask(self._distributions)
+        config: dict[str, Any] = {}
+        for name, dom in self.space.params:
+            value = trial.params.get(name)
+            if isinstance(dom, Constant):
+                config[name] = _plain(dom.value)
+            elif isinstance(dom, QRandInt):
+                config[name] = int(value) * dom.q
+            elif isinstance(dom, Pow2):
+                config[name] = 2 ** int(value)
+            elif isinstance(dom, Choice):
+                config[name] = _plain(dom.values[int(value)])
+            else:
+                config[name] = _plain(value)
+        return trial.number, config
+
+    def tell(self, number: int, value: float | None) -> None:
+        """The trial's result (its best metric value), or None if it failed."""
+        state = self._optuna.trial.TrialState
+        if value is None or not math.isfinite(value):
+            self._study.tell(number, state=state.FAIL)
+        else:
+            self._study.tell(number, float(value))
+
+
+SAMPLERS = ("random", "grid", "tpe")
 
 
 def generate_trials(
@@ -556,6 +643,8 @@ def generate_trials(
         return RandomSampler(space, seed=seed).generate(num_samples)
     if sampler == "grid":
         return GridSampler(space).generate(num_samples)
+    if sampler == "tpe":
+        raise ValueError("sampler='tpe' is adaptive: use TPESampler.ask/tell as results arrive")
     raise ValueError(f"unknown sampler {sampler!r}; valid samplers: {', '.join(SAMPLERS)}")
 
 

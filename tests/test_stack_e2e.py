@@ -1,7 +1,7 @@
 """The real stack end to end, the way users run it: `sweepflow stack up` (S3 gateway, MLflow server proxying
 artifacts to S3, Prefect server + process worker, Dask scheduler + 2 GPU-slot workers), `prefect deploy --all`,
 `prefect deployment run training-pipeline/default --watch` twice (the second with a worse budget), then
-everything is checked through the MLflow client, Prefect's REST API and the S3 endpoint."""
+everything is checked through the MLflow client, Prefect's client and the S3 endpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
@@ -49,18 +48,6 @@ def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
     return proc
 
 
-def _api(api_url: str, path: str, body: dict | None = None) -> dict | list:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        f"{api_url}{path}",
-        data=data,
-        headers={"Content-Type": "application/json"},
-        method="POST" if data else "GET",
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
-
-
 @pytest.fixture
 def stack(tmp_path):
     state = str(tmp_path / "stack")
@@ -95,11 +82,16 @@ def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(stac
     api = env["PREFECT_API_URL"]
     _run([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
 
-    nightly = _api(api, "/deployments/name/training-pipeline/nightly-retrain")
-    assert [s["schedule"].get("cron") for s in nightly["schedules"]] == ["0 2 * * *"]
-    assert nightly["schedules"][0]["active"] is False  # a real schedule, inactive until resumed
-    default = _api(api, "/deployments/name/training-pipeline/default")
-    assert default["work_pool_name"] == "sweepflow-process"
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with SyncPrefectClient(api) as prefect_client:
+        nightly = prefect_client.read_deployment_by_name("training-pipeline/nightly-retrain")
+        assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+        assert nightly.schedules[0].active is False  # a real schedule, inactive until resumed
+        default = prefect_client.read_deployment_by_name("training-pipeline/default")
+        assert default.work_pool_name == "sweepflow-process"
 
     prefect = os.path.join(BIN, "prefect")
     run = [prefect, "deployment", "run", "training-pipeline/default", "--watch", "--params"]
@@ -109,20 +101,20 @@ def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(stac
     assert "Completed" in second.stdout
 
     # ---- Prefect: both flow runs COMPLETED, one task run per trial, the second run's data task cached.
-    flow_runs = _api(
-        api,
-        "/flow_runs/filter",
-        {"flow_runs": {"deployment_id": {"any_": [default["id"]]}}, "sort": "START_TIME_ASC"},
-    )
-    assert [r["state_type"] for r in flow_runs] == ["COMPLETED", "COMPLETED"]
-    task_runs = [
-        _api(api, "/task_runs/filter", {"flow_runs": {"id": {"any_": [r["id"]]}}}) for r in flow_runs
-    ]
-    trials = [sorted(t["name"] for t in runs if t["name"].startswith("trial_")) for runs in task_runs]
+    with SyncPrefectClient(api) as prefect_client:
+        flow_runs = prefect_client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [default.id]}), sort=FlowRunSort.START_TIME_ASC
+        )
+        assert [r.state_type.value for r in flow_runs] == ["COMPLETED", "COMPLETED"]
+        task_runs = [
+            prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id]}))
+            for r in flow_runs
+        ]
+    trials = [sorted(t.name for t in runs if t.name.startswith("trial_")) for runs in task_runs]
     assert [len(t) for t in trials] == [2, 1]
     assert trials[0][0].startswith("trial_0000-")  # named after the trial and its key params
     data_states = [
-        [t["state_name"] for t in runs if t["name"].startswith("download-dataset")] for runs in task_runs
+        [t.state_name for t in runs if t.name.startswith("download-dataset")] for runs in task_runs
     ]
     assert data_states == [["Completed"], ["Cached"]], "a rerun with unchanged data must not prepare it again"
 
@@ -142,7 +134,7 @@ def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(stac
     assert all(c.info.status == "FINISHED" for c in children)
     assert {c.data.params["lr"] for c in children} == {"0.01", "0.0001"}
     flow_run_ids = {p.data.tags["prefect.flow_run_id"] for p in parents}
-    assert flow_run_ids == {r["id"] for r in flow_runs}
+    assert flow_run_ids == {str(r.id) for r in flow_runs}
 
     versions = sorted(client.search_model_versions(f"name='{MODEL}'"), key=lambda v: int(v.version))
     assert [v.version for v in versions] == ["1", "2"]
