@@ -184,9 +184,11 @@ def cmd_stack(args: argparse.Namespace) -> int:
             print(f.read(), end="")
         return 0
     if args.action == "logs":
-        print(stack.logs(state_dir, args.service))
+        print(stack.logs(state_dir, args.service) or f"no stack logs under {state_dir}")
         return 0
     states = stack.status(state_dir)
+    if not states:
+        print(f"no stack services recorded under {state_dir}; start them with `sweepflow stack up`")
     for name, address in states.items():
         print(f"{name:16s} {address or 'DOWN'}")
     return 0 if states and all(states.values()) else 1
