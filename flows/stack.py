@@ -274,8 +274,7 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
     os.makedirs(env["SWEEPFLOW_HOME"], exist_ok=True)
     _write_env(state_dir, env)
 
-    scheduler_record = services.read_record(state_dir, DASK_SCHEDULER) or {}
-    identity_url = scheduler_record["health"]["url"].replace("/health", "/json/identity.json")
+    identity_url = scheduler_http(state_dir, "/json/identity.json")
     gpus = gpu_count()
     n_workers = gpus or workers
     specs = [
@@ -289,10 +288,15 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
     return env
 
 
+def scheduler_http(state_dir: str, path: str) -> str | None:
+    """A URL on the Dask scheduler's HTTP server (the one its health probe uses), or None if not recorded."""
+    record = services.read_record(state_dir, DASK_SCHEDULER)
+    return record["health"]["url"].removesuffix("/health") + path if record else None
+
+
 def dashboard_url(state_dir: str) -> str | None:
     """The Dask dashboard (served by the scheduler when bokeh is installed: the ``stack`` extra)."""
-    record = services.read_record(state_dir, DASK_SCHEDULER)
-    return record["health"]["url"].replace("/health", "/status") if record else None
+    return scheduler_http(state_dir, "/status")
 
 
 def service_names(state_dir: str) -> list[str]:

@@ -26,6 +26,15 @@ def _param_value(value: Any) -> str:
     return str(value)[:_MAX_PARAM_LEN]
 
 
+def param_items(params: dict[str, Any]) -> list[Param]:
+    """MLflow params from a (possibly nested) dict: dotted keys, values as bounded strings."""
+    return [Param(k, _param_value(v)) for k, v in flatten("", params).items()]
+
+
+def tag_items(tags: dict[str, Any]) -> list[RunTag]:
+    return [RunTag(k, _param_value(v)) for k, v in tags.items()]
+
+
 def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list[Metric]:
     """The numeric entries of a report as MLflow metrics (strings, bools and nested values are not metrics)."""
     return [
@@ -83,8 +92,7 @@ class RunTracker:
         return run.info.run_id, run.info.artifact_uri
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
-        flat = flatten("", params)
-        items = [Param(k, _param_value(v)) for k, v in flat.items()]
+        items = param_items(params)
         for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(run_id, params=items[i : i + 100])
 
@@ -94,7 +102,7 @@ class RunTracker:
             self.client.log_batch(run_id, metrics=batch)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, _param_value(v)) for k, v in tags.items()])
+        self.client.log_batch(run_id, tags=tag_items(tags))
 
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, KILLED (early-stopped) or FAILED."""
@@ -222,11 +230,11 @@ class RunWriter:
         for item in items:
             kind, value = item if isinstance(item, tuple) else (None, None)
             if kind == "params":
-                params.extend(Param(k, _param_value(v)) for k, v in flatten("", value).items())
+                params.extend(param_items(value))
             elif kind == "metrics":
                 metrics.extend(metric_batch(*value))
             elif kind == "tags":
-                tags.extend(RunTag(k, _param_value(v)) for k, v in value.items())
+                tags.extend(tag_items(value))
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
