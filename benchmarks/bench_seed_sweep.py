@@ -1,14 +1,20 @@
 """The "seed-sweep" workload (run by hand; prints numbers and ratios, asserts nothing).
 
-    .venv/bin/python benchmarks/bench_seed_sweep.py [--state-dir DIR]
+    .venv/bin/python benchmarks/bench_seed_sweep.py [--state-dir DIR] [--repeats N]
 
 digits, the seed's Net(l1, l2), 8 trials sampled from the seed's space, at most 4 epochs, ASHA (grace 1,
 reduction factor 2), 1 rank per trial, 2 trials at a time. Reports:
 1. whole-run wall time of `sweepflow run` (command -> registered model), with the fixed start-up itemized;
-   run twice: the first run also starts the reusable local Prefect server, the second reuses it;
-2. sweep-phase time vs the same trials (same configs, same number of epochs each trial actually ran, i.e. the
-   same stopping decisions) run in plain PyTorch processes at the same concurrency (2 processes, 1 thread each);
-3. per-trial bookkeeping overhead (Prefect task + MLflow child run + group start/stop).
+   the first run also starts the reusable local services, the next N reuse them;
+2. for each of those N runs: sweep-phase time vs the same trials (same configs, same number of epochs each
+   trial actually ran, i.e. the same stopping decisions) run in plain PyTorch processes at the same
+   concurrency (2 processes, 1 thread each), once as the loop's bare training and validation, once also saving
+   the per-epoch checkpoint the built-in loop saves (the work ASHA and best-checkpoint selection need);
+3. per-trial overhead, two ways: on the critical path, how long a worker sat idle between one trial's
+   training function returning and the next one's starting (Prefect task + MLflow child run + group start/stop
+   that was not hidden behind other trials' training); and the bookkeeping work itself (each trial's wall
+   time minus its wait for a slot and its training), most of which now overlaps the running trials.
+The machine's speed drifts between runs (shared host), so every ratio is computed within one repetition.
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ SETS = [
 ]
 
 
-def plain_trial(args: tuple[dict, int, str]) -> float:
-    """The built-in training loop's work for one trial, in a plain process without ddp_runtime."""
+def plain_trial(args: tuple[dict, int, str, bool]) -> float:
+    """The built-in training loop's work for one trial, in a plain process without ddp_runtime; with
+    ``checkpoint``, also the per-epoch checkpoint it writes (model + optimizer state, to a local directory)."""
+    import tempfile
+
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -46,7 +55,7 @@ def plain_trial(args: tuple[dict, int, str]) -> float:
     from tasks.train_loop import make_model, make_optimizer
 
     torch.set_num_threads(1)
-    config, epochs, data_path = args
+    config, epochs, data_path, checkpoint = args
     meta = load_meta(data_path)
     x, y = load_split(data_path, "train")
     xv, yv = load_split(data_path, "val")
@@ -65,6 +74,10 @@ def plain_trial(args: tuple[dict, int, str]) -> float:
         with torch.no_grad():
             for xb, yb in DataLoader(TensorDataset(xv, yv), batch_size=512):
                 torch.nn.functional.cross_entropy(model(xb), yb)
+        if checkpoint:
+            with tempfile.TemporaryDirectory() as directory:
+                torch.save(model.state_dict(), os.path.join(directory, "model.pt"))
+                torch.save(opt.state_dict(), os.path.join(directory, "optimizer.pt"))
     return time.perf_counter() - start
 
 
@@ -80,67 +93,95 @@ def run_cli(state_dir: str, summary_path: str) -> tuple[float, str]:
     return wall, proc.stdout
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--state-dir", default=None)
-    args = parser.parse_args()
-    state_dir = args.state_dir or tempfile.mkdtemp(prefix="sweepflow-seed-sweep-")
-    from flows.local_server import stop_server
+def slot_gaps_ms(trials: list[dict]) -> list[float]:
+    """Per worker, the idle time between one trial's training function returning and the next one's start."""
+    by_worker: dict[str, list[tuple[float, float]]] = {}
+    for t in trials:
+        rank0 = t.get("rank0") or {}
+        if rank0.get("worker") and rank0.get("started_at") is not None:
+            by_worker.setdefault(rank0["worker"], []).append((rank0["started_at"], rank0["ended_at"]))
+    gaps = []
+    for spans in by_worker.values():
+        spans.sort()
+        gaps += [(nxt[0] - prev[1]) * 1000 for prev, nxt in zip(spans, spans[1:], strict=False)]
+    return gaps
 
-    try:
-        labels = (
-            "first run (starts the local Prefect, MLflow and Dask services)",
-            "second run (reuses them)",
-        )
-        for label in labels:
-            summary_path = os.path.join(state_dir, "summary.json")
-            wall, out = run_cli(state_dir, summary_path)
-            timings = next(line for line in out.splitlines() if line.startswith("Timings:"))
-            print(f"1. {label}: {wall:.1f} s from the command to the registered model  [{timings}]")
-        with open(summary_path) as f:
-            summary = json.load(f)
-        lines = [line for line in out.splitlines() if "sweep phase" in line or "startup" in line]
-        for line in lines:
-            print("   ", line.strip())
-    finally:
-        stop_server(state_dir)
 
-    trials = summary["leaderboard"]
+def plain_seconds(pool: ProcessPoolExecutor, summary: dict, checkpoint: bool) -> float:
     data_path = summary["data_path"]
     work = [
         (
             {k.removeprefix("config/"): v for k, v in t.items() if k.startswith("config/")},
             t["epochs"],
             data_path,
+            checkpoint,
         )
-        for t in trials
+        for t in summary["leaderboard"]
     ]
+    start = time.perf_counter()
+    list(pool.map(plain_trial, work))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="runs that reuse the services (default 3)")
+    args = parser.parse_args()
+    state_dir = args.state_dir or tempfile.mkdtemp(prefix="sweepflow-seed-sweep-")
+    from flows.local_server import stop_server
+
+    summary_path = os.path.join(state_dir, "summary.json")
     with ProcessPoolExecutor(max_workers=2) as pool:
-        # Warm both processes first (imports, data load), as the sweep's Dask workers are warm.
-        list(pool.map(plain_trial, [(work[0][0], 0, data_path)] * 2))
-        start = time.perf_counter()
-        list(pool.map(plain_trial, work))
-        plain = time.perf_counter() - start
-    sweep = summary["sweep_seconds"]
+        rows, gaps, work, phases = [], [], [], []
+        try:
+            wall, out = run_cli(state_dir, summary_path)
+            with open(summary_path) as f:
+                data_path = json.load(f)["data_path"]
+            # Warm both plain processes (imports, data), as the sweep's Dask workers are warm.
+            warm = ({"l1": 4, "l2": 4, "lr": 0.01, "batch_size": 64}, 0, data_path, False)
+            list(pool.map(plain_trial, [warm] * 2))
+            print(
+                f"1. first run (starts the local Prefect, MLflow and Dask services and the launcher): {wall:.1f} s"
+            )
+            for i in range(args.repeats):
+                wall, out = run_cli(state_dir, summary_path)
+                timings = next(line for line in out.splitlines() if line.startswith("Timings:"))
+                print(
+                    f"1. run {i + 1} reusing them: {wall:.1f} s from the command to the registered model  [{timings}]"
+                )
+                with open(summary_path) as f:
+                    summary = json.load(f)
+                bare = plain_seconds(pool, summary, checkpoint=False)
+                saved = plain_seconds(pool, summary, checkpoint=True)
+                rows.append(
+                    (summary["sweep_seconds"], bare, saved, [t["epochs"] for t in summary["leaderboard"]])
+                )
+                gaps += slot_gaps_ms(summary["trials"])
+                work += [t["bookkeeping_s"] * 1000 for t in summary["trials"]]
+                phases += [t["phases_s"] for t in summary["trials"]]
+        finally:
+            stop_server(state_dir)
+
+    print("2. sweep phase vs the same trials in plain PyTorch, 2 processes (target <= 1.15):")
+    for sweep, bare, saved, epochs in rows:
+        print(
+            f"   sweep {sweep:.2f} s | plain with per-epoch checkpoints {saved:.2f} s: ratio {sweep / saved:.3f} "
+            f"| plain without {bare:.2f} s: ratio {sweep / bare:.3f} | epochs per trial (ASHA) {epochs}"
+        )
+    ratios = [sweep / saved for sweep, _, saved, _ in rows]
+    print(f"   median ratio (with checkpoints) {statistics.median(ratios):.3f}")
     print(
-        f"2. sweep phase {sweep:.2f} s vs plain PyTorch, 2 processes, same trials/epochs {plain:.2f} s: "
-        f"ratio {sweep / plain:.3f} (target <= 1.15)"
+        f"3. per-trial overhead on the critical path (worker idle between trials): median "
+        f"{statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms over {len(gaps)} hand-overs (target < 50 ms)"
     )
-    overheads = [t["bookkeeping_s"] * 1000 for t in summary["trials"]]
+    names = phases[0].keys()
     print(
-        f"3. per-trial bookkeeping: median {statistics.median(overheads):.0f} ms, "
-        f"max {max(overheads):.0f} ms over {len(overheads)} trials (target < 50 ms)"
+        f"   bookkeeping work per trial, mostly overlapped with other trials' training: median "
+        f"{statistics.median(work):.0f} ms ("
+        + ", ".join(f"{k} {statistics.median(p[k] for p in phases) * 1000:.0f}" for k in names)
+        + ")"
     )
-    phases = {
-        name: statistics.median(t["phases_s"][name] * 1000 for t in summary["trials"])
-        for name in summary["trials"][0]["phases_s"]
-    }
-    print(
-        "   median per phase (ms): "
-        + ", ".join(f"{k} {v:.0f}" for k, v in phases.items())
-        + f"; Prefect task run and the rest {statistics.median(overheads) - sum(phases.values()):.0f}"
-    )
-    print(f"   epochs run per trial (ASHA): {[t['epochs'] for t in trials]}")
 
 
 if __name__ == "__main__":

@@ -9,14 +9,21 @@ Accounting per worker: one thread slot per rank, the requested resources, and â€
 rank â€” exclusivity, because torch.distributed's default process group is per process. Tasks that are not ours
 count through Dask's own bookkeeping (``processing`` and ``used_resources``); ours are tracked here because
 rank tasks are pinned with ``workers=[address]`` instead of being submitted with ``resources=``.
+
+Turnover is event-driven on the scheduler: a reservation ends by itself the moment every rank task of its group
+has finished (a scheduler plugin watches their transitions), and a group waiting for workers waits inside
+``reserve`` for that, so the next group is placed without a round trip through any client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from dataclasses import dataclass, field
 from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 RANK_KEY_PREFIX = "sweepflow-rank-"
 _EXTENSION = "sweepflow-gang"
@@ -31,11 +38,28 @@ class _Reservation:
     addresses: list[str]
     resources: dict[str, float]
     exclusive: bool
+    pending_keys: set[str] = field(default_factory=set)  # rank tasks still to finish
 
 
 @dataclass
 class _GangState:
     reservations: dict[str, _Reservation] = field(default_factory=dict)
+    by_key: dict[str, str] = field(default_factory=dict)  # rank task key -> group id
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) when capacity frees
+    waiting: int = 0  # reserve calls waiting for capacity
+
+    def notify(self) -> None:
+        """Wake every ``reserve`` waiting for capacity."""
+        if self.waiting:
+            self.changed.set()
+            self.changed = asyncio.Event()
+
+    def drop(self, group_id: str) -> None:
+        reservation = self.reservations.pop(group_id, None)
+        if reservation is not None:
+            for key in reservation.pending_keys:
+                self.by_key.pop(key, None)
+            self.notify()
 
     def usage(self, address: str) -> tuple[int, dict[str, float], bool]:
         slots, resources, exclusive = 0, {}, False
@@ -50,10 +74,40 @@ class _GangState:
         return slots, resources, exclusive
 
 
+class _TurnoverPlugin(SchedulerPlugin):
+    """Ends a reservation when the last of its rank tasks has finished (in memory: returned; erred: raised),
+    and wakes waiting groups when workers join or tasks that are not ours leave a worker."""
+
+    name = _EXTENSION
+
+    def __init__(self, state: _GangState) -> None:
+        self.state = state
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start != "processing":
+            return
+        group_id = self.state.by_key.get(key) if isinstance(key, str) else None
+        if group_id is None:
+            self.state.notify()  # another task left its worker: a thread slot may be free
+            return
+        if finish not in ("memory", "erred"):
+            return  # e.g. its worker died: the driver notices and releases the group itself
+        reservation = self.state.reservations.get(group_id)
+        self.state.by_key.pop(key, None)
+        if reservation is not None:
+            reservation.pending_keys.discard(key)
+            if not reservation.pending_keys:
+                self.state.drop(group_id)
+
+    def add_worker(self, scheduler: Any = None, worker: str | None = None) -> None:
+        self.state.notify()
+
+
 def _state(scheduler: Any) -> _GangState:
     state = scheduler.extensions.get(_EXTENSION)
     if state is None:
         state = scheduler.extensions[_EXTENSION] = _GangState()
+        scheduler.add_plugin(_TurnoverPlugin(state), name=_EXTENSION)
     return state
 
 
@@ -69,19 +123,48 @@ def _capable(ws: Any, resources: dict[str, float]) -> bool:
     )
 
 
-def reserve(
+async def reserve(
     group_id: str,
     num_ranks: int,
     resources: dict[str, float],
+    rank_keys: list[str] | None = None,
+    wait_s: float = 0.0,
     dask_scheduler: Any = None,
 ) -> tuple[str, Any]:
     """Run on the scheduler: reserve ``num_ranks`` distinct workers for the group, all or nothing.
 
-    Returns ``("reserved", addresses in rank order)``, ``("busy", None)`` when the cluster is busy right now,
+    ``rank_keys`` are the keys the group's rank tasks will have: the reservation ends by itself when all of
+    them have finished. While the cluster is busy, waits up to ``wait_s`` for capacity to free.
+
+    Returns ``("reserved", addresses in rank order)``, ``("busy", None)`` when the cluster is still busy,
     or ``("impossible", reason)`` when it can never fit. (Values, not exceptions: the scheduler would log
     every raised one.)
     """
     state = _state(dask_scheduler)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        status, payload = _try_reserve(state, group_id, num_ranks, resources, rank_keys or [], dask_scheduler)
+        remaining = deadline - loop.time()
+        if status != "busy" or remaining <= 0:
+            return status, payload
+        state.waiting += 1
+        try:
+            await asyncio.wait_for(state.changed.wait(), remaining)
+        except TimeoutError:
+            return "busy", None
+        finally:
+            state.waiting -= 1
+
+
+def _try_reserve(
+    state: _GangState,
+    group_id: str,
+    num_ranks: int,
+    resources: dict[str, float],
+    rank_keys: list[str],
+    dask_scheduler: Any,
+) -> tuple[str, Any]:
     if group_id in state.reservations:
         return "reserved", list(state.reservations[group_id].addresses)
     workers = _running_workers(dask_scheduler)
@@ -120,13 +203,15 @@ def reserve(
         by_host.setdefault(ws.host, []).append(ws)
     ordered = [ws for host in sorted(by_host, key=lambda h: -len(by_host[h])) for ws in by_host[host]]
     chosen = [ws.address for ws in ordered[:num_ranks]]
-    state.reservations[group_id] = _Reservation(chosen, dict(resources), exclusive)
+    state.reservations[group_id] = _Reservation(chosen, dict(resources), exclusive, set(rank_keys))
+    for key in rank_keys:
+        state.by_key[key] = group_id
     return "reserved", chosen
 
 
 def release(group_id: str, dask_scheduler: Any = None) -> None:
-    """Run on the scheduler: give the group's workers back."""
-    _state(dask_scheduler).reservations.pop(group_id, None)
+    """Run on the scheduler: give the group's workers back (idempotent: usually its ranks' end already did)."""
+    _state(dask_scheduler).drop(group_id)
 
 
 def missing_workers(addresses: list[str], dask_scheduler: Any = None) -> list[str]:

@@ -56,6 +56,7 @@ _LIVENESS_EVERY_S = 0.5  # how often the driver checks that the group's workers 
 _WORKER_RESTART_GRACE_S = (
     120.0  # how long killed workers may take to come back before "too few workers" is final
 )
+_RESERVE_WAIT_S = 2.0  # longest single wait for workers inside the scheduler before asking again
 _restarting_until: dict[str, float] = {}  # scheduler address -> until when its workers may be restarting
 
 
@@ -131,9 +132,11 @@ class TorchTrainer:
         max_failures = self.run_config.failure_config.max_failures
         attempt = 0
         self._train_time_s = 0.0
+        self._rank0_window: tuple[str, float, float] | None = None
         while True:
             outcome = _GroupRun(self, client, attempt, resume, committed, history).run()
             self._train_time_s += outcome.train_time_s
+            self._rank0_window = outcome.rank0_window or self._rank0_window
             committed = outcome.committed
             if outcome.error is None:
                 stopped = outcome.stopped
@@ -173,6 +176,9 @@ class TorchTrainer:
             num_failures=len(errors),
             attempts_errors=errors,
             train_time_s=self._train_time_s,
+            rank0_worker=self._rank0_window[0] if self._rank0_window else None,
+            started_at=self._rank0_window[1] if self._rank0_window else None,
+            ended_at=self._rank0_window[2] if self._rank0_window else None,
         )
 
 
@@ -216,34 +222,57 @@ class _GroupRun:
         self.error: BaseException | None = None
         self.stopped = False
         self.train_time_s = 0.0
+        self.rank0_window: tuple[str, float, float] | None = None  # worker, entered, left the function
 
     def run(self) -> _GroupRun:
-        addresses = self._reserve()
+        # The report channel first: opening it costs scheduler round trips, better spent before workers free
+        # up than between their release and the ranks' start.
+        reports = Queue(reports_queue_name(self.channel), client=self.client)
+        verdicts = Queue(verdicts_queue_name(self.channel), client=self.client)
         try:
-            self._launch_and_watch(addresses)
+            addresses = self._reserve()
+            try:
+                self._launch_and_watch(addresses, reports, verdicts)
+            finally:
+                # Usually a no-op: the reservation ended on the scheduler when the last rank task finished.
+                # It matters when a rank's worker died or the launch itself failed.
+                self.client.run_on_scheduler(gang.release, self.group_id)
+                if len(addresses) > 1:  # only multi-rank groups rendezvous
+                    with contextlib.suppress(KeyError):  # not set when rank 0 never got that far
+                        Variable(rendezvous_variable_name(self.channel), client=self.client).delete()
         finally:
-            self.client.run_on_scheduler(gang.release, self.group_id)
-            with contextlib.suppress(KeyError):  # not set when rank 0 never got that far
-                Variable(rendezvous_variable_name(self.channel), client=self.client).delete()
+            # The scheduler drops a queue when its last holder (this driver, rank 0) lets go of it.
+            reports.close()
+            verdicts.close()
         return self
+
+    def _rank_keys(self) -> list[str]:
+        return [
+            f"{gang.RANK_KEY_PREFIX}{self.group_id}-a{self.attempt}-r{rank}"
+            for rank in range(self.trainer.scaling_config.num_workers)
+        ]
 
     def _reserve(self) -> list[str]:
         scaling = self.trainer.scaling_config
         resources = {k: float(v) for k, v in scaling.worker_resources.items()}
-        delay = 0.005
         while True:
+            # Waits on the scheduler while the cluster is busy and returns as soon as workers free up; the
+            # bounded wait only keeps the driver responsive (and re-checks after a missed wake-up).
             status, payload = self.client.run_on_scheduler(
-                gang.reserve, self.group_id, scaling.num_workers, resources
+                gang.reserve,
+                self.group_id,
+                scaling.num_workers,
+                resources,
+                self._rank_keys(),
+                _RESERVE_WAIT_S,
             )
             if status == "reserved":
                 return payload
             # Workers this process killed after a group failure are coming back: that is "busy", not "never".
-            if status == "impossible" and time.monotonic() > _restarting_until.get(
-                self.client.scheduler.address, 0
-            ):
-                raise gang.InsufficientResourcesError(payload)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+            if status == "impossible":
+                if time.monotonic() > _restarting_until.get(self.client.scheduler.address, 0):
+                    raise gang.InsufficientResourcesError(payload)
+                time.sleep(0.25)
 
     def _specs(self, addresses: list[str]) -> list[RankSpec]:
         trainer = self.trainer
@@ -277,22 +306,20 @@ class _GroupRun:
             )
         return specs
 
-    def _launch_and_watch(self, addresses: list[str]) -> None:
+    def _launch_and_watch(self, addresses: list[str], reports: Queue, verdicts: Queue) -> None:
         client = self.client
-        reports = Queue(reports_queue_name(self.channel), client=client)
-        verdicts = Queue(verdicts_queue_name(self.channel), client=client)
         futures: list[Future] = [
             client.submit(
                 run_rank,
                 self.trainer.train_loop_per_worker,
                 self.trainer.train_loop_config,
                 spec,
-                key=f"{gang.RANK_KEY_PREFIX}{self.group_id}-a{self.attempt}-r{spec.world_rank}",
+                key=key,
                 workers=[address],
                 allow_other_workers=False,
                 pure=False,
             )
-            for spec, address in zip(self._specs(addresses), addresses, strict=True)
+            for spec, address, key in zip(self._specs(addresses), addresses, self._rank_keys(), strict=True)
         ]
         try:
             self._watch(futures, addresses, reports, verdicts)
@@ -401,7 +428,10 @@ class _GroupRun:
         of the failed group are killed (their nannies start fresh processes), as Ray kills a failed group's
         actors. A rank whose worker already died is not waited for: its task is pinned to that worker.
         """
-        gone = set(self.client.run_on_scheduler(gang.missing_workers, addresses))
+        if self.error is None and all(f.done() for f in futures):
+            gone: set[str] = set()  # every rank returned: nothing to wait for or to kill
+        else:
+            gone = set(self.client.run_on_scheduler(gang.missing_workers, addresses))
         live = [(f, a) for f, a in zip(futures, addresses, strict=True) if a not in gone]
         running = [f for f, _ in live if not f.done()]
         if running and self.error is not None:
@@ -414,6 +444,7 @@ class _GroupRun:
         rank0 = next((o for o in outcomes if o.get("rank") == 0 and "started_at" in o), None)
         if rank0 is not None:
             self.train_time_s = rank0["ended_at"] - rank0["started_at"]
+            self.rank0_window = (rank0["worker"], rank0["started_at"], rank0["ended_at"])
         if self.error is not None and len(futures) > 1 and live:
             doomed = [a for _, a in live]
             log.warning("group %s failed: restarting its Dask workers %s", self.group_id, doomed)

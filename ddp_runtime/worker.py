@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from distributed import Queue, Variable, get_worker
+from distributed import Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
@@ -120,16 +121,44 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     )
 
 
-def _rank0_reporter(spec: RankSpec) -> Callable[[dict[str, Any], Checkpoint | None], bool]:
-    reports = Queue(reports_queue_name(spec.channel))
-    verdicts = Queue(verdicts_queue_name(spec.channel))
+class _Rank0Link:
+    """Rank 0's link to the driver: reports out, verdicts back, through two Dask queues the driver created.
 
-    def send(metrics: dict[str, Any], checkpoint: Checkpoint | None) -> bool:
-        reports.put({"metrics": _jsonable(metrics), "checkpoint": checkpoint.path if checkpoint else None})
+    Opening a queue handle is a round trip to the scheduler, so both are opened in the background while the
+    training function sets up (model, data) instead of before it starts; the first report waits for them."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self._timeout_s = spec.timeout_s
+        self._queues: dict[str, Any] = {}
+        client = get_client()
+
+        def open_queues() -> None:
+            try:
+                self._queues["reports"] = Queue(reports_queue_name(spec.channel), client=client)
+                self._queues["verdicts"] = Queue(verdicts_queue_name(spec.channel), client=client)
+            except BaseException as exc:  # noqa: BLE001 - raised by the first report, in the rank's thread
+                self._queues["error"] = exc
+
+        self._opener = threading.Thread(target=open_queues, name=f"{spec.channel}-open", daemon=True)
+        self._opener.start()
+
+    def send(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> bool:
+        """Send one report; True when the driver asks the group to stop."""
+        self._opener.join()
+        if "error" in self._queues:
+            raise RuntimeError(f"rank 0 could not reach the driver's report queue: {self._queues['error']}")
+        self._queues["reports"].put(
+            {"metrics": _jsonable(metrics), "checkpoint": checkpoint.path if checkpoint else None}
+        )
         # The driver answers at once; the timeout only matters if the driver died.
-        return verdicts.get(timeout=spec.timeout_s) == STOP
+        return self._queues["verdicts"].get(timeout=self._timeout_s) == STOP
 
-    return send
+    def close(self) -> None:
+        """Drop this rank's references to the queues (the scheduler frees them once the driver's go too)."""
+        self._opener.join()
+        for name in ("reports", "verdicts"):
+            if name in self._queues:
+                self._queues[name].close()
 
 
 def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
@@ -156,6 +185,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
 
     worker_address = get_worker().address
     initialised = False
+    link: _Rank0Link | None = None
     outcome: dict[str, Any] = {"rank": spec.world_rank, "worker": worker_address}
     try:
         device = _device(spec, worker_address)
@@ -175,13 +205,14 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             experiment_name=spec.run_name,
             trial_dir=storage.uri,
         )
+        link = _Rank0Link(spec) if spec.world_rank == 0 else None
         _install(
             _Session(
                 context=context,
                 storage=storage,
                 resume_from=spec.resume_from,
                 next_index=spec.next_checkpoint_index,
-                send_report=_rank0_reporter(spec) if spec.world_rank == 0 else None,
+                send_report=link.send if link is not None else None,
             )
         )
         outcome["started_at"] = time.time()
@@ -200,6 +231,8 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
     finally:
         outcome["ended_at"] = time.time()
         _install(None)
+        if link is not None:
+            link.close()
         if initialised:
             dist.destroy_process_group()
     return outcome

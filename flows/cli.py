@@ -32,6 +32,17 @@ def _state_dir(config) -> str:
     return resolve_settings(config).state_dir
 
 
+def _module_file(train_fn: str) -> str | None:
+    """The source file of a ``module:function`` training function (the warm Dask workers import it once)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(train_fn.partition(":")[0])
+    except ImportError:
+        return None  # reported with the fix when the flow checks the training function
+    return spec.origin if spec is not None and spec.has_location else None
+
+
 def _use_local_services(config, state_dir: str, *, launcher: bool):
     """Point this run at the state dir's background services (started in parallel if not running): a
     Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, a
@@ -55,7 +66,10 @@ def _use_local_services(config, state_dir: str, *, launcher: bool):
         starts["mlflow"] = lambda: ensure_mlflow(state_dir)
     wants_local_cluster = not config.dask.scheduler_address and not os.environ.get("DASK_SCHEDULER_ADDRESS")
     if wants_local_cluster and not config.resources.use_gpu:
-        starts["dask"] = lambda: ensure_dask(state_dir, n_workers=config.dask.n_workers)
+        code_files = [path for path in [_module_file(config.training.train_fn)] if path]
+        starts["dask"] = lambda: ensure_dask(
+            state_dir, n_workers=config.dask.n_workers, code_files=code_files
+        )
     if launcher:
         env = dict(os.environ)
         starts["launcher"] = lambda: warm_launcher.ensure(state_dir, env)

@@ -18,7 +18,6 @@ bypasses it (and every other background service).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import os
 import selectors
@@ -31,8 +30,7 @@ from typing import Any
 from flows import services
 
 NAME = "launcher"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("flows", "tasks", "ddp_runtime")
+ROOT = services.ROOT
 _MAX_REQUEST = 4 << 20
 
 
@@ -42,15 +40,7 @@ def socket_path(state_dir: str) -> str:
 
 def fingerprint(env: dict[str, str]) -> str:
     """What a running launcher must match: the interpreter, our source files, the Prefect settings."""
-    h = hashlib.sha256(sys.executable.encode())
-    for package in PACKAGES:
-        for directory, _, files in sorted(os.walk(os.path.join(ROOT, package))):
-            for name in sorted(f for f in files if f.endswith(".py")):
-                st = os.stat(os.path.join(directory, name))
-                h.update(f"{directory}/{name}:{st.st_mtime_ns}:{st.st_size}".encode())
-    for key in sorted(k for k in env if k.startswith("PREFECT_")):
-        h.update(f"{key}={env[key]}".encode())
-    return h.hexdigest()[:16]
+    return services.code_fingerprint(extra=[f"{k}={env[k]}" for k in sorted(env) if k.startswith("PREFECT_")])
 
 
 def launcher_spec(state_dir: str, env: dict[str, str]) -> services.ServiceSpec:
@@ -65,14 +55,12 @@ def launcher_spec(state_dir: str, env: dict[str, str]) -> services.ServiceSpec:
         health_from_address=lambda address: {"kind": "unix", "path": address, "key": key},
         env={k: v for k, v in env.items() if k.startswith("PREFECT_")},
         cwd=ROOT,
+        code_key=key,
     )
 
 
 def ensure(state_dir: str, env: dict[str, str]) -> str:
     """A launcher matching ``env`` and the current code; an outdated one is replaced."""
-    record = services.read_record(state_dir, NAME)
-    if record and record["health"].get("key") != fingerprint(env):
-        services.stop(state_dir, NAME)
     return services.ensure(state_dir, launcher_spec(state_dir, env))
 
 

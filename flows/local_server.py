@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 
 from flows import services
 
@@ -97,7 +98,11 @@ def mlflow_server_spec(
     )
 
 
-def local_dask_spec(state_dir: str, *, n_workers: int | None = None) -> services.ServiceSpec:
+def local_dask_spec(
+    state_dir: str, *, n_workers: int | None = None, code_files: Sequence[str] = ()
+) -> services.ServiceSpec:
+    """The background LocalCluster. Its scheduler and workers keep the modules they imported (ours, and the
+    training function's in ``code_files``), so it is keyed by those files and restarted when one changes."""
     ready = os.path.join(state_dir, "services", "dask.ready")
     argv = [sys.executable, "-m", "flows.local_server", "dask", "--ready-file", ready]
     if n_workers:
@@ -109,6 +114,7 @@ def local_dask_spec(state_dir: str, *, n_workers: int | None = None) -> services
         ready_file=ready,
         health_from_address=lambda address: {"kind": "tcp", "address": address},
         cwd=ROOT,
+        code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers)]),
     )
 
 
@@ -127,9 +133,10 @@ def ensure_mlflow(state_dir: str) -> str:
     return services.ensure(state_dir, spec)
 
 
-def ensure_dask(state_dir: str, *, n_workers: int | None = None) -> str:
-    """The scheduler address of this state dir's background LocalCluster, started if needed."""
-    return services.ensure(state_dir, local_dask_spec(state_dir, n_workers=n_workers))
+def ensure_dask(state_dir: str, *, n_workers: int | None = None, code_files: Sequence[str] = ()) -> str:
+    """The scheduler address of this state dir's background LocalCluster, started (or restarted, when the code
+    it runs changed) if needed."""
+    return services.ensure(state_dir, local_dask_spec(state_dir, n_workers=n_workers, code_files=code_files))
 
 
 def status(state_dir: str) -> dict[str, str | None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +18,6 @@ import pandas as pd
 from distributed import Client
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
 import ddp_runtime as train
@@ -33,10 +33,12 @@ from tasks.tracking import RunTracker, check_direct_writes, direct_storage_uri, 
 from tasks.trial import (
     COMPLETED,
     FAILED,
+    NOT_STARTED,
     STOPPED,
     SweepProgress,
     SweepRuntime,
     TrainFunction,
+    TrialSlots,
     TrialSpec,
     registered_runtime,
     run_trial,
@@ -159,6 +161,7 @@ def _sweep(
     deadline = time.monotonic() + cfg.sweep.time_budget_s if cfg.sweep.time_budget_s else None
     runtime = SweepRuntime(
         client=client,
+        slots=TrialSlots(concurrency),
         scheduler=make_scheduler(cfg.scheduler.as_dict()),
         tracker=tracker,
         parent_run_id=parent_run_id,
@@ -171,31 +174,48 @@ def _sweep(
     with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
         # Before the parent run closes, even on errors: every trial's queued MLflow writes are done.
         cleanup.callback(runtime.join_writers)
+        # The loop wakes when a trial task ends and when a queued trial takes its slot; both go through
+        # this queue (a finished task's future, or None).
+        events: queue.Queue[Any] = queue.Queue()
+        runtime.slots.on_acquire = lambda: events.put(None)
         started = 0
-        in_flight = []
+        in_flight: set[Any] = set()
         submitted: dict[Any, tuple[float, int | None]] = {}
         while started < total or in_flight:
             out_of_time = deadline is not None and time.monotonic() > deadline
-            while started < total and len(in_flight) < concurrency and not out_of_time:
+            # Keep one trial queued beyond those running: it opens its MLflow run and waits for a slot, so it
+            # starts the moment a running trial's final report is answered (see TrialSlots).
+            while (
+                started < total
+                and (started < concurrency + 1 or started - runtime.slots.acquired < 1)
+                and not out_of_time
+            ):
                 spec, number = next_trial(started)
                 started += 1
                 future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
                 submitted[future] = (time.perf_counter(), number)
-                in_flight.append(future)
+                in_flight.add(future)
+                future.add_done_callback(events.put)
             if out_of_time and started < total:
                 logger.warning("time budget spent: %d trial(s) not started", total - started)
                 total = started
             if not in_flight:
                 break
-            done = next(as_completed(in_flight))
+            done = events.get()
+            if done is None or done not in in_flight:
+                continue  # a slot was taken: maybe queue the next trial
             in_flight.remove(done)
             result = done.result()
             submitted_at, number = submitted.pop(done)
+            if result["status"] == NOT_STARTED:
+                continue  # queued when the time budget ran out; its MLflow run was deleted
             if tpe is not None:  # early-stopped trials count with the best value they reached, as in Ray
                 tpe.tell(number, result["best"] if result["status"] != FAILED else None)
             # Per-trial bookkeeping: Prefect task run + MLflow child run + group start/stop, i.e. the trial's
-            # wall time minus the time spent inside the training function.
-            result["bookkeeping_s"] = time.perf_counter() - submitted_at - result["train_time_s"]
+            # wall time minus its wait for a slot and the time spent inside the training function.
+            result["bookkeeping_s"] = (
+                time.perf_counter() - submitted_at - result["slot_wait_s"] - result["train_time_s"]
+            )
             results.append(result)
     return results
 

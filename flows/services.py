@@ -11,11 +11,13 @@ whether it is still up without knowing how it was started.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -110,6 +112,36 @@ class ServiceSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     health_from_address: Callable[[str], dict[str, Any]] | None = None  # for ready_file services
+    # The code it runs (see code_fingerprint): a running service started with another key is replaced, so a
+    # long-lived process never runs code older than the files on disk.
+    code_key: str | None = None
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("flows", "tasks", "ddp_runtime")
+
+
+def code_fingerprint(*, extra_files: Sequence[str] = (), extra: Sequence[str] = ()) -> str:
+    """A short key for the interpreter, our packages' source files (path, mtime, size), ``extra_files`` (e.g.
+    a user's training module) and ``extra`` strings: it changes whenever any of them does."""
+    h = hashlib.sha256(sys.executable.encode())
+    files = [
+        os.path.join(directory, name)
+        for package in PACKAGES
+        for directory, _, names in sorted(os.walk(os.path.join(ROOT, package)))
+        for name in sorted(names)
+        if name.endswith(".py")
+    ]
+    for path in [*files, *extra_files]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            h.update(f"{path}:missing".encode())
+            continue
+        h.update(f"{path}:{st.st_mtime_ns}:{st.st_size}".encode())
+    for item in extra:
+        h.update(item.encode())
+    return h.hexdigest()[:16]
 
 
 def _record_path(state_dir: str, name: str) -> str:
@@ -138,6 +170,9 @@ def running(state_dir: str, name: str) -> str | None:
 
 def ensure(state_dir: str, spec: ServiceSpec) -> str:
     """Return the address of a healthy ``spec.name`` service, starting it in the background if needed."""
+    record = read_record(state_dir, spec.name)
+    if record and spec.code_key and record.get("code_key") != spec.code_key:
+        stop(state_dir, spec.name)  # it runs other code than what is on disk now
     address = running(state_dir, spec.name)
     if address:
         return address
@@ -176,6 +211,7 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
                         "log": log,
                         "health": health,
                         "argv": list(spec.argv),
+                        "code_key": spec.code_key,
                     },
                     f,
                 )

@@ -104,6 +104,13 @@ class RunTracker:
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=tag_items(tags))
 
+    def set_status(self, run_id: str, status: str) -> None:
+        """SCHEDULED (queued for a slot) or RUNNING."""
+        self.client.update_run(run_id, status=status)
+
+    def delete_run(self, run_id: str) -> None:
+        self.client.delete_run(run_id)
+
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, KILLED (early-stopped) or FAILED."""
         self.client.set_terminated(run_id, status=status)
@@ -155,15 +162,16 @@ class RunWriter:
     """All writes of one run, from one background thread, in order: params, metrics, tags, artifacts, end.
 
     A trial's training reports and its start/finish are then not held up by the tracking server's latency
-    (an HTTP round trip, a SQLite commit); metric reports queued while a write is in flight go out together
-    as one ``log_batch``. Still one writer per run. ``finish(status)`` queues the run's end and returns; the
+    (an HTTP round trip, a SQLite commit); what is queued within ``linger_s`` of a write, or while one is in
+    flight, goes out together as one ``log_batch``. Still one writer per run. ``finish(status)`` queues the run's end and returns; the
     sweep joins every writer (``join()``) before it closes the parent run, and ``join`` raises what a
     background write raised, so nothing is dropped silently.
     """
 
     _STOP = object()
 
-    def __init__(self, tracker: RunTracker, run_id: str) -> None:
+    def __init__(self, tracker: RunTracker, run_id: str, *, linger_s: float = 0.5) -> None:
+        self.linger_s = linger_s  # how long a write waits for more to go out with it
         self._tracker = tracker
         self.run_id = run_id
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -180,6 +188,15 @@ class RunWriter:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._queue.put(("tags", dict(tags)))
+
+    def set_status(self, status: str) -> None:
+        """SCHEDULED or RUNNING; of several queued together only the last is written."""
+        self._queue.put(("status", status))
+
+    def delete(self) -> None:
+        """Queue the run's deletion (a trial that never started); nothing can be queued after it."""
+        self._queue.put(("delete", None))
+        self._queue.put(self._STOP)
 
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         """Upload ``local_dir`` (which must stay until ``join``) as ``artifact_path``."""
@@ -200,9 +217,13 @@ class RunWriter:
     def _loop(self) -> None:
         while True:
             items = [self._queue.get()]
-            while True:
+            # Linger briefly so a burst (params, status, a report or two) becomes one request: every request
+            # costs the tracking server a transaction and CPU that the trainers beside it would rather have.
+            # The run's end (and a deletion) cuts the wait short.
+            deadline = time.monotonic() + self.linger_s
+            while items[-1] is not self._STOP and (timeout := deadline - time.monotonic()) > 0:
                 try:
-                    items.append(self._queue.get_nowait())
+                    items.append(self._queue.get(timeout=timeout))
                 except queue.Empty:
                     break
             try:
@@ -219,6 +240,7 @@ class RunWriter:
         params: list[Param] = []
         metrics: list[Metric] = []
         tags: list[RunTag] = []
+        status: str | None = None
 
         def flush() -> None:
             while params or metrics or tags:  # MLflow caps a batch at 100 params, 100 tags, 1000 metrics
@@ -235,10 +257,18 @@ class RunWriter:
                 metrics.extend(metric_batch(*value))
             elif kind == "tags":
                 tags.extend(tag_items(value))
+            elif kind == "status":
+                status = value
+            elif kind == "delete":
+                tracker.delete_run(self.run_id)
+                return
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
             elif kind == "end":
                 flush()
                 tracker.end_run(self.run_id, value)
+                status = None  # ended: a queued SCHEDULED/RUNNING is moot
+        if status is not None:
+            tracker.set_status(self.run_id, status)
         flush()

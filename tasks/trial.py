@@ -33,6 +33,7 @@ from tasks.schedulers import STOP, TrialScheduler
 from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
 
 COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
+NOT_STARTED = "NOT_STARTED"  # queued, then the sweep's time budget ran out before it got a slot
 _MLFLOW_STATUS = {COMPLETED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}
 
 
@@ -97,9 +98,51 @@ class SweepProgress:
         )
 
 
+class _Slot:
+    def __init__(self, slots: TrialSlots) -> None:
+        self._slots = slots
+        self._held = True
+
+    def release(self) -> None:
+        """Give the slot back (idempotent)."""
+        with self._slots._cond:
+            if self._held:
+                self._held = False
+                self._slots._free += 1
+                self._slots._cond.notify()
+
+
+class TrialSlots:
+    """At most ``limit`` trials train at once.
+
+    A trial holds its slot from its start until its final report is answered (ASHA stopped it, or it reached
+    max_t, or the time budget ran out), or until its task ends: after a final verdict its group only tears
+    down, so the next trial, already queued with its MLflow run open, starts at once. Its group's reservation
+    waits on the Dask scheduler for the workers the finishing group is about to free.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._cond = threading.Condition()
+        self.acquired = 0  # slots taken so far (trials started)
+        self.on_acquire: Callable[[], None] | None = None  # e.g. wakes the sweep to queue the next trial
+
+    def acquire(self, *, block: bool = True) -> _Slot | None:
+        with self._cond:
+            if not block and self._free < 1:
+                return None
+            self._cond.wait_for(lambda: self._free > 0)
+            self._free -= 1
+            self.acquired += 1
+        if self.on_acquire is not None:
+            self.on_acquire()
+        return _Slot(self)
+
+
 @dataclass
 class SweepRuntime:
     client: Client
+    slots: TrialSlots
     scheduler: TrialScheduler
     tracker: RunTracker
     parent_run_id: str
@@ -185,12 +228,15 @@ def _best(history: list[dict[str, Any]], metric: str, mode: str) -> float | None
 
 @task(name="train-trial", cache_policy=NO_CACHE, retries=0)
 def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
-    """Train one trial as a DDP group; returns its summary (status, metrics, best checkpoint, MLflow run)."""
+    """Train one trial as a DDP group; returns its summary (status, metrics, best checkpoint, MLflow run).
+
+    The sweep submits one trial more than it runs at once: that one opens its MLflow run (status SCHEDULED)
+    and waits for a slot, so a trial's Prefect task and MLflow run cost no time between two trainings."""
     task_start = time.perf_counter()
     rt = _RUNTIMES[runtime_id]
     logger = get_run_logger()
-    # One round trip to MLflow before training starts (the run and its artifact location); every other write
-    # of the child run (params, metrics, tags, end) goes through its background writer, in order.
+    # One round trip to MLflow (the run and its artifact location); every other write of the child run
+    # (params, metrics, tags, status, end) goes through its background writer, in order.
     run_id, artifact_uri = rt.tracker.create_run(
         spec.name,
         parent_run_id=rt.parent_run_id,
@@ -205,10 +251,43 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     proxied = storage is None
     if proxied:
         storage = os.path.join(rt.staging_dir, run_id)
-    rt.scheduler.on_trial_add(spec.trial_id)
-    rt.progress.update(spec.trial_id)
     mlflow_start_s = time.perf_counter() - task_start
 
+    wait_start = time.perf_counter()
+    slot = rt.slots.acquire(block=False)
+    if slot is None:
+        writer.set_status("SCHEDULED")
+        slot = rt.slots.acquire()
+        writer.set_status("RUNNING")
+    slot_wait_s = time.perf_counter() - wait_start
+    try:
+        if rt.deadline is not None and time.monotonic() > rt.deadline:
+            logger.warning("%s: the sweep's time budget ran out while it was queued; not started", spec.name)
+            writer.delete()  # a trial that never ran leaves no run behind
+            return {"trial_id": spec.trial_id, "name": spec.name, "status": NOT_STARTED, "run_id": run_id}
+        summary = _train(spec, rt, logger, writer, slot, storage, proxied)
+    finally:
+        slot.release()
+    # Everything this task spent outside the user's training function and the wait for a slot: MLflow child
+    # run, reservation, launch, rendezvous, report relay, teardown. The sweep benchmark reports it per trial.
+    summary["overhead_s"] = time.perf_counter() - task_start - slot_wait_s - summary["train_time_s"]
+    summary["slot_wait_s"] = slot_wait_s  # queued for a slot: not overhead, the cluster was busy
+    summary["phases_s"] = {"mlflow_start": round(mlflow_start_s, 4), **summary["phases_s"]}
+    return summary
+
+
+def _train(
+    spec: TrialSpec,
+    rt: SweepRuntime,
+    logger: Any,
+    writer: RunWriter,
+    slot: _Slot,
+    storage: str,
+    proxied: bool,
+) -> dict[str, Any]:
+    run_id = writer.run_id
+    rt.scheduler.on_trial_add(spec.trial_id)
+    rt.progress.update(spec.trial_id)
     budget_reached = False
 
     def on_report(metrics: dict[str, Any]) -> bool:
@@ -218,6 +297,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         decision = rt.scheduler.on_trial_result(spec.trial_id, metrics)
         if decision == STOP and metrics["training_iteration"] >= spec.max_reports:
             budget_reached = True  # the scheduler's max_t: the trial is done, not pruned (Ray: TERMINATED)
+            slot.release()
             return True
         out_of_time = rt.deadline is not None and time.monotonic() > rt.deadline
         if decision == STOP or out_of_time:
@@ -227,6 +307,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
                 step,
                 "ASHA" if decision == STOP else "time budget",
             )
+            slot.release()  # the group only tears down from here: the next trial may start
             return True
         return False
 
@@ -292,11 +373,13 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         "train_time_s": result.train_time_s,
     }
     rt.progress.update(spec.trial_id, metrics=result.metrics, status=status)
-    # Everything this task spent outside the user's training function: MLflow child run, reservation,
-    # launch, rendezvous, report relay, teardown. The sweep benchmark reports it per trial.
-    summary["overhead_s"] = time.perf_counter() - task_start - result.train_time_s
+    # Where and when rank 0 trained: consecutive trials on one worker show how long it sat idle in between.
+    summary["rank0"] = {
+        "worker": result.rank0_worker,
+        "started_at": result.started_at,
+        "ended_at": result.ended_at,
+    }
     summary["phases_s"] = {
-        "mlflow_start": round(mlflow_start_s, 4),
         "group_overhead": round(fit_s - result.train_time_s, 4),  # reserve, launch, rendezvous, teardown
         "mlflow_end": round(time.perf_counter() - fit_start - fit_s, 4),  # queued: written in the background
     }

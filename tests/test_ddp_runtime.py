@@ -181,6 +181,16 @@ def test_report_callback_stops_a_group_and_releases_its_workers(gpu3, tmp_path):
     assert a.stopped_early and len(a.metrics_history) == 3
     assert waiting.metrics_history[0]["t"] > a.metrics_history[-1]["t"]
     assert not waiting.stopped_early and len(waiting.metrics_history) == 2
+    # Nothing left behind on the scheduler: no reservation, no report queue.
+    assert gpu3.run_on_scheduler(gang.reservations) == {}
+    deadline = time.monotonic() + 10  # queue releases travel on the batched streams, a moment behind
+    while gpu3.run_on_scheduler(_our_queues) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gpu3.run_on_scheduler(_our_queues) == []
+
+
+def _our_queues(dask_scheduler=None):
+    return [name for name in dask_scheduler.extensions["queues"].queues if name.startswith("sweepflow-")]
 
 
 def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(cluster2, tmp_path):
@@ -312,3 +322,40 @@ def test_ported_ray_getting_started_example_runs_and_its_checkpoint_loads(tmp_pa
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "loaded checkpoint" in proc.stdout
     assert "'epoch': 0" in proc.stdout
+
+
+def _sleep_then_return(seconds):
+    time.sleep(seconds)
+    return "done"
+
+
+def test_a_reservation_ends_on_the_scheduler_when_its_rank_tasks_finish_and_wakes_a_waiting_group(gpu3):
+    """The next group is placed as soon as the last rank of the previous one returns, without any client
+    releasing anything: a waiting reserve() wakes on the scheduler itself."""
+    keys = [f"{gang.RANK_KEY_PREFIX}turnover-a-r{r}" for r in range(3)]
+    status, addresses = gpu3.run_on_scheduler(gang.reserve, "turnover-a", 3, {"GPU": 1.0}, keys, 0.0)
+    assert status == "reserved" and len(set(addresses)) == 3
+    # All three GPUs are held: another group is busy right now...
+    assert gpu3.run_on_scheduler(gang.reserve, "turnover-b", 2, {"GPU": 1.0}, [], 0.0) == ("busy", None)
+    futures = [
+        gpu3.submit(_sleep_then_return, 0.5, key=key, workers=[address], allow_other_workers=False, pure=False)
+        for key, address in zip(keys, addresses, strict=True)
+    ]
+    # ...and, asked to wait, gets the workers once the first group's ranks have returned (no release call).
+    status, placed = gpu3.run_on_scheduler(gang.reserve, "turnover-b", 2, {"GPU": 1.0}, [], 30.0)
+    assert status == "reserved" and len(placed) == 2
+    assert all(f.done() and f.result() == "done" for f in futures)
+    reservations = gpu3.run_on_scheduler(gang.reservations)
+    assert "turnover-a" not in reservations and reservations["turnover-b"] == placed
+    gpu3.run_on_scheduler(gang.release, "turnover-b")
+    assert gpu3.run_on_scheduler(gang.reservations) == {}
+    # A group that can never fit is told so at once; a wait that runs out says "busy", it does not hang.
+    status, _ = gpu3.run_on_scheduler(gang.reserve, "turnover-c", 4, {"GPU": 1.0}, [], 30.0)
+    assert status == "impossible"
+    hold = [f"{gang.RANK_KEY_PREFIX}turnover-d-r{r}" for r in range(3)]
+    assert gpu3.run_on_scheduler(gang.reserve, "turnover-d", 3, {"GPU": 1.0}, hold, 0.0)[0] == "reserved"
+    start = time.monotonic()
+    assert gpu3.run_on_scheduler(gang.reserve, "turnover-e", 1, {"GPU": 1.0}, [], 0.3) == ("busy", None)
+    assert time.monotonic() - start >= 0.3
+    gpu3.run_on_scheduler(gang.release, "turnover-d")
+    assert gpu3.run_on_scheduler(gang.reservations) == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -48,3 +49,32 @@ def test_proxied_artifact_uris_map_onto_the_servers_destination():
     )
     assert direct_storage_uri("file:///tmp/a%20b/artifacts") == "/tmp/a b/artifacts"
     assert direct_storage_uri("s3://bucket/x/artifacts", "s3://other") == "s3://bucket/x/artifacts"
+
+
+def _wait_for_status(tracker, run_id, status, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tracker.client.get_run(run_id).info.status == status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} never reached {status}")
+
+
+def test_a_queued_trials_run_is_scheduled_then_running_and_a_never_started_one_is_deleted(mlflow_server):
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    run_id, _ = tracker.create_run("queued trial")
+    writer = RunWriter(tracker, run_id)
+    writer.set_status("SCHEDULED")
+    _wait_for_status(tracker, run_id, "SCHEDULED")
+    writer.set_status("RUNNING")
+    writer.log({"val_loss": 0.5}, step=1)
+    writer.finish("FINISHED")
+    writer.join()
+    assert tracker.client.get_run(run_id).info.status == "FINISHED"
+
+    skipped, _ = tracker.create_run("never started")
+    writer = RunWriter(tracker, skipped)
+    writer.set_status("SCHEDULED")
+    writer.delete()
+    writer.join()
+    assert tracker.client.get_run(skipped).info.lifecycle_stage == "deleted"
