@@ -75,8 +75,10 @@ class _GangState:
 
 
 class _TurnoverPlugin(SchedulerPlugin):
-    """Ends a reservation when the last of its rank tasks has finished (in memory: returned; erred: raised),
-    and wakes waiting groups when workers join or tasks that are not ours leave a worker."""
+    """Ends a reservation when the last of its rank tasks has left ``processing`` — returned, raised, or given
+    up (its driver cancelled it or died, or its worker died) — and wakes waiting groups when workers join or
+    tasks that are not ours leave a worker. (A rank given up while its thread still runs stops by itself:
+    rank 0 notices the cancellation within a second, the others then lose their collective peer.)"""
 
     name = _EXTENSION
 
@@ -86,14 +88,11 @@ class _TurnoverPlugin(SchedulerPlugin):
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start != "processing":
             return
-        group_id = self.state.by_key.get(key) if isinstance(key, str) else None
+        group_id = self.state.by_key.pop(key, None) if isinstance(key, str) else None
         if group_id is None:
             self.state.notify()  # another task left its worker: a thread slot may be free
             return
-        if finish not in ("memory", "erred"):
-            return  # e.g. its worker died: the driver notices and releases the group itself
         reservation = self.state.reservations.get(group_id)
-        self.state.by_key.pop(key, None)
         if reservation is not None:
             reservation.pending_keys.discard(key)
             if not reservation.pending_keys:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported inside the functions that run on workers: drivers 
     import torch
 
 STOP, CONTINUE = "stop", "continue"
+_VERDICT_POLL_S = 1.0  # while waiting for a verdict, how often rank 0 checks that its driver still wants it
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ class _Rank0Link:
     def __init__(self, spec: RankSpec) -> None:
         self._timeout_s = spec.timeout_s
         self._queues: dict[str, Any] = {}
+        self._worker = get_worker()
+        self._key = self._worker.get_current_task()
         client = get_client()
 
         def open_queues() -> None:
@@ -150,8 +153,24 @@ class _Rank0Link:
         self._queues["reports"].put(
             {"metrics": _jsonable(metrics), "checkpoint": checkpoint.path if checkpoint else None}
         )
-        # The driver answers at once; the timeout only matters if the driver died.
-        return self._queues["verdicts"].get(timeout=self._timeout_s) == STOP
+        # The driver answers at once. If it died instead (its process was killed), Dask cancels this task but
+        # cannot stop its thread: notice that, and stop, so the worker is not held until the timeout.
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                return self._queues["verdicts"].get(timeout=_VERDICT_POLL_S) == STOP
+            except TimeoutError:
+                if self._abandoned():
+                    raise StopTraining() from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"no verdict from the driver within TorchConfig.timeout_s={self._timeout_s:g} s"
+                    ) from None
+
+    def _abandoned(self) -> bool:
+        """Whether the driver gave this rank's task up (cancelled it, or its client went away)."""
+        task = self._worker.state.tasks.get(self._key)
+        return task is None or task.state in ("cancelled", "released", "forgotten")
 
     def close(self) -> None:
         """Drop this rank's references to the queues (the scheduler frees them once the driver's go too)."""

@@ -137,6 +137,7 @@ def _sweep(
         trial_id = f"trial_{i:04d}"
         spec = TrialSpec(
             trial_id=trial_id,
+            index=i,
             name=f"{trial_id}-{describe_trial(params, space.varying_names)}",
             params=params,
             train_fn=cfg.training.train_fn,

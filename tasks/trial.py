@@ -42,6 +42,7 @@ class TrialSpec:
     """What one trial runs (plain data: it is the Prefect task's parameter)."""
 
     trial_id: str
+    index: int  # the trial's number: trials start in this order
     name: str
     params: dict[str, Any]  # the sampled hyperparameters
     train_fn: str  # "module:function"
@@ -109,34 +110,59 @@ class _Slot:
             if self._held:
                 self._held = False
                 self._slots._free += 1
-                self._slots._cond.notify()
+                self._slots._cond.notify_all()
 
 
 class TrialSlots:
-    """At most ``limit`` trials train at once.
+    """At most ``limit`` trials train at once, started in their order (turn 0, 1, 2, ...).
 
     A trial holds its slot from its start until its final report is answered (ASHA stopped it, or it reached
     max_t, or the time budget ran out), or until its task ends: after a final verdict its group only tears
     down, so the next trial, already queued with its MLflow run open, starts at once. Its group's reservation
-    waits on the Dask scheduler for the workers the finishing group is about to free.
+    waits on the Dask scheduler for the workers the finishing group is about to free. Turns keep the start
+    order that of the trials' numbers whichever task thread gets here first; a trial that ends before taking
+    its turn forfeits it, so the ones after it do not wait forever.
     """
 
     def __init__(self, limit: int) -> None:
         self._free = limit
+        self._next_turn = 0
+        self._forfeited: set[int] = set()
         self._cond = threading.Condition()
         self.acquired = 0  # slots taken so far (trials started)
         self.on_acquire: Callable[[], None] | None = None  # e.g. wakes the sweep to queue the next trial
 
-    def acquire(self, *, block: bool = True) -> _Slot | None:
+    def acquire(self, turn: int, *, block: bool = True) -> _Slot | None:
         with self._cond:
-            if not block and self._free < 1:
+
+            def ready() -> bool:
+                return self._free > 0 and self._next_turn == turn
+
+            if not block and not ready():
                 return None
-            self._cond.wait_for(lambda: self._free > 0)
+            self._cond.wait_for(ready)
             self._free -= 1
             self.acquired += 1
+            self._advance()
         if self.on_acquire is not None:
             self.on_acquire()
         return _Slot(self)
+
+    def forfeit(self, turn: int) -> None:
+        """The trial with this turn will not start (it failed before it got a slot)."""
+        with self._cond:
+            self._forfeited.add(turn)
+            if turn == self._next_turn:
+                self._advance(taken=False)
+
+    def _advance(self, *, taken: bool = True) -> None:
+        if taken or self._next_turn in self._forfeited:
+            self._forfeited.discard(self._next_turn)
+            self._next_turn += 1
+        while self._next_turn in self._forfeited:
+            self._forfeited.discard(self._next_turn)
+            self._next_turn += 1
+        self._cond.notify_all()
 
 
 @dataclass
@@ -235,39 +261,43 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
     task_start = time.perf_counter()
     rt = _RUNTIMES[runtime_id]
     logger = get_run_logger()
-    # One round trip to MLflow (the run and its artifact location); every other write of the child run
-    # (params, metrics, tags, status, end) goes through its background writer, in order.
-    run_id, artifact_uri = rt.tracker.create_run(
-        spec.name,
-        parent_run_id=rt.parent_run_id,
-        tags={"sweepflow.trial_id": spec.trial_id, "sweepflow.train_fn": spec.train_fn},
-    )
-    writer = RunWriter(rt.tracker, run_id)
-    rt.writers.append(writer)
-    writer.log_params(
-        {**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank}
-    )
-    storage = direct_storage_uri(artifact_uri, rt.artifacts_destination)
-    proxied = storage is None
-    if proxied:
-        storage = os.path.join(rt.staging_dir, run_id)
-    mlflow_start_s = time.perf_counter() - task_start
-
-    wait_start = time.perf_counter()
-    slot = rt.slots.acquire(block=False)
-    if slot is None:
-        writer.set_status("SCHEDULED")
-        slot = rt.slots.acquire()
-        writer.set_status("RUNNING")
-    slot_wait_s = time.perf_counter() - wait_start
+    slot = None
     try:
+        # One round trip to MLflow (the run and its artifact location); every other write of the child run
+        # (params, metrics, tags, status, end) goes through its background writer, in order.
+        run_id, artifact_uri = rt.tracker.create_run(
+            spec.name,
+            parent_run_id=rt.parent_run_id,
+            tags={"sweepflow.trial_id": spec.trial_id, "sweepflow.train_fn": spec.train_fn},
+        )
+        writer = RunWriter(rt.tracker, run_id)
+        rt.writers.append(writer)
+        writer.log_params(
+            {**spec.params, "num_ranks": spec.num_ranks, "resources_per_rank": spec.resources_per_rank}
+        )
+        storage = direct_storage_uri(artifact_uri, rt.artifacts_destination)
+        proxied = storage is None
+        if proxied:
+            storage = os.path.join(rt.staging_dir, run_id)
+        mlflow_start_s = time.perf_counter() - task_start
+
+        wait_start = time.perf_counter()
+        slot = rt.slots.acquire(spec.index, block=False)
+        if slot is None:
+            writer.set_status("SCHEDULED")
+            slot = rt.slots.acquire(spec.index)
+            writer.set_status("RUNNING")
+        slot_wait_s = time.perf_counter() - wait_start
         if rt.deadline is not None and time.monotonic() > rt.deadline:
             logger.warning("%s: the sweep's time budget ran out while it was queued; not started", spec.name)
             writer.delete()  # a trial that never ran leaves no run behind
             return {"trial_id": spec.trial_id, "name": spec.name, "status": NOT_STARTED, "run_id": run_id}
         summary = _train(spec, rt, logger, writer, slot, storage, proxied)
     finally:
-        slot.release()
+        if slot is None:
+            rt.slots.forfeit(spec.index)
+        else:
+            slot.release()
     # Everything this task spent outside the user's training function and the wait for a slot: MLflow child
     # run, reservation, launch, rendezvous, report relay, teardown. The sweep benchmark reports it per trial.
     summary["overhead_s"] = time.perf_counter() - task_start - slot_wait_s - summary["train_time_s"]

@@ -359,3 +359,61 @@ def test_a_reservation_ends_on_the_scheduler_when_its_rank_tasks_finish_and_wake
     assert time.monotonic() - start >= 0.3
     gpu3.run_on_scheduler(gang.release, "turnover-d")
     assert gpu3.run_on_scheduler(gang.reservations) == {}
+
+
+DRIVER_THAT_HANGS = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from distributed import Client
+import ddp_runtime as train
+from ddp_runtime.torch import TorchTrainer
+from ddp_helpers import report_forever
+
+def hang(metrics):
+    open({marker!r}, "w").close()
+    time.sleep(3600)  # the driver is killed while rank 0 waits for this verdict
+
+with Client({address!r}) as client:
+    TorchTrainer(
+        report_forever,
+        train_loop_config={{"interval": 0.01}},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path={storage!r}),
+        client=client,
+        on_report=hang,
+    ).fit()
+"""
+
+
+def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
+    """Ranks outlive a driver process that is killed (Dask cannot stop a task's thread): they must notice and
+    end, and the group's reservation must end, so the next group starts within seconds, not after
+    TorchConfig.timeout_s (300 s)."""
+    marker = tmp_path / "waiting-for-verdict"
+    script = DRIVER_THAT_HANGS.format(
+        tests=os.path.join(ROOT, "tests"),
+        marker=str(marker),
+        address=cluster2.scheduler.address,
+        storage=str(tmp_path / "results"),
+    )
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert driver.poll() is None, "the driver exited before its first report"
+            assert time.monotonic() < deadline, "no report reached the driver"
+            time.sleep(0.1)
+    finally:
+        driver.kill()
+        driver.wait()
+    start = time.monotonic()
+    result = TorchTrainer(
+        linear_regression,
+        train_loop_config={"epochs": 1},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path),
+        client=cluster2,
+    ).fit()
+    assert result.error is None
+    assert time.monotonic() - start < 60
+    assert cluster2.run_on_scheduler(gang.reservations) == {}

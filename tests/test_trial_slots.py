@@ -12,12 +12,12 @@ def test_slots_limit_concurrency_and_hand_over_to_a_waiting_trial():
     taken = []
     slots = TrialSlots(2)
     slots.on_acquire = lambda: taken.append(time.monotonic())
-    first, second = slots.acquire(), slots.acquire()
-    assert slots.acquire(block=False) is None  # both held: a third trial waits
+    first, second = slots.acquire(0), slots.acquire(1)
+    assert slots.acquire(2, block=False) is None  # both held: a third trial waits
     got = {}
 
     def queued_trial():
-        got["slot"] = slots.acquire()
+        got["slot"] = slots.acquire(2)
 
     waiter = threading.Thread(target=queued_trial)
     waiter.start()
@@ -27,6 +27,25 @@ def test_slots_limit_concurrency_and_hand_over_to_a_waiting_trial():
     first.release()  # idempotent: the task's own finally releases again
     waiter.join(5)
     assert not waiter.is_alive() and slots.acquired == 3 and len(taken) == 3
-    assert slots.acquire(block=False) is None  # one release let exactly one trial in
+    assert slots.acquire(3, block=False) is None  # one release let exactly one trial in
     second.release()
-    assert slots.acquire(block=False) is not None
+    assert slots.acquire(3, block=False) is not None
+
+
+def test_trials_start_in_their_order_and_a_forfeited_turn_does_not_block_the_rest():
+    slots = TrialSlots(1)
+    order = []
+
+    def trial(turn):
+        slot = slots.acquire(turn)
+        order.append(turn)
+        slot.release()
+
+    threads = [threading.Thread(target=trial, args=(turn,)) for turn in (3, 2, 0)]  # arrive out of order
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    slots.forfeit(1)  # trial 1 failed before it got a slot
+    for t in threads:
+        t.join(5)
+    assert order == [0, 2, 3]
