@@ -108,16 +108,10 @@ def slot_gaps_ms(trials: list[dict]) -> list[float]:
 
 
 def plain_seconds(pool: ProcessPoolExecutor, summary: dict, checkpoint: bool) -> float:
+    """The sweep's trials, in its start order (trial number), each for the epochs it ran there."""
     data_path = summary["data_path"]
-    work = [
-        (
-            {k.removeprefix("config/"): v for k, v in t.items() if k.startswith("config/")},
-            t["epochs"],
-            data_path,
-            checkpoint,
-        )
-        for t in summary["leaderboard"]
-    ]
+    trials = sorted(summary["trials"], key=lambda t: t["trial_id"])
+    work = [(t["params"], t["epochs"], data_path, checkpoint) for t in trials]
     start = time.perf_counter()
     list(pool.map(plain_trial, work))
     return time.perf_counter() - start

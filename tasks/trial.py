@@ -33,6 +33,7 @@ from tasks.schedulers import STOP, TrialScheduler
 from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
 
 COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
+_SCHEDULED_AFTER_S = 1.0  # a trial queued longer than this shows as SCHEDULED in MLflow until it starts
 NOT_STARTED = "NOT_STARTED"  # queued, then the sweep's time budget ran out before it got a slot
 _MLFLOW_STATUS = {COMPLETED: "FINISHED", STOPPED: "KILLED", FAILED: "FAILED"}
 
@@ -132,15 +133,15 @@ class TrialSlots:
         self.acquired = 0  # slots taken so far (trials started)
         self.on_acquire: Callable[[], None] | None = None  # e.g. wakes the sweep to queue the next trial
 
-    def acquire(self, turn: int, *, block: bool = True) -> _Slot | None:
+    def acquire(self, turn: int, *, timeout: float | None = None) -> _Slot | None:
+        """Wait (at most ``timeout`` seconds; None: for ever) for this turn and a free slot."""
         with self._cond:
 
             def ready() -> bool:
                 return self._free > 0 and self._next_turn == turn
 
-            if not block and not ready():
+            if not self._cond.wait_for(ready, timeout):
                 return None
-            self._cond.wait_for(ready)
             self._free -= 1
             self.acquired += 1
             self._advance()
@@ -282,8 +283,8 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> dict[str, Any]:
         mlflow_start_s = time.perf_counter() - task_start
 
         wait_start = time.perf_counter()
-        slot = rt.slots.acquire(spec.index, block=False)
-        if slot is None:
+        slot = rt.slots.acquire(spec.index, timeout=_SCHEDULED_AFTER_S)
+        if slot is None:  # a longer wait shows in MLflow (each status change is a request to the server)
             writer.set_status("SCHEDULED")
             slot = rt.slots.acquire(spec.index)
             writer.set_status("RUNNING")

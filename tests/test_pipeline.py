@@ -158,3 +158,45 @@ def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
     with pytest.raises(ValueError, match="max_t"):
         PipelineConfig.model_validate({"scheduler": {"max_t": 10}, "training": {"epochs": 2}})
     assert os.path.isabs(resolve_settings(PipelineConfig()).state_dir)
+
+
+def test_the_time_budget_stops_the_running_trial_and_drops_the_queued_one(prefect_harness, cluster, tmp_path):
+    """One trial at a time, a budget shorter than a trial: the running trial is stopped at its first report
+    past the budget, the trial queued behind it never starts (its MLflow run is deleted), no further trial is
+    submitted, and the sweep returns what ran."""
+    cfg = resolve_settings(
+        _config(
+            tmp_path,
+            cluster,
+            f"sqlite:///{tmp_path}/mlflow.db",
+            sweep={
+                "search_space": {"quality": {"type": "grid", "values": [1, 2, 3, 4]}},
+                "num_samples": 1,
+                "max_concurrent_trials": 1,
+                "time_budget_s": 1.0,
+            },
+            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 400},
+            scheduler={"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 400},
+            resources={"ranks_per_trial": 1},
+        )
+    )
+    prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
+    tracker = RunTracker(cfg.mlflow.tracking_uri, "budget", artifact_root=str(tmp_path / "artifacts"))
+
+    @flow
+    def sweep_only() -> tuple[str, list[dict]]:
+        parent = tracker.start_run("budget-parent")
+        return parent, _sweep(cfg, prepared, cluster, tracker, parent)
+
+    parent, results = sweep_only()
+    assert [r["params"]["quality"] for r in results] == [1]
+    assert results[0]["status"] == "STOPPED" and 1 <= results[0]["epochs"] < 400
+    children = tracker.client.search_runs(
+        [tracker.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent}'",
+        run_view_type=3,  # ALL: active and deleted
+    )
+    by_stage = {}
+    for child in children:
+        by_stage.setdefault(child.info.lifecycle_stage, []).append(child.data.tags["sweepflow.trial_id"])
+    assert by_stage == {"active": ["trial_0000"], "deleted": ["trial_0001"]}

@@ -13,7 +13,7 @@ def test_slots_limit_concurrency_and_hand_over_to_a_waiting_trial():
     slots = TrialSlots(2)
     slots.on_acquire = lambda: taken.append(time.monotonic())
     first, second = slots.acquire(0), slots.acquire(1)
-    assert slots.acquire(2, block=False) is None  # both held: a third trial waits
+    assert slots.acquire(2, timeout=0) is None  # both held: a third trial waits
     got = {}
 
     def queued_trial():
@@ -27,9 +27,9 @@ def test_slots_limit_concurrency_and_hand_over_to_a_waiting_trial():
     first.release()  # idempotent: the task's own finally releases again
     waiter.join(5)
     assert not waiter.is_alive() and slots.acquired == 3 and len(taken) == 3
-    assert slots.acquire(3, block=False) is None  # one release let exactly one trial in
+    assert slots.acquire(3, timeout=0) is None  # one release let exactly one trial in
     second.release()
-    assert slots.acquire(3, block=False) is not None
+    assert slots.acquire(3, timeout=0) is not None
 
 
 def test_trials_start_in_their_order_and_a_forfeited_turn_does_not_block_the_rest():
