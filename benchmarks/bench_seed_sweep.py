@@ -1,6 +1,6 @@
 """The "seed-sweep" workload (run by hand; prints numbers and ratios, asserts nothing).
 
-    .venv/bin/python benchmarks/bench_seed_sweep.py [--state-dir DIR] [--repeats N]
+    .venv/bin/python benchmarks/bench_seed_sweep.py [--state-dir DIR] [--repeats N] [--num-samples N]
 
 digits, the seed's Net(l1, l2), 8 trials sampled from the seed's space, at most 4 epochs, ASHA (grace 1,
 reduction factor 2), 1 rank per trial, 2 trials at a time. Reports:
@@ -14,6 +14,8 @@ reduction factor 2), 1 rank per trial, 2 trials at a time. Reports:
    training function returning and the next one's starting (Prefect task + MLflow child run + group start/stop
    that was not hidden behind other trials' training); and the bookkeeping work itself (each trial's wall
    time minus its wait for a slot and its training), most of which now overlaps the running trials.
+4. CPU seconds each local service (and the flow processes, and the Dask workers) used per run: with
+   --num-samples 24 against the default 8, the difference per extra trial is each one's per-trial cost.
 The machine's speed drifts between runs (shared host), so every ratio is computed within one repetition.
 """
 
@@ -33,7 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SETS = [
-    "sweep.num_samples=8",
     "sweep.max_concurrent_trials=2",
     "training.epochs=4",
     "scheduler.max_t=4",
@@ -81,9 +82,9 @@ def plain_trial(args: tuple[dict, int, str, bool]) -> float:
     return time.perf_counter() - start
 
 
-def run_cli(state_dir: str, summary_path: str) -> tuple[float, str]:
+def run_cli(state_dir: str, summary_path: str, num_samples: int) -> tuple[float, str]:
     cmd = [os.path.join(os.path.dirname(sys.executable), "sweepflow"), "run", "--summary-json", summary_path]
-    for item in SETS + [f"state_dir={state_dir}"]:
+    for item in SETS + [f"sweep.num_samples={num_samples}", f"state_dir={state_dir}"]:
         cmd += ["--set", item]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -107,6 +108,33 @@ def slot_gaps_ms(trials: list[dict]) -> list[float]:
     return gaps
 
 
+def service_cpu_seconds(state_dir: str) -> dict[str, float]:
+    """CPU seconds used so far by each local service's processes (children included, reaped ones too: the
+    launcher's forked flow processes). The Dask service is split into its scheduler and its workers."""
+    import psutil
+
+    from flows import services
+
+    def total(process: psutil.Process, *, reaped: bool) -> float:
+        t = process.cpu_times()
+        return t.user + t.system + ((t.children_user + t.children_system) if reaped else 0.0)
+
+    out: dict[str, float] = {}
+    for name in ("prefect", "mlflow", "dask", "launcher"):
+        record = services.read_record(state_dir, name)
+        if record is None:
+            continue
+        root = psutil.Process(int(record["pid"]))
+        children = root.children(recursive=True)
+        if name == "dask":
+            out["dask scheduler"] = total(root, reaped=False)
+            out["dask workers"] = sum(total(c, reaped=False) for c in children)
+        else:
+            label = "flow processes" if name == "launcher" else f"{name} server"
+            out[label] = total(root, reaped=True) + sum(total(c, reaped=False) for c in children)
+    return out
+
+
 def plain_seconds(pool: ProcessPoolExecutor, summary: dict, checkpoint: bool) -> float:
     """The sweep's trials, in its start order (trial number), each for the epochs it ran there."""
     data_path = summary["data_path"]
@@ -121,15 +149,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--state-dir", default=None)
     parser.add_argument("--repeats", type=int, default=3, help="runs that reuse the services (default 3)")
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=8,
+        help="trials per run (default 8, the workload; more shows the per-trial CPU cost of each service)",
+    )
     args = parser.parse_args()
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="sweepflow-seed-sweep-")
     from flows.local_server import stop_server
 
     summary_path = os.path.join(state_dir, "summary.json")
     with ProcessPoolExecutor(max_workers=2) as pool:
-        rows, gaps, work, phases = [], [], [], []
+        rows, gaps, work, phases, cpu = [], [], [], [], []
         try:
-            wall, out = run_cli(state_dir, summary_path)
+            wall, out = run_cli(state_dir, summary_path, args.num_samples)
             with open(summary_path) as f:
                 data_path = json.load(f)["data_path"]
             # Warm both plain processes (imports, data), as the sweep's Dask workers are warm.
@@ -139,7 +173,10 @@ def main() -> None:
                 f"1. first run (starts the local Prefect, MLflow and Dask services and the launcher): {wall:.1f} s"
             )
             for i in range(args.repeats):
-                wall, out = run_cli(state_dir, summary_path)
+                before = service_cpu_seconds(state_dir)
+                wall, out = run_cli(state_dir, summary_path, args.num_samples)
+                after = service_cpu_seconds(state_dir)
+                cpu.append({k: after[k] - before.get(k, 0.0) for k in after})
                 timings = next(line for line in out.splitlines() if line.startswith("Timings:"))
                 print(
                     f"1. run {i + 1} reusing them: {wall:.1f} s from the command to the registered model  [{timings}]"
@@ -176,6 +213,9 @@ def main() -> None:
         + ", ".join(f"{k} {statistics.median(p[k] for p in phases) * 1000:.0f}" for k in names)
         + ")"
     )
+    print("4. CPU seconds per run (whole run: sweep, evaluation, registration), median over the runs:")
+    for name in cpu[0]:
+        print(f"   {name:16s} {statistics.median(c[name] for c in cpu):6.2f}")
 
 
 if __name__ == "__main__":

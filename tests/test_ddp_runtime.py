@@ -47,6 +47,17 @@ def _run_config(tmp_path, **kwargs):
     return train.RunConfig(storage_path=str(tmp_path / "results"), **kwargs)
 
 
+def _train_one_epoch(client, tmp_path):
+    """A 2-rank group that trains one epoch: shows the cluster is usable (no rank hanging, no worker held)."""
+    return TorchTrainer(
+        linear_regression,
+        train_loop_config={"epochs": 1},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path),
+        client=client,
+    ).fit()
+
+
 def test_two_rank_training_syncs_parameters_and_shards_data(cluster2, tmp_path):
     n = 203  # odd on purpose: DistributedSampler pads to an even split
     result = TorchTrainer(
@@ -209,13 +220,7 @@ def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(clust
     assert elapsed < 30, f"teardown took {elapsed:.1f}s"
     # The cluster is usable afterwards: no rank left hanging, no reservation leaked.
     assert cluster2.run_on_scheduler(gang.reservations) == {}
-    ok = TorchTrainer(
-        linear_regression,
-        train_loop_config={"epochs": 1},
-        scaling_config=train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path),
-        client=cluster2,
-    ).fit()
+    ok = _train_one_epoch(cluster2, tmp_path)
     assert ok.metrics["epoch"] == 0
 
 
@@ -407,13 +412,7 @@ def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
         driver.kill()
         driver.wait()
     start = time.monotonic()
-    result = TorchTrainer(
-        linear_regression,
-        train_loop_config={"epochs": 1},
-        scaling_config=train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path),
-        client=cluster2,
-    ).fit()
+    result = _train_one_epoch(cluster2, tmp_path)
     assert result.error is None
     assert time.monotonic() - start < 60
     assert cluster2.run_on_scheduler(gang.reservations) == {}

@@ -116,23 +116,35 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     assert client.get_model_version_by_alias("digits-e2e", "challenger").version == "2"
 
 
-def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
-    """One trial at a time, so the rung decisions are fixed: trial 0 (best) runs to max_t; each later, worse
-    trial reaches rung 1 behind a better recorded value and is stopped after its first report."""
-    cfg = resolve_settings(
+def _scripted_sweep(tmp_path, cluster, *, qualities, epochs, scheduler, **sweep) -> PipelineConfig:
+    """One trial at a time over a grid of scripted trials (pipeline_helpers.scripted_quality), 1 rank each."""
+    return resolve_settings(
         _config(
             tmp_path,
             cluster,
             f"sqlite:///{tmp_path}/mlflow.db",
             sweep={
-                "search_space": {"quality": {"type": "grid", "values": [1, 2, 3]}},
+                "search_space": {"quality": {"type": "grid", "values": qualities}},
                 "num_samples": 1,
                 "max_concurrent_trials": 1,
+                **sweep,
             },
-            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 4},
-            scheduler={"metric": "val_loss", "mode": "min", "max_t": 4, "grace_period": 1, "reduction_factor": 2},
+            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": epochs},
+            scheduler=scheduler,
             resources={"ranks_per_trial": 1},
         )
+    )
+
+
+def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
+    """One trial at a time, so the rung decisions are fixed: trial 0 (best) runs to max_t; each later, worse
+    trial reaches rung 1 behind a better recorded value and is stopped after its first report."""
+    cfg = _scripted_sweep(
+        tmp_path,
+        cluster,
+        qualities=[1, 2, 3],
+        epochs=4,
+        scheduler={"metric": "val_loss", "mode": "min", "max_t": 4, "grace_period": 1, "reduction_factor": 2},
     )
     prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
     tracker = RunTracker(cfg.mlflow.tracking_uri, "asha", artifact_root=str(tmp_path / "artifacts"))
@@ -164,21 +176,13 @@ def test_the_time_budget_stops_the_running_trial_and_drops_the_queued_one(prefec
     """One trial at a time, a budget shorter than a trial: the running trial is stopped at its first report
     past the budget, the trial queued behind it never starts (its MLflow run is deleted), no further trial is
     submitted, and the sweep returns what ran."""
-    cfg = resolve_settings(
-        _config(
-            tmp_path,
-            cluster,
-            f"sqlite:///{tmp_path}/mlflow.db",
-            sweep={
-                "search_space": {"quality": {"type": "grid", "values": [1, 2, 3, 4]}},
-                "num_samples": 1,
-                "max_concurrent_trials": 1,
-                "time_budget_s": 1.0,
-            },
-            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 400},
-            scheduler={"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 400},
-            resources={"ranks_per_trial": 1},
-        )
+    cfg = _scripted_sweep(
+        tmp_path,
+        cluster,
+        qualities=[1, 2, 3, 4],
+        epochs=400,
+        scheduler={"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 400},
+        time_budget_s=1.0,
     )
     prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
     tracker = RunTracker(cfg.mlflow.tracking_uri, "budget", artifact_root=str(tmp_path / "artifacts"))
