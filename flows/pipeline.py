@@ -180,8 +180,7 @@ def _sweep(
         events: queue.Queue[Any] = queue.Queue()
         runtime.slots.on_acquire = lambda: events.put(None)
         started = 0
-        in_flight: set[Any] = set()
-        submitted: dict[Any, tuple[float, int | None]] = {}
+        in_flight: dict[Any, tuple[float, int | None]] = {}  # task future -> (submitted at, TPE number)
         while started < total or in_flight:
             out_of_time = deadline is not None and time.monotonic() > deadline
             # Keep one trial queued beyond those running: it opens its MLflow run and waits for a slot, so it
@@ -194,8 +193,7 @@ def _sweep(
                 spec, number = next_trial(started)
                 started += 1
                 future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
-                submitted[future] = (time.perf_counter(), number)
-                in_flight.add(future)
+                in_flight[future] = (time.perf_counter(), number)
                 future.add_done_callback(events.put)
             if out_of_time and started < total:
                 logger.warning("time budget spent: %d trial(s) not started", total - started)
@@ -205,9 +203,8 @@ def _sweep(
             done = events.get()
             if done is None or done not in in_flight:
                 continue  # a slot was taken: maybe queue the next trial
-            in_flight.remove(done)
+            submitted_at, number = in_flight.pop(done)
             result = done.result()
-            submitted_at, number = submitted.pop(done)
             if result["status"] == NOT_STARTED:
                 continue  # queued when the time budget ran out; its MLflow run was deleted
             if tpe is not None:  # early-stopped trials count with the best value they reached, as in Ray
