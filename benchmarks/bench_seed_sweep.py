@@ -50,10 +50,9 @@ def plain_trial(args: tuple[dict, int, str, bool]) -> float:
     import tempfile
 
     import torch
+    from sweepflow.tasks.datasets import load_meta, load_split
+    from sweepflow.tasks.training.loop import make_model, make_optimizer
     from torch.utils.data import DataLoader, TensorDataset
-
-    from tasks.datasets import load_meta, load_split
-    from tasks.train_loop import make_model, make_optimizer
 
     torch.set_num_threads(1)
     config, epochs, data_path, checkpoint = args
@@ -112,8 +111,7 @@ def service_cpu_seconds(state_dir: str) -> dict[str, float]:
     """CPU seconds used so far by each local service's processes (children included, reaped ones too: the
     launcher's forked flow processes). The Dask service is split into its scheduler and its workers."""
     import psutil
-
-    from flows import services
+    from sweepflow.services import supervisor as services
 
     def total(process: psutil.Process, *, reaped: bool) -> float:
         t = process.cpu_times()
@@ -157,7 +155,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="sweepflow-seed-sweep-")
-    from flows.local_server import stop_server
+    from sweepflow.services.local import stop_server
 
     summary_path = os.path.join(state_dir, "summary.json")
     with ProcessPoolExecutor(max_workers=2) as pool:

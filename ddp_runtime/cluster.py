@@ -15,7 +15,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from ddp_runtime import gang
+from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
 
 PRELOAD = "ddp_runtime._preload"

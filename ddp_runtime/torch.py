@@ -25,13 +25,8 @@ from typing import TYPE_CHECKING, Any
 from distributed import Client, Future, Queue, Variable, default_client
 from distributed.comm import get_address_host
 
-from ddp_runtime import gang
-from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
-from ddp_runtime.cluster import local_cluster
-from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig
-from ddp_runtime.result import RankError, Result, TrainingFailedError
-from ddp_runtime.session import get_context
-from ddp_runtime.worker import (
+from ddp_runtime import _gang as gang
+from ddp_runtime._worker import (
     CONTINUE,
     STOP,
     RankSpec,
@@ -40,6 +35,11 @@ from ddp_runtime.worker import (
     run_rank,
     verdicts_queue_name,
 )
+from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
+from ddp_runtime.cluster import local_cluster
+from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig
+from ddp_runtime.result import RankError, Result, TrainingFailedError
+from ddp_runtime.session import get_context
 
 if TYPE_CHECKING:
     # The driver side (TorchTrainer) never touches torch: it is imported by the in-worker helpers below and by

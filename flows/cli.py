@@ -2,7 +2,7 @@
 
 sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server]
 sweepflow server start|stop|status
-sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see flows/stack.py)
+sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see infra/services/stack.py)
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 
 def _load_config(path: str | None, overrides: list[str]):
     import yaml
-
-    from flows.config import PipelineConfig, apply_overrides
+    from sweepflow.flows.config import PipelineConfig, apply_overrides
 
     raw = {}
     if path:
@@ -27,7 +26,7 @@ def _load_config(path: str | None, overrides: list[str]):
 
 
 def _state_dir(config) -> str:
-    from flows.config import resolve_settings
+    from sweepflow.flows.config import resolve_settings
 
     return resolve_settings(config).state_dir
 
@@ -49,9 +48,9 @@ def _use_local_services(config, state_dir: str, *, launcher: bool):
     Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from flows import launcher as warm_launcher
-    from flows import services
-    from flows.local_server import PREFECT, ensure_dask, ensure_mlflow, prefect_server_spec, server_env
+    from sweepflow.services import launcher as warm_launcher
+    from sweepflow.services import supervisor as services
+    from sweepflow.services.local import PREFECT, ensure_dask, ensure_mlflow, prefect_server_spec, server_env
 
     starts = {}
     if not os.environ.get("PREFECT_API_URL"):
@@ -72,7 +71,9 @@ def _use_local_services(config, state_dir: str, *, launcher: bool):
         )
     if launcher:
         env = dict(os.environ)
-        starts["launcher"] = lambda: warm_launcher.ensure(state_dir, env)
+        starts["launcher"] = lambda: warm_launcher.ensure(
+            state_dir, env, entry=f"{__name__}:main", preload=["sweepflow.flows.pipeline"]
+        )
     with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
         addresses = {
             name: future.result() for name, future in [(n, pool.submit(f)) for n, f in starts.items()]
@@ -97,11 +98,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_server:
         config = _use_local_services(config, state_dir, launcher=not args.in_process)
         if not args.in_process:
-            from flows import launcher
+            from sweepflow.services import launcher
 
             return launcher.run(state_dir, args.argv, started_at=t0)  # the same command, in a warm child
     t_server = time.time()
-    from flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
+    from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
 
     t_import = time.time()
     summary = training_pipeline(config=config)
@@ -146,8 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from flows.config import PipelineConfig
-    from flows.local_server import ensure_dask, ensure_mlflow, ensure_server, status, stop_server
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.services.local import ensure_dask, ensure_mlflow, ensure_server, status, stop_server
 
     state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir))
     if args.action == "start":
@@ -165,7 +166,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from flows import stack
+    from sweepflow.services import stack
 
     state_dir = os.path.abspath(args.state_dir or stack.default_state_dir())
     if args.action == "up":
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--in-process",
         action="store_true",
-        help="run the flow in this process instead of a child of the warm launcher (see flows/launcher.py)",
+        help="run the flow in this process instead of a child of the warm launcher (see infra/services/launcher.py)",
     )
     run.set_defaults(func=cmd_run)
     server = sub.add_parser(

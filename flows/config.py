@@ -12,9 +12,8 @@ import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from tasks.schedulers import make_scheduler
-from tasks.search_space import parse_space
+from sweepflow.tasks.sweep.schedulers import make_scheduler
+from sweepflow.tasks.sweep.space import parse_space
 
 # The Ray Tune CIFAR tutorial's search space (../shared/seeds/ray-tune-pytorch-cifar.rst):
 # l1, l2 = 2**randint(2, 9) (4..256), lr = loguniform(1e-4, 1e-1), batch_size = choice([2, 4, 8, 16]).
@@ -26,7 +25,7 @@ SEED_SEARCH_SPACE: dict[str, Any] = {
     "batch_size": {"type": "choice", "values": [16, 32, 64]},
 }
 
-DEFAULT_TRAIN_FN = "tasks.train_loop:train_image_classifier"
+DEFAULT_TRAIN_FN = "sweepflow.tasks.training.loop:train_image_classifier"
 
 #: Environment variables read (once, by ``resolve_settings``) to fill machine-dependent settings. S3
 #: credentials and endpoint come from the standard AWS chain (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...),

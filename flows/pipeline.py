@@ -19,18 +19,15 @@ from distributed import Client
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
-
-import ddp_runtime as train
-from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent_groups
-from flows.config import PipelineConfig, resolve_settings
-from flows.local_server import WORKER_PRELOAD
-from tasks.data import download_dataset
-from tasks.datasets import DataConfig, PreparedDataset
-from tasks.finalize import evaluate_best, register_best
-from tasks.schedulers import make_scheduler
-from tasks.search_space import TPESampler, describe_trial, generate_trials, parse_space
-from tasks.tracking import RunTracker, check_direct_writes, direct_storage_uri, flatten
-from tasks.trial import (
+from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.services.local import WORKER_PRELOAD
+from sweepflow.tasks.datasets import DataConfig, PreparedDataset
+from sweepflow.tasks.download import download_dataset
+from sweepflow.tasks.finalize import evaluate_best, register_best
+from sweepflow.tasks.sweep.schedulers import make_scheduler
+from sweepflow.tasks.sweep.space import TPESampler, describe_trial, generate_trials, parse_space
+from sweepflow.tasks.tracking.runs import RunTracker, check_direct_writes, direct_storage_uri, flatten
+from sweepflow.tasks.trial import (
     COMPLETED,
     FAILED,
     NOT_STARTED,
@@ -43,6 +40,9 @@ from tasks.trial import (
     registered_runtime,
     run_trial,
 )
+
+import ddp_runtime as train
+from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

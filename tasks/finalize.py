@@ -1,7 +1,7 @@
 """The stages after the sweep: evaluate the best trial's best checkpoint on the test split, register it.
 
 Both run their torch work on a Dask worker of the sweep's cluster, not in the flow process: the workers are
-long-lived and already hold torch (and, with the ``tasks.worker_preload`` preload, torch._dynamo for the pt2
+long-lived and already hold torch (and, with the ``sweepflow.tasks.worker_preload`` preload, torch._dynamo for the pt2
 export, matplotlib and mlflow.pytorch), while the flow process never imports torch at all. That keeps a
 pipeline run's start-up free of torch's import and the sweep free of a second process competing for cores.
 """
@@ -15,15 +15,15 @@ from typing import Any
 from distributed import Client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from sweepflow.tasks.tracking.runs import RunTracker
 
 from ddp_runtime import Checkpoint
-from tasks.tracking import RunTracker
 
 
 def _evaluate_on_worker(
     checkpoint_path: str, data_path: str, storage_options: dict[str, Any] | None
 ) -> dict[str, Any]:
-    from tasks.evaluate import evaluate_checkpoint, plot_confusion_matrix
+    from sweepflow.tasks.training.evaluate import evaluate_checkpoint, plot_confusion_matrix
 
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         result = evaluate_checkpoint(local, data_path, split="test")
@@ -64,9 +64,9 @@ def _register_on_worker(
     storage_options: dict[str, Any] | None,
     registration_args: dict[str, Any],
 ) -> dict[str, Any]:
-    from tasks.datasets import load_split
-    from tasks.registry import log_and_register
-    from tasks.train_loop import load_model_from_checkpoint
+    from sweepflow.tasks.datasets import load_split
+    from sweepflow.tasks.tracking.registry import log_and_register
+    from sweepflow.tasks.training.loop import load_model_from_checkpoint
 
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         model = load_model_from_checkpoint(local)

@@ -26,11 +26,11 @@ from typing import Any
 from distributed import Client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from sweepflow.tasks.sweep.schedulers import STOP, TrialScheduler
+from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 
 import ddp_runtime as train
 from ddp_runtime.torch import TorchTrainer
-from tasks.schedulers import STOP, TrialScheduler
-from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
 
 COMPLETED, STOPPED, FAILED = "COMPLETED", "STOPPED", "FAILED"
 _SCHEDULED_AFTER_S = 1.0  # a trial queued longer than this shows as SCHEDULED in MLflow until it starts

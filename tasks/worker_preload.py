@@ -1,6 +1,6 @@
 """Dask worker preload for pipeline clusters (in addition to ``ddp_runtime._preload``).
 
-Evaluation and registration of the best trial run on a Dask worker (``tasks.finalize``); their imports
+Evaluation and registration of the best trial run on a Dask worker (``sweepflow.tasks.finalize``); their imports
 (mlflow.pytorch, matplotlib, torch._dynamo for the pt2 export) cost several seconds. Workers live across
 pipeline runs, so they pay that once, in a background thread right after they start, instead of every run.
 """
@@ -9,9 +9,9 @@ import threading
 
 
 def _warm() -> None:
-    import tasks.evaluate  # noqa: F401  (matplotlib)
-    import tasks.registry  # noqa: F401  (mlflow.pytorch)
-    import tasks.train_loop  # noqa: F401
+    import sweepflow.tasks.tracking.registry  # noqa: F401  (mlflow.pytorch)
+    import sweepflow.tasks.training.evaluate  # noqa: F401  (matplotlib)
+    import sweepflow.tasks.training.loop  # noqa: F401
 
 
 threading.Thread(target=_warm, name="sweepflow-pipeline-preload", daemon=True).start()

@@ -13,11 +13,11 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
 
 # Training functions defined in test modules are pickled by reference: the Dask worker processes the tests
-# start must be able to import them, as a user's workers import the user's package.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, ROOT, os.environ.get("PYTHONPATH")) if p)
-for path in (TESTS_DIR, ROOT):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+# start must be able to import them, as a user's workers import the user's package. The project itself is
+# imported as installed (``sweepflow.*``, ``ddp_runtime``), never from the checkout's root.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
 
 
 def free_port() -> int:

@@ -97,7 +97,7 @@ def test_ctrl_c_reaches_the_run_in_the_warm_launcher_which_keeps_serving(tmp_pat
 
 
 def test_launcher_fingerprint_follows_prefect_settings_and_code():
-    from flows.launcher import fingerprint
+    from sweepflow.services.launcher import fingerprint
 
     base = {"PREFECT_API_URL": "http://127.0.0.1:1/api", "HOME": "/x"}
     assert fingerprint(base) == fingerprint({**base, "HOME": "/y"})  # other variables don't matter

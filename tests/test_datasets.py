@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-from tasks.datasets import (
+from sweepflow.tasks.datasets import (
     DATASETS,
     SPLITS,
     ChecksumMismatchError,
@@ -886,7 +885,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def test_download_task_second_call_is_cached_and_revalidated(
     prefect_harness: None, generated: Generated, http_server: HttpServer, tmp_path: Path
 ) -> None:
-    from tasks.data import dataset_cache_key, download_dataset
+    from sweepflow.tasks.download import dataset_cache_key, download_dataset
 
     config = DataConfig(
         name="mnist",
@@ -923,7 +922,7 @@ def test_download_task_second_call_is_cached_and_revalidated(
 def test_download_task_with_s3_cache_is_cached_and_revalidated(
     prefect_harness: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
 ) -> None:
-    from tasks.data import download_dataset
+    from sweepflow.tasks.download import download_dataset
 
     config = DataConfig(
         name="digits", cache_dir=f"s3://{cache_bucket}/cache", cache_storage_options=s3.storage_options
@@ -950,8 +949,7 @@ def test_download_task_with_s3_cache_is_cached_and_revalidated(
 
 def test_download_task_retries_only_network_errors() -> None:
     from prefect.states import Failed
-
-    from tasks.data import _retry_on_network_error, download_dataset
+    from sweepflow.tasks.download import _retry_on_network_error, download_dataset
 
     assert download_dataset.retries == 3
     assert _retry_on_network_error(download_dataset, None, Failed(data=DatasetFetchError("timeout")))  # type: ignore[arg-type]

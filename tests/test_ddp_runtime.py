@@ -22,7 +22,7 @@ from ddp_helpers import (
 )
 
 import ddp_runtime as train
-from ddp_runtime import gang
+from ddp_runtime import _gang as gang
 from ddp_runtime.checkpoint import RunStorage
 from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer

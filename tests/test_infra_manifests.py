@@ -60,7 +60,7 @@ SWEEPFLOW_IMAGE_SERVICES = {"mlflow", "prefect-worker", "dask-scheduler"}
 def settings_env() -> tuple[str, ...]:
     """The environment variables sweepflow reads for machine-dependent settings, plus the S3 endpoint."""
     try:
-        from flows.config import SETTINGS_ENV
+        from sweepflow.flows.config import SETTINGS_ENV
     except ImportError:  # before flows/config.py defines it
         SETTINGS_ENV = (
             "SWEEPFLOW_HOME",
@@ -111,7 +111,7 @@ def pyproject() -> dict[str, Any]:
 
 def artifacts_destination_for(env: dict[str, str]) -> str | None:
     """Where flows/config.py says MLflow's proxied artifacts live, given a deployment's environment."""
-    from flows.config import PipelineConfig, resolve_settings
+    from sweepflow.flows.config import PipelineConfig, resolve_settings
 
     mlflow = resolve_settings(PipelineConfig(), env=env).mlflow
     return getattr(mlflow, "artifacts_destination", None)
@@ -474,16 +474,16 @@ def test_dockerfile_copies_every_package_and_the_deployments():
         for source in sources:
             if not any(c in source for c in "*?["):
                 assert (ROOT / source).exists(), f"Dockerfile: COPY {source}: no such path in the repo"
-            copied.add(Path(source).parts[0])
-    packages = set(pyproject()["tool"]["setuptools"]["packages"])
-    assert packages <= copied, (
-        f"Dockerfile: COPY the packages pyproject installs: {sorted(packages - copied)}"
-    )
+            copied.add(source.rstrip("/"))
+    setuptools = pyproject()["tool"]["setuptools"]
+    folders = {setuptools["package-dir"][package] for package in setuptools["packages"]}
+    missing = {f for f in folders if not any(f == c or f.startswith(c + "/") for c in copied)}
+    assert not missing, f"Dockerfile: COPY the folders of the packages pyproject installs: {sorted(missing)}"
     if PREFECT_YAML.exists():
         assert any(fnmatch.fnmatch("prefect.yaml", c) for c in copied), "Dockerfile: COPY prefect.yaml"
         for deployment in yaml.safe_load(PREFECT_YAML.read_text()).get("deployments") or []:
             top = deployment["entrypoint"].split("/")[0]
-            assert top in copied, (
+            assert top in {Path(c).parts[0] for c in copied}, (
                 f"Dockerfile: the deployment entrypoint {deployment['entrypoint']} is not copied"
             )
 

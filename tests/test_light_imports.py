@@ -25,5 +25,5 @@ def test_ddp_runtime_driver_side_does_not_import_torch():
 
 def test_the_flow_process_does_not_import_torch():
     assert not _imports_torch(
-        "import flows.cli, flows.pipeline, flows.stack\nfrom tasks.trial import TrainFunction"
+        "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.services.stack\nfrom sweepflow.tasks.trial import TrainFunction"
     )

@@ -8,14 +8,19 @@ import sys
 
 import pytest
 import torch
+from sweepflow.tasks.datasets import DataConfig, prepare_dataset
+from sweepflow.tasks.training.evaluate import (
+    EvaluationResult,
+    evaluate_checkpoint,
+    evaluate_model,
+    plot_confusion_matrix,
+)
+from sweepflow.tasks.training.loop import _with_defaults, load_model_from_checkpoint, train_image_classifier
+from sweepflow.tasks.training.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
 
 import ddp_runtime as train
 from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer
-from tasks.datasets import DataConfig, prepare_dataset
-from tasks.evaluate import EvaluationResult, evaluate_checkpoint, evaluate_model, plot_confusion_matrix
-from tasks.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
-from tasks.train_loop import _with_defaults, load_model_from_checkpoint, train_image_classifier
 
 # Reaches val accuracy ~0.95 on digits in ~2 s with 2 ranks (seeds 0-3 all gave >= 0.94 when tuned).
 DIGITS_CONFIG = {"model": "net", "epochs": 10, "batch_size": 32, "lr": 5e-3, "seed": 0}
@@ -87,8 +92,8 @@ def digits(tmp_path_factory):
 
 def _orchestration_modules_loaded() -> list[str]:
     """Run on a Dask worker: import the worker-side modules and list any Prefect/MLflow module loaded."""
-    import tasks.evaluate  # noqa: F401
-    import tasks.train_loop  # noqa: F401
+    import sweepflow.tasks.training.evaluate  # noqa: F401
+    import sweepflow.tasks.training.loop  # noqa: F401
 
     loaded = list(sys.modules)  # a snapshot: the worker preload thread may still be importing
     return sorted(m for m in loaded if m.split(".")[0] in ("prefect", "mlflow"))

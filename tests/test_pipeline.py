@@ -8,12 +8,12 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow
+from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.pipeline import _sweep, training_pipeline
+from sweepflow.tasks.datasets import DataConfig, prepare_dataset
+from sweepflow.tasks.tracking.runs import RunTracker
 
 from ddp_runtime.cluster import local_cluster
-from flows.config import PipelineConfig, resolve_settings
-from flows.pipeline import _sweep, training_pipeline
-from tasks.datasets import DataConfig, prepare_dataset
-from tasks.tracking import RunTracker
 
 pytestmark = pytest.mark.slow
 

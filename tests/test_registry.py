@@ -1,4 +1,4 @@
-"""tasks.registry against a real MLflow server (the session ``mlflow_server`` fixture, direct artifact mode)."""
+"""sweepflow.tasks.tracking.registry against a real MLflow server (the session ``mlflow_server`` fixture, direct artifact mode)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
-
-from tasks.registry import (
+from sweepflow.tasks.tracking.registry import (
     CHALLENGER_ALIAS,
     CHAMPION_ALIAS,
     TAG_HIGHER_IS_BETTER,

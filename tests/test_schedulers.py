@@ -1,4 +1,4 @@
-"""Tests for tasks.schedulers: ASHA decisions are checked against cutoffs computed by hand.
+"""Tests for sweepflow.tasks.sweep.schedulers: ASHA decisions are checked against cutoffs computed by hand.
 
 Cutoff rule (Ray's _Bracket.cutoff): the (1 - 1/rf) * 100 percentile, linear interpolation, of the
 values already recorded at the rung, in "higher is better" sign (min-mode values are negated). A
@@ -12,8 +12,14 @@ import threading
 
 import numpy as np
 import pytest
-
-from tasks.schedulers import CONTINUE, STOP, ASHAScheduler, FIFOScheduler, TrialScheduler, make_scheduler
+from sweepflow.tasks.sweep.schedulers import (
+    CONTINUE,
+    STOP,
+    ASHAScheduler,
+    FIFOScheduler,
+    TrialScheduler,
+    make_scheduler,
+)
 
 
 def _r(value: float, it: int, metric: str = "acc") -> dict[str, float]:

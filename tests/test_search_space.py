@@ -1,4 +1,4 @@
-"""Tests for tasks.search_space: parsing/validation, samplers, trial names."""
+"""Tests for sweepflow.tasks.sweep.space: parsing/validation, samplers, trial names."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-
-from tasks.search_space import (
+from sweepflow.tasks.sweep.space import (
     Choice,
     Constant,
     Grid,
@@ -249,7 +248,7 @@ def test_describe_trial() -> None:
 
 
 def _tpe_run(seed: int, n: int = 40) -> list[float]:
-    from tasks.search_space import TPESampler
+    from sweepflow.tasks.sweep.space import TPESampler
 
     sampler = TPESampler({"x": {"type": "uniform", "low": 0.0, "high": 10.0}}, mode="min", seed=seed)
     xs = []
@@ -270,7 +269,7 @@ def test_tpe_concentrates_on_the_optimum_and_is_reproducible():
 
 
 def test_tpe_maps_every_domain_type_and_accepts_failures():
-    from tasks.search_space import TPESampler
+    from sweepflow.tasks.sweep.space import TPESampler
 
     space = {
         "l1": {"type": "pow2", "low": 4, "high": 256},
@@ -294,7 +293,7 @@ def test_tpe_maps_every_domain_type_and_accepts_failures():
 
 
 def test_tpe_rejects_grids_with_the_fix():
-    from tasks.search_space import TPESampler
+    from sweepflow.tasks.sweep.space import TPESampler
 
     with pytest.raises(ValueError, match="choice"):
         TPESampler({"bs": {"type": "grid", "values": [16, 32]}}, mode="max")
@@ -303,7 +302,7 @@ def test_tpe_rejects_grids_with_the_fix():
 
 
 def test_pipeline_config_rejects_tpe_with_a_grid_before_any_work():
-    from flows.config import PipelineConfig
+    from sweepflow.flows.config import PipelineConfig
 
     with pytest.raises(ValueError, match="sampler='tpe' cannot search grid parameters"):
         PipelineConfig.model_validate(

@@ -1,4 +1,4 @@
-"""The background-service supervisor (flows.services) with a real process: reuse, and replacement when the
+"""The background-service supervisor (sweepflow.services.supervisor) with a real process: reuse, and replacement when the
 code it runs changed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from flows import services
+from sweepflow.services import supervisor as services
 
 
 def _http_service(port: int, code_key: str) -> services.ServiceSpec:

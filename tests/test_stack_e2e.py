@@ -64,7 +64,7 @@ def stack(tmp_path):
         assert up.returncode == 0, up.stdout + up.stderr
         status = _run([*sweepflow, "status", "--state-dir", state], env, 60)
         assert "DOWN" not in status.stdout
-        from flows.stack import read_env
+        from sweepflow.services.stack import read_env
 
         yield state, {**env, **read_env(state)}
     finally:
@@ -72,7 +72,7 @@ def stack(tmp_path):
             [*sweepflow, "down", "--state-dir", state], env=env, capture_output=True, text=True, timeout=120
         )
         print(down.stdout, down.stderr)
-    from flows.stack import status as stack_status
+    from sweepflow.services.stack import status as stack_status
 
     assert not any(stack_status(state).values()), "stack down left services running"
 

@@ -6,8 +6,7 @@ import time
 import uuid
 
 import pytest
-
-from tasks.tracking import RunTracker, RunWriter, direct_storage_uri
+from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 
 
 def test_run_writer_writes_everything_in_order_and_ends_the_run(mlflow_server):

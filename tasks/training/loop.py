@@ -7,8 +7,8 @@ from a checkpoint if the trainer hands one over, then train, validate, report an
 
 Config keys (all JSON-able, so a sweep's trial config can be passed as is):
 
-    data_path     prepared dataset directory (``tasks.datasets.prepare_dataset(...).path``); required
-    model         "net" (default), "resnet18" or "small_cnn"       (see ``tasks.models``)
+    data_path     prepared dataset directory (``sweepflow.tasks.datasets.prepare_dataset(...).path``); required
+    model         "net" (default), "resnet18" or "small_cnn"       (see ``sweepflow.tasks.training.models``)
     epochs        total epochs, counting those already done by a resumed checkpoint (default 10)
     batch_size    per rank (default 64): the global batch is batch_size * world size
     lr            learning rate (default 1e-3)
@@ -36,13 +36,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
+from sweepflow.tasks.datasets import load_meta, load_split
+from sweepflow.tasks.training.models import build_model, model_hparams
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import ddp_runtime
 from ddp_runtime.torch import prepare_data_loader, prepare_model
-from tasks.datasets import load_meta, load_split
-from tasks.models import build_model, model_hparams
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 CHECKPOINT_META = "meta.json"
@@ -69,7 +69,7 @@ def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     if not cfg.get("data_path"):
         raise ValueError(
             "train_image_classifier needs config['data_path']: the prepared dataset directory, i.e. "
-            "tasks.datasets.prepare_dataset(DataConfig(...)).path"
+            "sweepflow.tasks.datasets.prepare_dataset(DataConfig(...)).path"
         )
     for key, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0), ("num_workers", 0)):
         value = cfg[key]

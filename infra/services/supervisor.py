@@ -12,6 +12,7 @@ whether it is still up without knowing how it was started.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -117,8 +118,16 @@ class ServiceSpec:
     code_key: str | None = None
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("flows", "tasks", "ddp_runtime")
+PACKAGES = ("sweepflow.flows", "sweepflow.tasks", "sweepflow.services", "ddp_runtime")
+
+
+def package_dirs() -> list[str]:
+    """Where our packages' source files are (the checkout's folders in an editable install)."""
+    dirs = []
+    for package in PACKAGES:
+        spec = importlib.util.find_spec(package)
+        dirs.extend(spec.submodule_search_locations or [] if spec is not None else [])
+    return dirs
 
 
 def code_fingerprint(*, extra_files: Sequence[str] = (), extra: Sequence[str] = ()) -> str:
@@ -127,8 +136,8 @@ def code_fingerprint(*, extra_files: Sequence[str] = (), extra: Sequence[str] = 
     h = hashlib.sha256(sys.executable.encode())
     files = [
         os.path.join(directory, name)
-        for package in PACKAGES
-        for directory, _, names in sorted(os.walk(os.path.join(ROOT, package)))
+        for root in package_dirs()
+        for directory, _, names in sorted(os.walk(root))
         for name in sorted(names)
         if name.endswith(".py")
     ]

@@ -40,7 +40,7 @@ rename, so the steps above change where they must:
 * ``PreparedDataset.path`` is the remote URI; trainers read it with ``load_split``/``load_meta`` (passing
   the same storage options unless the environment supplies them).
 
-This module deliberately imports neither Prefect nor MLflow (``tasks/data.py`` wraps it in a Prefect task),
+This module deliberately imports neither Prefect nor MLflow (``tasks/download.py`` wraps it in a Prefect task),
 and imports torch lazily, only in ``load_split``, so that the flow side stays light.
 """
 

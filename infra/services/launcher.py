@@ -1,7 +1,7 @@
 """A warm launcher for ``sweepflow run``: the flow process starts with Prefect, MLflow and Dask already imported.
 
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
-search. Like the local Prefect server and Dask cluster (``flows.local_server``), one launcher per state dir
+search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
 stays in the background with those modules imported (no torch: the flow process never needs it). Each
 ``sweepflow run`` hands it its arguments, environment, working directory and terminal (stdin/stdout/stderr,
 passed as file descriptors over a Unix socket); the launcher forks a child that runs the command exactly as
@@ -18,6 +18,7 @@ bypasses it (and every other background service).
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import selectors
@@ -25,12 +26,12 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from flows import services
+from sweepflow.services import supervisor as services
 
 NAME = "launcher"
-ROOT = services.ROOT
 _MAX_REQUEST = 4 << 20
 
 
@@ -43,25 +44,31 @@ def fingerprint(env: dict[str, str]) -> str:
     return services.code_fingerprint(extra=[f"{k}={env[k]}" for k in sorted(env) if k.startswith("PREFECT_")])
 
 
-def launcher_spec(state_dir: str, env: dict[str, str]) -> services.ServiceSpec:
+def launcher_spec(
+    state_dir: str, env: dict[str, str], *, entry: str, preload: Sequence[str] = ()
+) -> services.ServiceSpec:
+    """``entry`` (``module:function``) is the command line's ``main(argv)`` each child runs; ``preload`` the
+    modules the launcher imports once so that children start with them. Both are the caller's: the launcher
+    knows nothing of the program it serves."""
     path = socket_path(state_dir)
     ready = os.path.join(state_dir, "services", f"{NAME}.ready")
     key = fingerprint(env)
+    argv = [sys.executable, "-m", "sweepflow.services.launcher", "--socket", path, "--ready-file", ready]
+    argv += ["--key", key, "--entry", entry, *[f"--preload={module}" for module in preload]]
     return services.ServiceSpec(
         name=NAME,
-        argv=[sys.executable, "-m", "flows.launcher", "--socket", path, "--ready-file", ready, "--key", key],
+        argv=argv,
         health={},
         ready_file=ready,
         health_from_address=lambda address: {"kind": "unix", "path": address, "key": key},
         env={k: v for k, v in env.items() if k.startswith("PREFECT_")},
-        cwd=ROOT,
         code_key=key,
     )
 
 
-def ensure(state_dir: str, env: dict[str, str]) -> str:
+def ensure(state_dir: str, env: dict[str, str], *, entry: str, preload: Sequence[str] = ()) -> str:
     """A launcher matching ``env`` and the current code; an outdated one is replaced."""
-    return services.ensure(state_dir, launcher_spec(state_dir, env))
+    return services.ensure(state_dir, launcher_spec(state_dir, env, entry=entry, preload=preload))
 
 
 # --------------------------------------------------------------------------------------------------- client
@@ -101,7 +108,7 @@ def run(state_dir: str, argv: list[str], *, started_at: float) -> int:
 # --------------------------------------------------------------------------------------------------- server
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> None:
+def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]], int]) -> None:
     """In the forked child: take over the client's terminal, environment and directory, run the CLI, exit."""
     code = 1
     try:
@@ -119,10 +126,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         import dask
 
         dask.config.refresh()  # Dask reads DASK_* variables into its config at import
-        from flows.cli import main
-
         sys.argv = ["sweepflow", *request["argv"]]
-        code = main([*request["argv"], "--in-process"])
+        code = entry([*request["argv"], "--in-process"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:
@@ -138,10 +143,12 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
             os._exit(code)
 
 
-def serve(path: str, ready_file: str) -> None:
+def serve(path: str, ready_file: str, *, entry: str, preload: Sequence[str] = ()) -> None:
     """Foreground body of the launcher service: import the stack once, then fork one child per request."""
-    import flows.cli  # noqa: F401
-    import flows.pipeline  # noqa: F401  (prefect, mlflow, distributed, pandas and our tasks)
+    module_name, _, function = entry.partition(":")
+    main = getattr(importlib.import_module(module_name), function)
+    for module in preload:  # e.g. the flow: prefect, mlflow, distributed, pandas and our tasks
+        importlib.import_module(module)
 
     if os.path.exists(path):
         os.remove(path)
@@ -186,7 +193,7 @@ def serve(path: str, ready_file: str) -> None:
                     selector.close()
                     listener.close()
                     conn.close()
-                    _child(request, fds)
+                    _child(request, fds, main)
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
@@ -245,5 +252,7 @@ if __name__ == "__main__":
     parser.add_argument("--socket", required=True)
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--key", required=True, help="the fingerprint this launcher was started for")
+    parser.add_argument("--entry", required=True, help="module:function, the CLI's main(argv)")
+    parser.add_argument("--preload", action="append", default=[], help="a module to import once, up front")
     args = parser.parse_args()
-    serve(args.socket, args.ready_file)
+    serve(args.socket, args.ready_file, entry=args.entry, preload=args.preload)

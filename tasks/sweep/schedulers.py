@@ -8,7 +8,7 @@ state with a lock. The decision is returned as the string :data:`CONTINUE` or :d
 (``brackets=1``, ``stop_last_trials=True``, Ray's defaults) so results and intuitions from Ray
 transfer: see ``python/ray/tune/schedulers/async_hyperband.py`` (``_Bracket.on_result``/``cutoff``).
 
-Like :mod:`tasks.search_space`, this module is pure Python + numpy (no Prefect, MLflow, torch or
+Like :mod:`sweepflow.tasks.sweep.space`, this module is pure Python + numpy (no Prefect, MLflow, torch or
 Dask), and schedulers are built from plain data with :func:`make_scheduler` so that they can be
 deployment parameters.
 """

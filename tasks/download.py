@@ -1,6 +1,6 @@
 """The Prefect task that prepares a sweep's dataset once, before any trial starts.
 
-All work happens in ``tasks.datasets.prepare_dataset``, which is already idempotent (verified raw files are
+All work happens in ``sweepflow.tasks.datasets.prepare_dataset``, which is already idempotent (verified raw files are
 not downloaded again, an existing prepared directory is reused). The Prefect layer adds two things:
 
 * **Retries, only where they can help**: network failures (``DatasetFetchError``) are retried with
@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
-
-from tasks.datasets import (
+from sweepflow.tasks.datasets import (
     DataConfig,
     DatasetConfigError,
     DatasetFetchError,
@@ -131,7 +130,7 @@ def download_dataset(config: DataConfig | dict[str, Any]) -> dict[str, Any]:
 
     ``config`` is a ``DataConfig`` or its ``to_dict()`` form (what a deployment parameter is). The returned
     dict is JSON, so it can be a Prefect result and be passed to training tasks on Dask workers, which
-    read the splits with ``tasks.datasets.load_split(result["path"], "train")``. With an ``s3://``
+    read the splits with ``sweepflow.tasks.datasets.load_split(result["path"], "train")``. With an ``s3://``
     ``cache_dir`` the path is an S3 URI; workers then need read access to it (the AWS environment, or
     ``load_split(..., storage_options=...)``). The result never holds credentials.
     """
