@@ -50,9 +50,10 @@ def plain_trial(args: tuple[dict, int, str, bool]) -> float:
     import tempfile
 
     import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
     from sweepflow.tasks.datasets import load_meta, load_split
     from sweepflow.tasks.training.loop import make_model, make_optimizer
-    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
     config, epochs, data_path, checkpoint = args
@@ -97,9 +98,8 @@ def slot_gaps_ms(trials: list[dict]) -> list[float]:
     """Per worker, the idle time between one trial's training function returning and the next one's start."""
     by_worker: dict[str, list[tuple[float, float]]] = {}
     for t in trials:
-        rank0 = t.get("rank0") or {}
-        if rank0.get("worker") and rank0.get("started_at") is not None:
-            by_worker.setdefault(rank0["worker"], []).append((rank0["started_at"], rank0["ended_at"]))
+        if t.get("rank0_worker") and t.get("started_at") is not None:
+            by_worker.setdefault(t["rank0_worker"], []).append((t["started_at"], t["ended_at"]))
     gaps = []
     for spans in by_worker.values():
         spans.sort()
@@ -111,6 +111,7 @@ def service_cpu_seconds(state_dir: str) -> dict[str, float]:
     """CPU seconds used so far by each local service's processes (children included, reaped ones too: the
     launcher's forked flow processes). The Dask service is split into its scheduler and its workers."""
     import psutil
+
     from sweepflow.services import supervisor as services
 
     def total(process: psutil.Process, *, reaped: bool) -> float:

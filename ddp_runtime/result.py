@@ -33,6 +33,9 @@ class Result:
     # Seconds rank 0 spent inside the training function (all attempts): fit()'s wall time minus this is the
     # runtime's own overhead (reservation, launch, rendezvous, teardown).
     train_time_s: float = 0.0
+    # Seconds the group held its workers (all attempts): from its reservation on the scheduler to its release.
+    # Times the number of ranks, this is what the group cost the cluster (worker-seconds).
+    held_s: float = 0.0
     # When rank 0 of the last attempt entered and left the training function (epoch seconds), and on which
     # Dask worker: consecutive groups on one worker show how long it sat idle between them.
     started_at: float | None = None

@@ -132,10 +132,12 @@ class TorchTrainer:
         max_failures = self.run_config.failure_config.max_failures
         attempt = 0
         self._train_time_s = 0.0
+        self._held_s = 0.0
         self._rank0_window: tuple[str, float, float] | None = None
         while True:
             outcome = _GroupRun(self, client, attempt, resume, committed, history).run()
             self._train_time_s += outcome.train_time_s
+            self._held_s += outcome.held_s
             self._rank0_window = outcome.rank0_window or self._rank0_window
             committed = outcome.committed
             if outcome.error is None:
@@ -176,6 +178,7 @@ class TorchTrainer:
             num_failures=len(errors),
             attempts_errors=errors,
             train_time_s=self._train_time_s,
+            held_s=self._held_s,
             rank0_worker=self._rank0_window[0] if self._rank0_window else None,
             started_at=self._rank0_window[1] if self._rank0_window else None,
             ended_at=self._rank0_window[2] if self._rank0_window else None,
@@ -222,6 +225,7 @@ class _GroupRun:
         self.error: BaseException | None = None
         self.stopped = False
         self.train_time_s = 0.0
+        self.held_s = 0.0  # from the reservation to its release
         self.rank0_window: tuple[str, float, float] | None = None  # worker, entered, left the function
 
     def run(self) -> _GroupRun:
@@ -231,12 +235,14 @@ class _GroupRun:
         verdicts = Queue(verdicts_queue_name(self.channel), client=self.client)
         try:
             addresses = self._reserve()
+            reserved_at = time.perf_counter()
             try:
                 self._launch_and_watch(addresses, reports, verdicts)
             finally:
                 # Usually a no-op: the reservation ended on the scheduler when the last rank task finished.
                 # It matters when a rank's worker died or the launch itself failed.
                 self.client.run_on_scheduler(gang.release, self.group_id)
+                self.held_s = time.perf_counter() - reserved_at
                 if len(addresses) > 1:  # only multi-rank groups rendezvous
                     with contextlib.suppress(KeyError):  # not set when rank 0 never got that far
                         Variable(rendezvous_variable_name(self.channel), client=self.client).delete()

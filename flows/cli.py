@@ -16,6 +16,7 @@ import time
 
 def _load_config(path: str | None, overrides: list[str]):
     import yaml
+
     from sweepflow.flows.config import PipelineConfig, apply_overrides
 
     raw = {}
@@ -25,10 +26,10 @@ def _load_config(path: str | None, overrides: list[str]):
     return PipelineConfig.model_validate(apply_overrides(raw, overrides))
 
 
-def _state_dir(config) -> str:
+def _state_dir(config, settings) -> str:
     from sweepflow.flows.config import resolve_settings
 
-    return resolve_settings(config).state_dir
+    return resolve_settings(config, settings).state_dir
 
 
 def _module_file(train_fn: str) -> str | None:
@@ -42,7 +43,7 @@ def _module_file(train_fn: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
-def _use_local_services(config, state_dir: str, *, launcher: bool):
+def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
     """Point this run at the state dir's background services (started in parallel if not running): a
     Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, a
     Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
@@ -53,7 +54,7 @@ def _use_local_services(config, state_dir: str, *, launcher: bool):
     from sweepflow.services.local import PREFECT, ensure_dask, ensure_mlflow, prefect_server_spec, server_env
 
     starts = {}
-    if not os.environ.get("PREFECT_API_URL"):
+    if not settings.prefect_api_url:
         os.environ.update(server_env(state_dir))
         url = services.running(state_dir, PREFECT)
         if not url:  # its address is known before it is up, so the launcher can start alongside it
@@ -61,9 +62,9 @@ def _use_local_services(config, state_dir: str, *, launcher: bool):
             url = spec.address
             starts["prefect"] = lambda: services.ensure(state_dir, spec)
         os.environ["PREFECT_API_URL"] = url
-    if not config.mlflow.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+    if not config.mlflow.tracking_uri and not settings.tracking_uri:
         starts["mlflow"] = lambda: ensure_mlflow(state_dir)
-    wants_local_cluster = not config.dask.scheduler_address and not os.environ.get("DASK_SCHEDULER_ADDRESS")
+    wants_local_cluster = not config.dask.scheduler_address and not settings.scheduler_address
     if wants_local_cluster and not config.resources.use_gpu:
         code_files = [path for path in [_module_file(config.training.train_fn)] if path]
         starts["dask"] = lambda: ensure_dask(
@@ -94,9 +95,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
         print(f"sweepflow: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    state_dir = _state_dir(config)
+    from sweepflow.flows.config import Settings
+
+    settings = Settings.from_env()  # the one read of the environment's settings; passed down from here
+    state_dir = _state_dir(config, settings)
     if not args.no_server:
-        config = _use_local_services(config, state_dir, launcher=not args.in_process)
+        config = _use_local_services(config, settings, state_dir, launcher=not args.in_process)
         if not args.in_process:
             from sweepflow.services import launcher
 
@@ -124,6 +128,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         + (", champion)" if reg["became_champion"] else f"; champion stays v{reg['champion_version']})")
     )
     print(f"Failed trials: {summary['failed_trials'] or 'none'}")
+    usage = summary["usage"]
+    print(
+        f"Resources: {usage['worker_seconds']:.1f} worker-seconds, {usage['gpu_seconds']:.1f} GPU-seconds; "
+        f"early stopping saved {usage['saved_worker_seconds']:.1f} worker-seconds "
+        f"({usage['saved_gpu_seconds']:.1f} GPU-seconds)"
+    )
     stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in summary["timings"].items())
     print(
         f"\nTimings: services {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, "
@@ -136,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"  open {uri}")
     print(f"  experiment {summary['experiment_id']}, parent run {summary['parent_run_id']}")
-    if os.environ.get("PREFECT_API_URL") and not args.no_server:
+    if not args.no_server and os.environ.get("PREFECT_API_URL"):  # set above, to the local server if not given
         print(
             f"Prefect UI (flow runs, task runs per trial): {os.environ['PREFECT_API_URL'].removesuffix('/api')}"
         )
@@ -147,10 +157,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.config import PipelineConfig, Settings
     from sweepflow.services.local import ensure_dask, ensure_mlflow, ensure_server, status, stop_server
 
-    state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir))
+    state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir), Settings.from_env())
     if args.action == "start":
         print(f"prefect: {ensure_server(state_dir)}")
         print(f"mlflow: {ensure_mlflow(state_dir)}")
@@ -166,9 +176,10 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
+    from sweepflow.flows.config import Settings
     from sweepflow.services import stack
 
-    state_dir = os.path.abspath(args.state_dir or stack.default_state_dir())
+    state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(Settings.from_env().home))
     if args.action == "up":
         try:
             env = stack.up(state_dir, workers=args.workers)

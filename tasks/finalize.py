@@ -15,9 +15,9 @@ from typing import Any
 from distributed import Client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from sweepflow.tasks.tracking.runs import RunTracker
 
 from ddp_runtime import Checkpoint
+from sweepflow.tasks.tracking.runs import RunTracker
 
 
 def _evaluate_on_worker(

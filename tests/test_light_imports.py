@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -17,13 +19,15 @@ def _imports_torch(code: str) -> bool:
     return out.stdout.strip().endswith("True")
 
 
+@pytest.mark.subprocess
 def test_ddp_runtime_driver_side_does_not_import_torch():
     assert not _imports_torch(
         "import ddp_runtime\nfrom ddp_runtime.torch import TorchTrainer, prepare_model\nimport ddp_runtime.cluster"
     )
 
 
+@pytest.mark.subprocess
 def test_the_flow_process_does_not_import_torch():
     assert not _imports_torch(
-        "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.services.stack\nfrom sweepflow.tasks.trial import TrainFunction"
+        "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.services.stack\nfrom sweepflow.tasks.training.function import TrainFunction"
     )

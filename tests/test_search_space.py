@@ -6,20 +6,19 @@ import json
 
 import numpy as np
 import pytest
+
+from sweepflow.tasks.sweep.samplers import GridSampler, RandomSampler, generate_trials
 from sweepflow.tasks.sweep.space import (
     Choice,
     Constant,
     Grid,
-    GridSampler,
     LogUniform,
     Pow2,
     QRandInt,
     RandInt,
-    RandomSampler,
     SearchSpace,
     Uniform,
     describe_trial,
-    generate_trials,
     parse_space,
 )
 
@@ -248,7 +247,7 @@ def test_describe_trial() -> None:
 
 
 def _tpe_run(seed: int, n: int = 40) -> list[float]:
-    from sweepflow.tasks.sweep.space import TPESampler
+    from sweepflow.tasks.sweep.samplers import TPESampler
 
     sampler = TPESampler({"x": {"type": "uniform", "low": 0.0, "high": 10.0}}, mode="min", seed=seed)
     xs = []
@@ -269,7 +268,7 @@ def test_tpe_concentrates_on_the_optimum_and_is_reproducible():
 
 
 def test_tpe_maps_every_domain_type_and_accepts_failures():
-    from sweepflow.tasks.sweep.space import TPESampler
+    from sweepflow.tasks.sweep.samplers import TPESampler
 
     space = {
         "l1": {"type": "pow2", "low": 4, "high": 256},
@@ -293,7 +292,7 @@ def test_tpe_maps_every_domain_type_and_accepts_failures():
 
 
 def test_tpe_rejects_grids_with_the_fix():
-    from sweepflow.tasks.sweep.space import TPESampler
+    from sweepflow.tasks.sweep.samplers import TPESampler
 
     with pytest.raises(ValueError, match="choice"):
         TPESampler({"bs": {"type": "grid", "values": [16, 32]}}, mode="max")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sweepflow.tasks.trial import TrialSlots
+from sweepflow.tasks.sweep.slots import TrialSlots
 
 
 def test_slots_limit_concurrency_and_hand_over_to_a_waiting_trial():

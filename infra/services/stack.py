@@ -47,9 +47,9 @@ WORKER_PREFIX = "dask-worker-"
 HOST = "127.0.0.1"
 
 
-def default_state_dir() -> str:
-    home = os.environ.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow")
-    return os.path.abspath(os.path.expanduser(os.path.join(home, "stack")))
+def default_state_dir(home: str) -> str:
+    """``<home>/stack``; ``home`` is the caller's SWEEPFLOW_HOME (read once, at the entry point)."""
+    return os.path.join(os.path.abspath(os.path.expanduser(home)), "stack")
 
 
 def gpu_count() -> int:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "Decision",
     "CONTINUE",
     "STOP",
     "ASHAScheduler",
@@ -31,8 +33,14 @@ __all__ = [
     "make_scheduler",
 ]
 
-CONTINUE = "CONTINUE"
-STOP = "STOP"
+class Decision(StrEnum):
+    """A scheduler's answer to a trial's report."""
+
+    CONTINUE = "CONTINUE"
+    STOP = "STOP"
+
+
+CONTINUE, STOP = Decision.CONTINUE, Decision.STOP
 
 
 class TrialScheduler:
@@ -49,7 +57,7 @@ class TrialScheduler:
     def on_trial_add(self, trial_id: str) -> None:
         raise NotImplementedError
 
-    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         raise NotImplementedError
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
@@ -73,7 +81,7 @@ class FIFOScheduler(TrialScheduler):
         with self._lock:
             self._live.add(trial_id)
 
-    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         return CONTINUE
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
@@ -217,7 +225,7 @@ class ASHAScheduler(TrialScheduler):
             ) from exc
         return time, self._sign * value
 
-    def _record(self, trial_id: str, time: float, value: float) -> str:
+    def _record(self, trial_id: str, time: float, value: float) -> Decision:
         """Ray's ``_Bracket.on_result``: decide at (and record into) the highest rung reached, once."""
         action = CONTINUE
         for milestone, recorded in self._rungs:
@@ -238,7 +246,7 @@ class ASHAScheduler(TrialScheduler):
                 )
             self._live.add(trial_id)
 
-    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> str:
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         time, value = self._time_and_value(trial_id, result)
         with self._lock:
             if trial_id not in self._live:

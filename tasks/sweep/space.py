@@ -1,4 +1,4 @@
-"""Hyperparameter search spaces given as plain data, and samplers that turn them into trial configs.
+"""Hyperparameter search spaces given as plain data (the samplers that draw from them: ``samplers.py``).
 
 Search spaces arrive as Prefect deployment parameters, so they must be JSON/YAML-able data rather
 than Python objects such as Ray's ``tune.loguniform(...)``. This module parses such a dict once,
@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import copy
 import difflib
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -39,18 +38,13 @@ __all__ = [
     "Constant",
     "Domain",
     "Grid",
-    "GridSampler",
     "LogUniform",
     "Pow2",
     "QRandInt",
     "RandInt",
-    "SAMPLERS",
-    "RandomSampler",
-    "Sampler",
     "SearchSpace",
     "Uniform",
     "describe_trial",
-    "generate_trials",
     "parse_space",
 ]
 
@@ -435,217 +429,6 @@ def parse_space(raw: Mapping[str, Any] | SearchSpace) -> SearchSpace:
             raise ValueError(f"search space parameter names must be non-empty strings, got {name!r}")
         params.append((name, _parse_domain(name, spec)))
     return SearchSpace(tuple(params))
-
-
-# --------------------------------------------------------------------------------------------------
-# Samplers
-# --------------------------------------------------------------------------------------------------
-
-
-class Sampler(Protocol):
-    """Something that turns a search space into concrete trial configs."""
-
-    def generate(self, num_samples: int) -> list[dict[str, Any]]: ...
-
-
-def _check_num_samples(num_samples: int) -> None:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-
-
-class RandomSampler:
-    """Random search with Ray Tune's grid semantics.
-
-    ``generate(num_samples)`` returns ``num_samples`` passes over the cartesian product of the grid
-    params; in every config the random params (choice, uniform, ...) are drawn independently. So a
-    space with grids of 2 and 3 values and ``num_samples=4`` gives 4 * 2 * 3 = 24 configs, as
-    ``tune.run(num_samples=4)`` would. The draws come from one ``numpy.random.Generator`` seeded
-    with ``seed``: the same space and seed always give the same sequence of configs.
-    """
-
-    def __init__(self, space: Mapping[str, Any] | SearchSpace, seed: int | None = None) -> None:
-        self.space = parse_space(space)
-        self.seed = seed
-        self._rng = np.random.default_rng(seed)
-
-    def _grid_combinations(self) -> list[dict[str, Any]]:
-        grids = [(name, dom) for name, dom in self.space.params if isinstance(dom, Grid)]
-        names = [name for name, _ in grids]
-        return [
-            dict(zip(names, combo, strict=True)) for combo in itertools.product(*(d.values for _, d in grids))
-        ]
-
-    def generate(self, num_samples: int) -> list[dict[str, Any]]:
-        _check_num_samples(num_samples)
-        combos = self._grid_combinations()
-        configs: list[dict[str, Any]] = []
-        for _ in range(num_samples):
-            for combo in combos:
-                config: dict[str, Any] = {}
-                for name, dom in self.space.params:
-                    if isinstance(dom, Grid):
-                        config[name] = _plain(combo[name])
-                    elif isinstance(dom, Constant):
-                        config[name] = _plain(dom.value)
-                    else:
-                        config[name] = dom.sample(self._rng)
-                configs.append(config)
-        return configs
-
-
-class GridSampler:
-    """Exhaustive search: the cartesian product of every discrete domain.
-
-    Grid and choice values are enumerated, and so are the finite integer domains (randint, qrandint,
-    pow2), which lets one space serve both random and grid sweeps. Continuous domains cannot be
-    enumerated and are rejected. ``max_combinations`` guards against an accidental huge product
-    (e.g. randint over 0..10**6), which would otherwise create that many Prefect task runs.
-    """
-
-    def __init__(self, space: Mapping[str, Any] | SearchSpace, max_combinations: int = 10_000) -> None:
-        self.space = parse_space(space)
-        continuous = [name for name, dom in self.space.params if isinstance(dom, _CONTINUOUS_DOMAINS)]
-        if continuous:
-            raise ValueError(
-                f"grid sampler cannot enumerate continuous parameters {continuous}; "
-                f"use sampler='random', or replace them with "
-                f'{{"type": "choice", "values": [...]}} / {{"type": "grid", "values": [...]}}'
-            )
-        self._axes: list[tuple[str, list[Any]]] = []
-        for name, dom in self.space.params:
-            if isinstance(dom, Constant):
-                self._axes.append((name, [dom.value]))
-            else:
-                self._axes.append((name, dom.enumerate()))
-        self.num_combinations = math.prod(len(values) for _, values in self._axes)
-        if self.num_combinations > max_combinations:
-            sizes = {name: len(values) for name, values in self._axes if len(values) > 1}
-            raise ValueError(
-                f"grid sampler would generate {self.num_combinations} configs (axis sizes {sizes}), "
-                f"more than max_combinations={max_combinations}; narrow the ranges or use sampler='random'"
-            )
-
-    def generate(self, num_samples: int = 1) -> list[dict[str, Any]]:
-        """Every combination, repeated ``num_samples`` times (repeats are useful to measure noise)."""
-        _check_num_samples(num_samples)
-        names = [name for name, _ in self._axes]
-        configs = []
-        for _ in range(num_samples):
-            for combo in itertools.product(*(values for _, values in self._axes)):
-                configs.append({name: _plain(value) for name, value in zip(names, combo, strict=True)})
-        return configs
-
-
-class TPESampler:
-    """Adaptive search with Optuna's TPE (Tree-structured Parzen Estimator), like Ray Tune's ``OptunaSearch``:
-    each new trial's config is proposed from the results of the trials finished so far (``ask``/``tell``).
-
-    Domains map onto Optuna distributions: uniform/loguniform -> floats (log scale for loguniform),
-    randint/qrandint/pow2 -> integers (of the multiple or the exponent), choice -> a categorical over the
-    values' positions (so values may be lists), constants stay fixed; grid domains are rejected (a grid is
-    exhaustive by definition: use the grid or random sampler). With several trials running at once, Optuna's
-    "constant liar" keeps concurrent proposals from piling onto the same point. ``seed`` makes the sequence
-    reproducible for the same sequence of results.
-    """
-
-    def __init__(
-        self,
-        space: Mapping[str, Any] | SearchSpace,
-        *,
-        mode: str,
-        seed: int | None = None,
-        n_startup_trials: int = 4,
-    ) -> None:
-        try:
-            import optuna
-        except ImportError as exc:
-            raise ImportError("sampler='tpe' needs Optuna: pip install 'optuna>=4'") from exc
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.space = parse_space(space)
-        grids = self.space.grid_names
-        if grids:
-            raise ValueError(
-                f"sampler='tpe' cannot search grid parameters {grids}: a grid is tried exhaustively; use "
-                f'{{"type": "choice", "values": [...]}} for TPE, or sampler="grid"/"random"'
-            )
-        self._optuna = optuna
-        self._distributions: dict[str, Any] = {}
-        for name, dom in self.space.params:
-            if isinstance(dom, Uniform):
-                self._distributions[name] = optuna.distributions.FloatDistribution(dom.low, dom.high)
-            elif isinstance(dom, LogUniform):
-                self._distributions[name] = optuna.distributions.FloatDistribution(
-                    dom.low, dom.high, log=True
-                )
-            elif isinstance(dom, RandInt):
-                self._distributions[name] = optuna.distributions.IntDistribution(dom.low, dom.high - 1)
-            elif isinstance(dom, QRandInt):
-                self._distributions[name] = optuna.distributions.IntDistribution(*dom._k_range)
-            elif isinstance(dom, Pow2):
-                self._distributions[name] = optuna.distributions.IntDistribution(*dom._exp_range)
-            elif isinstance(dom, Choice):
-                self._distributions[name] = optuna.distributions.CategoricalDistribution(
-                    range(len(dom.values))
-                )
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self._study = optuna.create_study(
-            direction="maximize" if mode == "max" else "minimize",
-            sampler=optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=n_startup_trials, constant_liar=True
-            ),
-        )
-
-    def ask(self) -> tuple[int, dict[str, Any]]:
-        """(trial number for ``tell``, the config)."""
-        trial = self._study.ask(self._distributions)
-        config: dict[str, Any] = {}
-        for name, dom in self.space.params:
-            value = trial.params.get(name)
-            if isinstance(dom, Constant):
-                config[name] = _plain(dom.value)
-            elif isinstance(dom, QRandInt):
-                config[name] = int(value) * dom.q
-            elif isinstance(dom, Pow2):
-                config[name] = 2 ** int(value)
-            elif isinstance(dom, Choice):
-                config[name] = _plain(dom.values[int(value)])
-            else:
-                config[name] = _plain(value)
-        return trial.number, config
-
-    def tell(self, number: int, value: float | None) -> None:
-        """The trial's result (its best metric value), or None if it failed."""
-        state = self._optuna.trial.TrialState
-        if value is None or not math.isfinite(value):
-            self._study.tell(number, state=state.FAIL)
-        else:
-            self._study.tell(number, float(value))
-
-
-SAMPLERS = ("random", "grid", "tpe")
-
-
-def generate_trials(
-    space: Mapping[str, Any] | SearchSpace,
-    *,
-    sampler: str = "random",
-    num_samples: int,
-    seed: int | None = None,
-) -> list[dict[str, Any]]:
-    """Return the concrete trial configs for a sweep (plain Python values, JSON-serialisable).
-
-    ``sampler="random"``: ``num_samples`` x (number of grid combinations) configs, like Ray Tune.
-    ``sampler="grid"``: ``num_samples`` x (product of all discrete domain sizes) configs; ``seed`` is
-    unused since nothing is random.
-    """
-    if sampler == "random":
-        return RandomSampler(space, seed=seed).generate(num_samples)
-    if sampler == "grid":
-        return GridSampler(space).generate(num_samples)
-    if sampler == "tpe":
-        raise ValueError("sampler='tpe' is adaptive: use TPESampler.ask/tell as results arrive")
-    raise ValueError(f"unknown sampler {sampler!r}; valid samplers: {', '.join(SAMPLERS)}")
 
 
 # --------------------------------------------------------------------------------------------------

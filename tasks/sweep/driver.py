@@ -1,0 +1,176 @@
+"""The sweep driver: ask the sampler for trials, run each as a ``train-trial`` task, tell the sampler the results.
+
+    result = Sweep(sampler=..., template=..., cluster=client, tracker=..., parent_run_id=...,
+                   scheduler=make_scheduler(...), concurrency=2).run()
+    result.best(), result.leaderboard(), result.usage()
+
+Trials start in their number's order, at most ``concurrency`` at a time, and one more is kept queued (its
+Prefect task run and MLflow run already open) so it takes a slot the moment a running trial's final report
+is answered. The sweep's state lives in the trials' MLflow child runs (see ``results.py``), not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from distributed import Client
+
+from sweepflow.tasks.sweep.progress import SweepProgress
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+from sweepflow.tasks.sweep.samplers import Sampler
+from sweepflow.tasks.sweep.schedulers import TrialScheduler
+from sweepflow.tasks.sweep.slots import TrialSlots
+from sweepflow.tasks.sweep.space import describe_trial
+from sweepflow.tasks.tracking.runs import RunTracker
+from sweepflow.tasks.trial import SweepRuntime, TrialSpec, registered_runtime, run_trial
+
+_SLOT_TAKEN = object()  # wakes the loop: a queued trial started, so the next one may be queued
+
+
+@dataclass(frozen=True)
+class TrialTemplate:
+    """What every trial of a sweep shares; a trial adds its number and its sampled hyperparameters."""
+
+    train_fn: str  # "module:function", run on every rank
+    train_loop_config: dict[str, Any]  # fixed entries; the sampled ones override them
+    num_ranks: int
+    selection_metric: str
+    selection_mode: str
+    max_reports: int  # the scheduler's max_t (epochs for FIFO): a stop there means the trial is complete
+    resources_per_rank: dict[str, float] = field(default_factory=dict)
+    use_gpu: bool = False
+    seed: int = 0  # trial i trains with seed + i
+    varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
+    max_failures: int = 0
+
+    def trial(self, index: int, params: dict[str, Any]) -> TrialSpec:
+        trial_id = f"trial_{index:04d}"
+        shown = [name for name in self.varying_names if name in params]
+        return TrialSpec(
+            trial_id=trial_id,
+            index=index,
+            name=f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id,
+            params=params,
+            train_fn=self.train_fn,
+            train_loop_config={**self.train_loop_config, **params, "seed": self.seed + index},
+            num_ranks=self.num_ranks,
+            resources_per_rank=dict(self.resources_per_rank),
+            use_gpu=self.use_gpu,
+            selection_metric=self.selection_metric,
+            selection_mode=self.selection_mode,
+            max_reports=self.max_reports,
+            max_failures=self.max_failures,
+        )
+
+
+class Sweep:
+    """Run a hyperparameter sweep: one DDP group per trial on the Dask cluster, one Prefect task run and one
+    MLflow child run (under ``parent_run_id``) per trial, early stopping by ``scheduler``."""
+
+    def __init__(
+        self,
+        *,
+        sampler: Sampler,
+        template: TrialTemplate,
+        cluster: Client,
+        tracker: RunTracker,
+        parent_run_id: str,
+        scheduler: TrialScheduler,
+        concurrency: int,
+        staging_dir: str,
+        time_budget_s: float | None = None,
+        artifacts_destination: str | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if getattr(sampler, "total", None) is None:
+            raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.sampler = sampler
+        self.template = template
+        self.cluster = cluster
+        self.tracker = tracker
+        self.parent_run_id = parent_run_id
+        self.scheduler = scheduler
+        self.concurrency = min(concurrency, sampler.total)
+        self.staging_dir = staging_dir
+        self.time_budget_s = time_budget_s
+        self.artifacts_destination = artifacts_destination
+        self.log = log
+
+    def run(self) -> SweepResult:
+        """Run every trial the sampler proposes (or as many as the time budget allows); return their results.
+        Every trial's MLflow writes are done when this returns, even when it raises."""
+        runtime = SweepRuntime(
+            client=self.cluster,
+            slots=TrialSlots(self.concurrency),
+            scheduler=self.scheduler,
+            tracker=self.tracker,
+            parent_run_id=self.parent_run_id,
+            progress=SweepProgress(
+                self.template.selection_metric, self.template.selection_mode, self.sampler.total, log=self.log
+            ),
+            staging_dir=self.staging_dir,
+            deadline=time.monotonic() + self.time_budget_s if self.time_budget_s else None,
+            artifacts_destination=self.artifacts_destination,
+        )
+        with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
+            cleanup.callback(runtime.join_writers)
+            trials, not_started = self._run_trials(runtime, runtime_id)
+        return SweepResult(
+            tuple(trials),
+            metric=self.template.selection_metric,
+            mode=self.template.selection_mode,
+            not_started=not_started,
+        )
+
+    def _run_trials(self, runtime: SweepRuntime, runtime_id: str) -> tuple[list[TrialResult], int]:
+        # The loop wakes when a trial's task ends (its future) and when a queued trial takes its slot.
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        runtime.slots.on_acquire = lambda: events.put(_SLOT_TAKEN)
+        in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
+        finished: list[TrialResult] = []
+        submitted = 0
+        while True:
+            while submitted < self.sampler.total and self._room_for_one_more(submitted, runtime):
+                number, params = self.sampler.ask()
+                spec = self.template.trial(submitted, params)
+                future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
+                future.add_done_callback(events.put)
+                in_flight[future] = (number, time.perf_counter())
+                submitted += 1
+            if not in_flight:
+                break
+            event = events.get()
+            if event is _SLOT_TAKEN:
+                continue
+            number, submitted_at = in_flight.pop(event)
+            result: TrialResult = event.result()
+            if result.status is TrialStatus.NOT_STARTED:
+                continue  # queued when the time budget ran out; its MLflow run was deleted
+            # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
+            self.sampler.tell(number, result.best if result.status.selectable else None)
+            finished.append(self._with_bookkeeping(result, submitted_at))
+        not_started = self.sampler.total - len(finished)
+        if not_started:
+            self.log(f"time budget spent: {not_started} trial(s) not started")
+        return finished, not_started
+
+    def _room_for_one_more(self, submitted: int, runtime: SweepRuntime) -> bool:
+        """Start with one trial more than the slots; afterwards keep exactly one trial waiting for a slot."""
+        if runtime.out_of_time():
+            return False
+        waiting = submitted - runtime.slots.turns_taken
+        return submitted <= self.concurrency or waiting < 1
+
+    @staticmethod
+    def _with_bookkeeping(result: TrialResult, submitted_at: float) -> TrialResult:
+        """Per-trial bookkeeping (Prefect task run + MLflow child run + group start/stop): the trial's wall time
+        minus its wait for a slot and the time spent inside the training function."""
+        wall = time.perf_counter() - submitted_at
+        return replace(result, bookkeeping_s=wall - result.slot_wait_s - result.train_time_s)

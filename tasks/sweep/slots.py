@@ -1,0 +1,81 @@
+"""Trial slots: how many trials train at once, and in which order they start."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class _Slot:
+    def __init__(self, slots: TrialSlots) -> None:
+        self._slots = slots
+        self._held = True
+
+    def release(self) -> None:
+        """Give the slot back (idempotent)."""
+        self._slots._give_back(self)
+
+
+class TrialSlots:
+    """At most ``limit`` trials train at once, started in their order (turn 0, 1, 2, ...).
+
+    A trial holds its slot from its start until its final report is answered (ASHA stopped it, or it reached
+    max_t, or the time budget ran out), or until its task ends: after a final verdict its group only tears
+    down, so the next trial, already queued with its MLflow run open, starts at once. Its group's reservation
+    waits on the Dask scheduler for the workers the finishing group is about to free. Turns keep the start
+    order that of the trials' numbers whichever task thread gets here first; a trial that ends before taking
+    its turn forfeits it, so the ones after it do not wait forever.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._next_turn = 0
+        self._forfeited: set[int] = set()
+        self._cond = threading.Condition()
+        self.acquired = 0  # slots taken so far (trials started)
+        self.on_acquire: Callable[[], None] | None = None  # e.g. wakes the sweep to queue the next trial
+
+    @property
+    def turns_taken(self) -> int:
+        """Turns that are over: trials that started, or gave up their turn."""
+        with self._cond:
+            return self._next_turn
+
+    def acquire(self, turn: int, *, timeout: float | None = None) -> _Slot | None:
+        """Wait (at most ``timeout`` seconds; None: for ever) for this turn and a free slot."""
+        with self._cond:
+
+            def ready() -> bool:
+                return self._free > 0 and self._next_turn == turn
+
+            if not self._cond.wait_for(ready, timeout):
+                return None
+            self._free -= 1
+            self.acquired += 1
+            self._advance()
+        if self.on_acquire is not None:
+            self.on_acquire()
+        return _Slot(self)
+
+    def _give_back(self, slot: _Slot) -> None:
+        with self._cond:
+            if slot._held:
+                slot._held = False
+                self._free += 1
+                self._cond.notify_all()
+
+    def forfeit(self, turn: int) -> None:
+        """The trial with this turn will not start (it failed before it got a slot)."""
+        with self._cond:
+            self._forfeited.add(turn)
+            if turn == self._next_turn:
+                self._advance(taken=False)
+
+    def _advance(self, *, taken: bool = True) -> None:
+        if taken or self._next_turn in self._forfeited:
+            self._forfeited.discard(self._next_turn)
+            self._next_turn += 1
+        while self._next_turn in self._forfeited:
+            self._forfeited.discard(self._next_turn)
+            self._next_turn += 1
+        self._cond.notify_all()
