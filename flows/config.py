@@ -9,9 +9,13 @@ machine (state directory, tracking URI, scheduler address) is resolved once, at 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sweepflow.tasks.datasets import DataConfig
 from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
 
@@ -27,27 +31,20 @@ SEED_SEARCH_SPACE: dict[str, Any] = {
 
 DEFAULT_TRAIN_FN = "sweepflow.tasks.training.loop:train_image_classifier"
 
-#: Environment variables read (once, by ``resolve_settings``) to fill machine-dependent settings. S3
+#: Environment variables read (once, by ``Settings.from_env``) to fill machine-dependent settings. S3
 #: credentials and endpoint come from the standard AWS chain (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...),
 #: which s3fs, boto3 and MLflow all honour.
 SETTINGS_ENV = ("SWEEPFLOW_HOME", "SWEEPFLOW_STORAGE", "MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a rejected section is not echoed back (it may hold URIs with credentials)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
-class DataSettings(_Section):
-    """Which dataset, from where, and how it is split."""
-
-    name: Literal["digits", "mnist_5k", "mnist", "fashion_mnist", "cifar10"] = "digits"
-    source: str | None = Field(
-        None, description="Mirror: https://..., s3://bucket/prefix or a local directory"
-    )
-    cache_dir: str | None = Field(None, description="Default: <state_dir>/data")
-    val_fraction: float = Field(0.15, gt=0, lt=1)
-    test_fraction: float = Field(0.15, gt=0, lt=1)
-    seed: int = 0
+#: Which dataset, from where, and how it is split: the data library's own config (frozen pydantic, extra
+#: fields forbidden), so the flow passes ``cfg.data`` to ``download_dataset`` as is.
+DataSettings = DataConfig
 
 
 class SweepSettings(_Section):
@@ -213,28 +210,53 @@ class PipelineConfig(_Section):
         return self
 
 
-def resolve_settings(config: PipelineConfig, env: dict[str, str] | None = None) -> PipelineConfig:
-    """Fill machine-dependent defaults once, at the entry point (CLI or flow start)."""
-    env = dict(os.environ if env is None else env)
-    state_dir = os.path.abspath(
-        os.path.expanduser(config.state_dir or env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))
-    )
+@dataclass(frozen=True)
+class Settings:
+    """The machine-dependent settings, read from the environment once, at the entry point (the CLI, or the
+    flow's start under a deployment), and passed down from there: nothing below the entry point reads them."""
+
+    home: str  # $SWEEPFLOW_HOME (default ~/.sweepflow), absolute: state, data cache, local services
+    storage: str | None = None  # $SWEEPFLOW_STORAGE: shared storage root (s3://bucket/prefix)
+    tracking_uri: str | None = None  # $MLFLOW_TRACKING_URI
+    scheduler_address: str | None = None  # $DASK_SCHEDULER_ADDRESS
+    prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        return cls(
+            home=os.path.abspath(os.path.expanduser(env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))),
+            storage=(env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None,
+            tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
+            scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
+            prefect_api_url=env.get("PREFECT_API_URL") or None,
+        )
+
+
+def resolve_settings(
+    config: PipelineConfig, settings: Settings | None = None, *, env: Mapping[str, str] | None = None
+) -> PipelineConfig:
+    """Fill the config's machine-dependent defaults from ``settings`` (default: read from ``env`` or the
+    process environment), once, at the entry point. Values set in the config win."""
+    settings = settings or Settings.from_env(env)
+    state_dir = os.path.abspath(os.path.expanduser(config.state_dir or settings.home))
     tracking_uri = (
-        config.mlflow.tracking_uri
-        or env.get("MLFLOW_TRACKING_URI")
-        or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
+        config.mlflow.tracking_uri or settings.tracking_uri or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
     )
-    storage = (config.storage or env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None
-    cache_dir = config.data.cache_dir or (
-        f"{storage}/datasets" if storage else os.path.join(state_dir, "data")
-    )
+    storage = (config.storage or "").rstrip("/") or settings.storage
+    cache_dir = config.data.cache_dir or (f"{storage}/datasets" if storage else os.path.join(state_dir, "data"))
     artifacts_destination = config.mlflow.artifacts_destination or (f"{storage}/mlflow" if storage else None)
-    scheduler_address = config.dask.scheduler_address or env.get("DASK_SCHEDULER_ADDRESS")
+    scheduler_address = config.dask.scheduler_address or settings.scheduler_address
     return config.model_copy(
         update={
             "state_dir": state_dir,
             "storage": storage,
-            "data": config.data.model_copy(update={"cache_dir": cache_dir}),
+            "data": config.data.model_copy(
+                update={
+                    "cache_dir": cache_dir,
+                    "staging_dir": config.data.staging_dir or os.path.join(state_dir, "data", "remote-staging"),
+                }
+            ),
             "mlflow": config.mlflow.model_copy(
                 update={"tracking_uri": tracking_uri, "artifacts_destination": artifacts_destination}
             ),

@@ -8,7 +8,8 @@ not downloaded again, an existing prepared directory is reused). The Prefect lay
   repeat the same answer.
 * **Task caching**: a second flow run with the same data parameters skips the task entirely (state
   ``Cached``). The key is the config's ``cache_identity()`` (dataset, source, cache dir, split parameters,
-  checksum overrides; no credentials), so a dict and a ``DataConfig`` with the same values share it. A
+  checksum overrides; no credentials, no host-local staging dir), so a dict and a ``DataConfig`` with the
+  same values share it. A
   cached result is only accepted while its prepared directory still exists: if someone cleaned the cache,
   the task runs again and re-creates it, instead of handing trainers a path to nothing. That check reads
   the cache where it is, so it works the same for a local ``cache_dir`` and an ``s3://`` one (with the
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
+
 from sweepflow.tasks.datasets import (
     DataConfig,
     DatasetConfigError,
@@ -128,15 +130,15 @@ def _retry_on_network_error(task: Task[..., Any], task_run: TaskRun, state: Stat
 def download_dataset(config: DataConfig | dict[str, Any]) -> dict[str, Any]:
     """Prepare the dataset described by ``config`` and return ``PreparedDataset.to_dict()``.
 
-    ``config`` is a ``DataConfig`` or its ``to_dict()`` form (what a deployment parameter is). The returned
+    ``config`` is a ``DataConfig`` with ``cache_dir`` set (the pipeline passes its resolved ``cfg.data``) or
+    its ``to_dict()`` form (what a deployment parameter is); it is validated again here. The returned
     dict is JSON, so it can be a Prefect result and be passed to training tasks on Dask workers, which
     read the splits with ``sweepflow.tasks.datasets.load_split(result["path"], "train")``. With an ``s3://``
     ``cache_dir`` the path is an S3 URI; workers then need read access to it (the AWS environment, or
     ``load_split(..., storage_options=...)``). The result never holds credentials.
     """
-    cfg = DataConfig.coerce(config)
     logger = get_run_logger()
-    prepared = prepare_dataset(cfg)
+    prepared = prepare_dataset(config)  # validates it again: model_copy(update=...) does not
     logger.info(
         "dataset %s ready at %s (sizes %s, data checksum %s)",
         prepared.name,

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from sweepflow.tasks.datasets import (
     DATASETS,
     SPLITS,
@@ -40,7 +41,6 @@ from sweepflow.tasks.datasets import (
     DatasetFormatError,
     DatasetSourceError,
     PreparedDataset,
-    default_cache_dir,
     load_meta,
     load_split,
     prepare_dataset,
@@ -523,16 +523,20 @@ def cache_bucket(s3: S3) -> str:
 
 
 @pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], Path]:
-    """Switch the simulated host: each has its own SWEEPFLOW_HOME, hence its own remote-staging directory."""
+def host(tmp_path: Path) -> Callable[[str], Path]:
+    """The staging directory of a simulated host: each host keeps its own verified copies of a remote cache."""
 
-    def switch(name: str) -> Path:
-        home = tmp_path / name
-        monkeypatch.setenv("SWEEPFLOW_HOME", str(home))
-        return home
+    def staging(name: str) -> Path:
+        return tmp_path / name
 
-    switch("host-a")
-    return switch
+    return staging
+
+
+def _on_host(cfg: DataConfig, staging: Path) -> DataConfig:
+    """``cfg`` as another host runs it: the same cache (and cache identity), that host's staging directory."""
+    other = DataConfig.from_dict({**cfg.to_dict(), "staging_dir": str(staging)})
+    assert other.cache_identity() == cfg.cache_identity()
+    return other
 
 
 def _mnist_s3_cache(
@@ -544,6 +548,7 @@ def _mnist_s3_cache(
         cache_dir=f"s3://{bucket}/cache/",
         cache_storage_options=s3.storage_options,
         checksums=kwargs.pop("checksums", generated.mnist_md5),
+        staging_dir=str(kwargs.pop("staging_dir")),
         **kwargs,
     )
 
@@ -555,7 +560,7 @@ def test_s3_cache_end_to_end_with_mnist_source(
     cache_bucket: str,
     host: Callable[[str], Path],
 ) -> None:
-    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket)
+    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket, staging_dir=host("host-a"))
     assert cfg.cache_dir == f"s3://{cache_bucket}/cache" and cfg.cache_is_remote
     assert "testing" not in repr(cfg) and "testing" not in json.dumps(cfg.cache_identity())
     before = len(http_server.requests)
@@ -589,6 +594,7 @@ def test_s3_cache_end_to_end_with_mnist_source(
 
     # Another host (empty staging): the raw files come from the S3 cache, not from the source.
     home_b = host("host-b")
+    cfg = _on_host(cfg, home_b)
     assert prepare_dataset(cfg) == prepared
     assert len(http_server.requests) == fetched
     assert sorted(p.name for p in home_b.rglob("raw/mnist/*")) == sorted(IDX_FILES)
@@ -616,7 +622,7 @@ def test_s3_cache_replaces_a_corrupt_raw_object(
     cache_bucket: str,
     host: Callable[[str], Path],
 ) -> None:
-    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket)
+    cfg = _mnist_s3_cache(generated, http_server, s3, cache_bucket, staging_dir=host("host-a"))
     prepared = prepare_dataset(cfg)
     key = "cache/raw/mnist/t10k-labels-idx1-ubyte.gz"
     original = (generated.root / "mnist" / "t10k-labels-idx1-ubyte.gz").read_bytes()
@@ -632,7 +638,7 @@ def test_s3_cache_replaces_a_corrupt_raw_object(
     # Another host: downloads the corrupt object, finds the MD5 wrong, fetches that one file from the
     # source and overwrites the object.
     client.put_object(Bucket=cache_bucket, Key=key, Body=b"garbage")
-    host("host-b")
+    cfg = _on_host(cfg, host("host-b"))
     assert prepare_dataset(cfg) == prepared
     assert http_server.requests[before:] == ["GET /mnist/t10k-labels-idx1-ubyte.gz"]
     assert _objects(s3, cache_bucket)[key] == original
@@ -647,7 +653,12 @@ def test_s3_cache_checksum_mismatch_uploads_nothing_corrupt(
 ) -> None:
     bad = "t10k-images-idx3-ubyte.gz"
     cfg = _mnist_s3_cache(
-        generated, http_server, s3, cache_bucket, checksums=dict(generated.mnist_md5, **{bad: "0" * 32})
+        generated,
+        http_server,
+        s3,
+        cache_bucket,
+        checksums=dict(generated.mnist_md5, **{bad: "0" * 32}),
+        staging_dir=host("host-a"),
     )
     with pytest.raises(ChecksumMismatchError, match=bad):
         prepare_dataset(cfg)
@@ -688,7 +699,10 @@ def test_s3_cache_uploads_meta_json_last_and_recovers(
     s3: S3, cache_bucket: str, host: Callable[[str], Path]
 ) -> None:
     cfg = DataConfig(
-        name="digits", cache_dir=f"s3://{cache_bucket}/cache", cache_storage_options=s3.storage_options
+        name="digits",
+        cache_dir=f"s3://{cache_bucket}/cache",
+        cache_storage_options=s3.storage_options,
+        staging_dir=str(host("host-a")),
     )
     uploads: list[str] = []
 
@@ -745,7 +759,9 @@ def aws_environment(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_s3_cache_with_credentials_from_the_aws_environment(
     aws_environment: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
 ) -> None:
-    cfg = DataConfig(name="digits", cache_dir=f"s3://{cache_bucket}/env-cache")
+    cfg = DataConfig(
+        name="digits", cache_dir=f"s3://{cache_bucket}/env-cache", staging_dir=str(host("host-a"))
+    )
     assert cfg.cache_storage_options is None
     prepared = prepare_dataset(cfg)
     assert prepared.path.startswith(f"s3://{cache_bucket}/env-cache/prepared/digits-")
@@ -761,7 +777,10 @@ def test_s3_cache_with_credentials_from_the_aws_environment(
 
 def test_s3_cache_in_a_missing_bucket_is_a_clear_config_error(s3: S3, host: Callable[[str], Path]) -> None:
     cfg = DataConfig(
-        name="digits", cache_dir="s3://no-such-bucket/cache", cache_storage_options=s3.storage_options
+        name="digits",
+        cache_dir="s3://no-such-bucket/cache",
+        cache_storage_options=s3.storage_options,
+        staging_dir=str(host("host-a")),
     )
     with pytest.raises(DatasetConfigError, match="names an existing bucket") as info:
         prepare_dataset(cfg)
@@ -850,12 +869,51 @@ def test_data_config_round_trips_and_rejects_unknown_keys(tmp_path: Path) -> Non
         DataConfig.from_dict({"name": "digits", "val_frac": 0.1})
 
 
-def test_default_cache_dir_follows_sweepflow_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_dir_follows_sweepflow_home_at_the_entry_point(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sweepflow.flows.config import PipelineConfig, resolve_settings
+
+    # The library reads no environment: without a cache_dir, prepare_dataset says what to pass.
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
-    assert default_cache_dir() == str(tmp_path / "home" / "data")
-    assert DataConfig().cache_dir == str(tmp_path / "home" / "data")
-    monkeypatch.delenv("SWEEPFLOW_HOME")
-    assert default_cache_dir() == os.path.expanduser(os.path.join("~", ".sweepflow", "data"))
+    assert DataConfig().cache_dir is None
+    with pytest.raises(DatasetConfigError, match="DataConfig.cache_dir is not set"):
+        prepare_dataset(DataConfig())
+
+    # The entry point resolves it from SWEEPFLOW_HOME, into the same DataConfig the flow passes on.
+    data = resolve_settings(PipelineConfig(), env={"SWEEPFLOW_HOME": str(tmp_path / "home")}).data
+    assert isinstance(data, DataConfig)
+    assert data.cache_dir == str(tmp_path / "home" / "data")
+    assert DataConfig.coerce(data) == data
+    default = resolve_settings(PipelineConfig(), env={}).data.cache_dir
+    assert default == os.path.expanduser(os.path.join("~", ".sweepflow", "data"))
+
+
+def test_remote_cache_needs_a_staging_dir_outside_the_identity(tmp_path: Path) -> None:
+    cfg = DataConfig(name="digits", cache_dir="s3://bucket/cache")
+    with pytest.raises(DatasetConfigError, match="DataConfig.staging_dir is not set"):
+        prepare_dataset(cfg)
+    staged = DataConfig(name="digits", cache_dir="s3://bucket/cache", staging_dir=str(tmp_path / "staging"))
+    assert staged.staging_dir == str(tmp_path / "staging")
+    assert staged.cache_identity() == cfg.cache_identity(), "host-local staging must not change the cache key"
+    with pytest.raises(DatasetConfigError, match="DataConfig.staging_dir must be a local directory"):
+        DataConfig(name="digits", cache_dir="s3://bucket/cache", staging_dir="s3://bucket/staging")
+
+
+def test_data_config_is_the_pipeline_data_section(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from sweepflow.flows.config import PipelineConfig
+
+    config = PipelineConfig.model_validate({"data": {"name": "mnist", "seed": 3}})
+    assert isinstance(config.data, DataConfig) and config.data.name == "mnist" and config.data.seed == 3
+    filled = config.data.model_copy(update={"cache_dir": str(tmp_path)})
+    assert DataConfig.coerce(filled) == DataConfig(name="mnist", seed=3, cache_dir=str(tmp_path))
+    assert pickle.loads(pickle.dumps(filled)) == filled
+    with pytest.raises(ValidationError, match="DataConfig.val_fraction must be a number strictly between"):
+        PipelineConfig.model_validate({"data": {"val_fraction": 2}})
+    with pytest.raises(ValidationError, match="unknown field\\(s\\) 'val_frac'"):
+        PipelineConfig.model_validate({"data": {"val_frac": 0.1}})
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -902,7 +960,7 @@ def test_download_task_second_call_is_cached_and_revalidated(
     assert PreparedDataset.from_dict(result).sizes["test"] == N_TEST
     requests_after_first = len(http_server.requests)
 
-    second = download_dataset(DataConfig.from_dict(config), return_state=True)  # dataclass form: same key
+    second = download_dataset(DataConfig.from_dict(config), return_state=True)  # model form: same key
     assert second.name == "Cached"
     assert second.result() == result
     assert len(http_server.requests) == requests_after_first
@@ -925,7 +983,10 @@ def test_download_task_with_s3_cache_is_cached_and_revalidated(
     from sweepflow.tasks.download import download_dataset
 
     config = DataConfig(
-        name="digits", cache_dir=f"s3://{cache_bucket}/cache", cache_storage_options=s3.storage_options
+        name="digits",
+        cache_dir=f"s3://{cache_bucket}/cache",
+        cache_storage_options=s3.storage_options,
+        staging_dir=str(host("host-a")),
     ).to_dict()
     first = download_dataset(config, return_state=True)
     assert first.name == "Completed"
@@ -949,6 +1010,7 @@ def test_download_task_with_s3_cache_is_cached_and_revalidated(
 
 def test_download_task_retries_only_network_errors() -> None:
     from prefect.states import Failed
+
     from sweepflow.tasks.download import _retry_on_network_error, download_dataset
 
     assert download_dataset.retries == 3

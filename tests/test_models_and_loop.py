@@ -8,6 +8,10 @@ import sys
 
 import pytest
 import torch
+
+import ddp_runtime as train
+from ddp_runtime.cluster import local_cluster
+from ddp_runtime.torch import TorchTrainer
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.training.evaluate import (
     EvaluationResult,
@@ -17,10 +21,6 @@ from sweepflow.tasks.training.evaluate import (
 )
 from sweepflow.tasks.training.loop import _with_defaults, load_model_from_checkpoint, train_image_classifier
 from sweepflow.tasks.training.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
-
-import ddp_runtime as train
-from ddp_runtime.cluster import local_cluster
-from ddp_runtime.torch import TorchTrainer
 
 # Reaches val accuracy ~0.95 on digits in ~2 s with 2 ranks (seeds 0-3 all gave >= 0.94 when tuned).
 DIGITS_CONFIG = {"model": "net", "epochs": 10, "batch_size": 32, "lr": 5e-3, "seed": 0}

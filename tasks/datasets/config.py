@@ -1,0 +1,512 @@
+"""What to prepare: the registry of known datasets (``DATASETS``) and ``DataConfig``, the one data config.
+
+``DataConfig`` is a frozen pydantic model that is at once the library's input (``prepare_dataset``, the
+``download_dataset`` task), the pipeline config's ``data`` section (``flows/config.py``) and the source of
+the Prefect cache key (``cache_identity()``). It reads no environment: machine-dependent locations
+(``cache_dir``, ``staging_dir``) are filled in by the entry point. An invalid field raises
+``DatasetConfigError`` naming the field and the fix; inside a larger model (``PipelineConfig``) the same
+message arrives in pydantic's ``ValidationError``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import fsspec
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from .errors import DatasetConfigError
+from .uris import endpoint_url, protocol, redact
+
+__all__ = ["DATASETS", "PREPARED_FORMAT_VERSION", "DataConfig", "DatasetName", "DatasetSpec"]
+
+#: Bump when the prepared files' layout or the preparation logic changes: it is part of the fingerprint,
+#: so old prepared directories are simply no longer found (and can be deleted) instead of being misread.
+PREPARED_FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------------------------
+# Known datasets
+# --------------------------------------------------------------------------------------------------------
+
+_DIGIT_NAMES = tuple(str(i) for i in range(10))
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What we know about a named dataset: where it lives officially and how to read it.
+
+    ``files`` are (filename, md5) pairs exactly as torchvision has them; ``mirrors`` are official base
+    locations tried in order. Bundled datasets (``digits``, ``mnist_5k``) have neither.
+    """
+
+    name: str
+    loader: Literal["digits", "mnist_5k", "idx", "cifar10"]
+    num_classes: int
+    class_names: tuple[str, ...]
+    official_test: bool
+    pixel_max: float = 255.0
+    mirrors: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.files)
+
+    @property
+    def filenames(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.files)
+
+
+_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec(
+            name="digits",
+            loader="digits",
+            num_classes=10,
+            class_names=_DIGIT_NAMES,
+            official_test=False,
+            pixel_max=16.0,  # scikit-learn's 8x8 digits count pixels on in 4x4 blocks: values 0..16
+        ),
+        DatasetSpec(
+            name="mnist_5k",
+            loader="mnist_5k",
+            num_classes=10,
+            class_names=_DIGIT_NAMES,
+            official_test=False,
+        ),
+        DatasetSpec(
+            name="mnist",
+            loader="idx",
+            num_classes=10,
+            class_names=_DIGIT_NAMES,
+            official_test=True,
+            mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
+            files=tuple(
+                zip(
+                    _MNIST_FILES,
+                    (
+                        "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+                        "d53e105ee54ea40749a09fcbcd1e9432",
+                        "9fb629c4189551a2d022fa330f9573f3",
+                        "ec29112dd5afa0611ce80d1b7f02629c",
+                    ),
+                    strict=True,
+                )
+            ),
+        ),
+        DatasetSpec(
+            name="fashion_mnist",
+            loader="idx",
+            num_classes=10,
+            class_names=(
+                "T-shirt/top",
+                "Trouser",
+                "Pullover",
+                "Dress",
+                "Coat",
+                "Sandal",
+                "Shirt",
+                "Sneaker",
+                "Bag",
+                "Ankle boot",
+            ),
+            official_test=True,
+            mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+            files=tuple(
+                zip(
+                    _MNIST_FILES,
+                    (
+                        "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+                        "25c81989df183df01b3e8a0aad5dffbe",
+                        "bef4ecab320f06d8554ea6380940ec79",
+                        "bb300cfdad3c16e7a12a480ee83cd310",
+                    ),
+                    strict=True,
+                )
+            ),
+        ),
+        DatasetSpec(
+            name="cifar10",
+            loader="cifar10",
+            num_classes=10,
+            class_names=(
+                "airplane",
+                "automobile",
+                "bird",
+                "cat",
+                "deer",
+                "dog",
+                "frog",
+                "horse",
+                "ship",
+                "truck",
+            ),
+            official_test=True,
+            mirrors=("https://www.cs.toronto.edu/~kriz/",),
+            files=(("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
+        ),
+    )
+}
+
+#: The names in ``DATASETS``, as a type: the config's JSON schema (and the Prefect UI form) offers them.
+DatasetName = Literal["digits", "mnist_5k", "mnist", "fashion_mnist", "cifar10"]
+if set(get_args(DatasetName)) != set(DATASETS):  # pragma: no cover - a registry edit must update both
+    raise RuntimeError(f"DatasetName {get_args(DatasetName)} does not match DATASETS {sorted(DATASETS)}")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------------
+
+#: fsspec protocols that can be read but not written (or not shared between hosts): not usable as cache_dir.
+_READ_ONLY_PROTOCOLS = frozenset({"http", "https", "github", "git", "zip", "tar", "libarchive", "reference"})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checked_options(field_name: str, options: Any) -> dict[str, Any]:
+    """``options`` as a deep-copied JSON-able dict, or a DatasetConfigError naming ``field_name``."""
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise DatasetConfigError(
+            f"DataConfig.{field_name} must be a dict with string keys or None (got {type(options).__name__})"
+        )
+    try:
+        return json.loads(json.dumps(options, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise DatasetConfigError(
+            f"DataConfig.{field_name} must be JSON-serialisable (they travel as task parameters and "
+            f"cache keys): {exc}. Pass plain strings/numbers/dicts, e.g. client_kwargs.endpoint_url"
+        ) from exc
+
+
+def _remote_cache_dir(cache_dir: str, scheme: str) -> str:
+    """A remote ``cache_dir`` checked (writable, shared, no credentials) and without a trailing slash."""
+    if scheme not in fsspec.available_protocols():
+        raise DatasetConfigError(
+            f"DataConfig.cache_dir: unsupported scheme {scheme!r} in {cache_dir!r}; use a local "
+            "directory or a writable fsspec URI such as s3://bucket/prefix"
+        )
+    if scheme in _READ_ONLY_PROTOCOLS:
+        raise DatasetConfigError(
+            f"DataConfig.cache_dir: {scheme}:// is read-only, but the cache is written to "
+            f"(got {cache_dir!r}); use a local directory or a writable store such as s3://bucket/prefix, "
+            "and put a read-only mirror in `source` instead"
+        )
+    if redact(cache_dir) != cache_dir:
+        raise DatasetConfigError(
+            f"DataConfig.cache_dir must not contain credentials (got {redact(cache_dir)!r}): it is part of "
+            "every prepared path, result and log line. Pass them in cache_storage_options or, for S3, "
+            "through the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+        )
+    prefix, location = cache_dir.split("://", 1)
+    if not location.strip("/"):
+        raise DatasetConfigError(
+            f"DataConfig.cache_dir {cache_dir!r} names no location; give a bucket and optional prefix, "
+            "e.g. s3://my-bucket/sweepflow-data"
+        )
+    # No trailing slash, so s3://b/p and s3://b/p/ give the same cache key and the same paths.
+    return f"{prefix}://{location.rstrip('/')}"
+
+
+def _location(value: Any, field_name: str, expected: str) -> str:
+    """``value`` (a string or ``os.PathLike``) as a non-blank string, or a DatasetConfigError naming the field."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text.strip():
+        raise DatasetConfigError(f"DataConfig.{field_name} must be {expected} (got {value!r})")
+    return text
+
+
+def _local_path(path: str) -> str:
+    """Absolute and user-expanded, so the same directory always gives the same cache key."""
+    return os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
+
+
+def _describe(exc: ValidationError) -> str:
+    """One message for a failed DataConfig validation: our own messages as they are, pydantic's with the field."""
+    errors = exc.errors()
+    messages = [_error_message(e) for e in errors if e["type"] != "extra_forbidden"]
+    unknown = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        messages.insert(
+            0,
+            f"DataConfig: unknown field(s) {', '.join(map(repr, unknown))}; valid fields are: "
+            f"{', '.join(sorted(DataConfig.model_fields))}",
+        )
+    return "; ".join(messages)
+
+
+def _error_message(error: ErrorDetails) -> str:
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, DatasetConfigError):
+        return str(cause)
+    return f"DataConfig.{'.'.join(map(str, error['loc']))}: {error['msg']}"
+
+
+class DataConfig(BaseModel):
+    """Which dataset to prepare, from where, into which cache, and how to split it.
+
+    All fields are plain JSON-able data so that the config can be a Prefect/deployment parameter and a
+    stable cache key. ``source`` overrides the official base location (see the package docstring);
+    ``storage_options`` are passed to fsspec for that source (e.g. ``{"key": ..., "secret": ...,
+    "client_kwargs": {"endpoint_url": ...}}`` for S3; prefer AWS_* environment variables for credentials,
+    since configs get logged and stored). ``checksums`` maps filenames to MD5s for mirrors whose files
+    differ from the official ones.
+
+    ``cache_dir`` is a local directory (a shared mount works for multi-node) or a writable fsspec URI such
+    as ``s3://bucket/prefix``; ``prepare_dataset`` requires it (the library picks no default location:
+    the pipeline's entry point, ``flows/config.py:resolve_settings``, fills it). ``cache_storage_options``
+    are fsspec options for a remote ``cache_dir`` (same shape as ``storage_options``). They are separate
+    from ``storage_options`` because the source and the cache are often different stores (an HTTPS mirror
+    and an S3 bucket). When both are omitted, s3fs uses the standard AWS chain (``AWS_ACCESS_KEY_ID``/
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL_S3``, ``AWS_PROFILE``, instance roles), which is also what
+    trainers calling ``load_split(path, ...)`` without options rely on. Neither set of options is part of
+    ``repr``, ``cache_identity()`` or any result (only an ``endpoint_url`` is kept in the identity: it
+    names a store). ``staging_dir`` is the host-local directory that keeps verified copies of a remote
+    cache's files (required with a remote ``cache_dir``, unused otherwise); it is host-specific, so it is
+    not part of the identity either.
+
+    For datasets with an official test set (mnist, fashion_mnist, cifar10) the test split *is* that set:
+    ``val_fraction`` is taken from the official training set and ``test_fraction`` is unused. For bundled
+    datasets (digits, mnist_5k) both fractions are shares of the whole dataset.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    name: DatasetName = "digits"
+    source: str | None = Field(
+        None, description="Mirror: https://..., s3://bucket/prefix or a local directory"
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Local directory or s3://bucket/prefix. Default: <storage>/datasets, else <state_dir>/data",
+    )
+    val_fraction: float = Field(0.15, gt=0, lt=1)
+    test_fraction: float = Field(0.15, gt=0, lt=1)
+    seed: int = Field(0, ge=0, lt=2**32)
+    storage_options: dict[str, Any] | None = Field(
+        None, repr=False, description="fsspec options for `source` (may hold credentials)"
+    )
+    checksums: dict[str, str] | None = Field(None, description="{filename: md5} for a mirror's own files")
+    cache_storage_options: dict[str, Any] | None = Field(
+        None, repr=False, description="fsspec options for a remote cache_dir (may hold credentials)"
+    )
+    staging_dir: str | None = Field(
+        None,
+        description="Host-local staging for a remote cache_dir. Default: <state_dir>/data/remote-staging",
+    )
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise DatasetConfigError(_describe(exc)) from None
+
+    # Field validators run in field order and before pydantic's own checks (mode="before"), so every
+    # invalid value gets our message; cross-field rules run last, in ``_consistent``.
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _known_name(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value not in DATASETS:
+            raise DatasetConfigError(
+                f"DataConfig.name: unknown dataset {value!r}; use one of: {', '.join(sorted(DATASETS))}"
+            )
+        return value
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _valid_source(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        source = _location(value, "source", "a URI or directory string, or None for the official location")
+        scheme = protocol(source)
+        if scheme is None:
+            return os.path.abspath(os.path.expanduser(source))
+        if scheme not in fsspec.available_protocols():
+            raise DatasetConfigError(
+                f"DataConfig.source: unsupported scheme {scheme!r} in {redact(source)!r}; use https://..., "
+                "http://..., s3://bucket/prefix, file:///dir or a local directory"
+            )
+        return source
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _valid_cache_dir(cls, value: Any) -> Any:
+        if value is None:
+            return None  # prepare_dataset requires one; the entry point fills it
+        cache_dir = _location(value, "cache_dir", "a local directory or a URI such as s3://bucket/prefix")
+        scheme = protocol(cache_dir)
+        if scheme not in (None, "file"):
+            return _remote_cache_dir(cache_dir, scheme)
+        return _local_path(cache_dir)
+
+    @field_validator("val_fraction", "test_fraction", mode="before")
+    @classmethod
+    def _valid_fraction(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _is_number(value) or not 0 < value < 1:
+            raise DatasetConfigError(
+                f"DataConfig.{info.field_name} must be a number strictly between 0 and 1 (got {value!r}); "
+                "e.g. 0.15"
+            )
+        return value
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _valid_seed(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+            raise DatasetConfigError(
+                f"DataConfig.seed must be an int in [0, 2**32) (got {value!r}); e.g. seed=0"
+            )
+        return value
+
+    @field_validator("storage_options", "cache_storage_options", mode="before")
+    @classmethod
+    def _valid_options(cls, value: Any, info: ValidationInfo) -> Any:
+        return None if value is None else _checked_options(info.field_name, value)
+
+    @field_validator("checksums", mode="before")
+    @classmethod
+    def _valid_checksums(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise DatasetConfigError(
+                f"DataConfig.checksums must be a dict {{filename: md5}} or None (got {type(value).__name__})"
+            )
+        for filename, md5 in value.items():
+            if (
+                not isinstance(md5, str)
+                or len(md5) != 32
+                or any(c not in "0123456789abcdef" for c in md5.lower())
+            ):
+                raise DatasetConfigError(
+                    f"DataConfig.checksums[{filename!r}] must be a 32-character hex MD5 (got {md5!r}); "
+                    f"compute it with `md5sum {filename}`"
+                )
+        return {filename: md5.lower() for filename, md5 in value.items()}
+
+    @field_validator("staging_dir", mode="before")
+    @classmethod
+    def _valid_staging_dir(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        expected = "a local directory on this host, e.g. ~/.sweepflow/data/remote-staging"
+        staging = _location(value, "staging_dir", expected)
+        if protocol(staging) not in (None, "file"):
+            raise DatasetConfigError(f"DataConfig.staging_dir must be {expected} (got {value!r})")
+        return _local_path(staging)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataConfig:
+        spec = self.spec
+        if not spec.official_test and self.val_fraction + self.test_fraction >= 1:
+            raise DatasetConfigError(
+                f"DataConfig.val_fraction + test_fraction must be < 1 for {self.name!r}, whose three splits are "
+                f"all carved from one pool (got {self.val_fraction} + {self.test_fraction}); lower either, e.g. "
+                "0.15 each"
+            )
+        if self.source is not None and not spec.remote:
+            raise DatasetConfigError(
+                f"DataConfig.source: {self.name!r} is bundled with an installed package and is never "
+                f"downloaded; drop source={redact(self.source)!r} (sources apply to: "
+                f"{', '.join(sorted(n for n, s in DATASETS.items() if s.remote))})"
+            )
+        if self.storage_options is not None and self.source is None:
+            raise DatasetConfigError(
+                "DataConfig.storage_options only apply to a `source` override; set source=... as well, or "
+                "drop storage_options to use the official location (options for an s3:// cache_dir go in "
+                "cache_storage_options)"
+            )
+        if self.cache_storage_options is not None and not self.cache_is_remote:
+            raise DatasetConfigError(
+                f"DataConfig.cache_storage_options only apply to a remote cache_dir such as s3://bucket/prefix "
+                f"(cache_dir is {self.cache_dir!r}); drop cache_storage_options, or set cache_dir to the "
+                "remote URI"
+            )
+        if self.checksums is not None:
+            if not spec.remote:
+                raise DatasetConfigError(
+                    f"DataConfig.checksums: {self.name!r} is bundled and has no downloaded files; drop checksums"
+                )
+            for filename in self.checksums:
+                if filename not in spec.filenames:
+                    raise DatasetConfigError(
+                        f"DataConfig.checksums: {filename!r} is not a file of {self.name!r}; its files are: "
+                        f"{', '.join(spec.filenames)}"
+                    )
+        return self
+
+    @property
+    def spec(self) -> DatasetSpec:
+        return DATASETS[self.name]
+
+    @property
+    def cache_is_remote(self) -> bool:
+        """True if ``cache_dir`` is a remote fsspec URI (s3://...) rather than a local directory."""
+        return self.cache_dir is not None and protocol(self.cache_dir) is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain JSON-able data (including both storage options: treat the result as secret)."""
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DataConfig:
+        """Build from a dict such as a deployment parameter; unknown keys are an error, not ignored."""
+        if not isinstance(data, Mapping):
+            raise DatasetConfigError(f"DataConfig.from_dict expects a dict, got {type(data).__name__}")
+        return cls(**dict(data))
+
+    @classmethod
+    def coerce(cls, value: DataConfig | Mapping[str, Any]) -> DataConfig:
+        """A validated DataConfig from a DataConfig or its dict form (what arrives through Prefect parameters).
+
+        A DataConfig is validated again, since ``model_copy(update=...)`` (how entry points fill in
+        ``cache_dir``) does not validate; a valid one comes back equal.
+        """
+        return cls.from_dict(value.to_dict() if isinstance(value, DataConfig) else value)
+
+    def cache_identity(self) -> dict[str, Any]:
+        """The fields that determine the prepared result, without credentials.
+
+        Used for cache keys: two configs with the same identity prepare the same data into the same
+        place. Credentials are left out (they do not change the data, and keys end up in logs/storage),
+        but S3 endpoint URLs (of the source and of the cache) are kept because they name different stores.
+        ``staging_dir`` is left out: it is this host's working copy, not where the result is.
+        """
+        return {
+            "name": self.name,
+            "source": redact(self.source) if self.source else None,
+            "endpoint_url": endpoint_url(self.storage_options),
+            "cache_dir": self.cache_dir,
+            "cache_endpoint_url": endpoint_url(self.cache_storage_options),
+            "val_fraction": float(self.val_fraction),
+            "test_fraction": None if self.spec.official_test else float(self.test_fraction),
+            "seed": self.seed,
+            "checksums": dict(sorted((self.checksums or {}).items())),
+            "format_version": PREPARED_FORMAT_VERSION,
+        }

