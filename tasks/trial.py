@@ -154,7 +154,7 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
         parent_run_id=rt.parent_run_id,
         tags={
             TAG_TRIAL_ID: spec.trial_id,
-            TAG_TRIAL_INDEX: spec.index,
+            TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True),
             "sweepflow.train_fn": spec.train_fn,
         },

@@ -8,14 +8,13 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow
-from sweepflow.flows.config import PipelineConfig, resolve_settings
-from sweepflow.flows.pipeline import _sweep, training_pipeline
-from sweepflow.tasks.datasets import DataConfig, prepare_dataset
-from sweepflow.tasks.tracking.runs import RunTracker
 
 from ddp_runtime.cluster import local_cluster
-
-pytestmark = pytest.mark.slow
+from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.pipeline import build_sweep, training_pipeline
+from sweepflow.tasks.datasets import DataConfig, prepare_dataset
+from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+from sweepflow.tasks.tracking.runs import RunTracker
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +92,16 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         assert checkpoints and all(c.path.startswith("checkpoints/checkpoint_") for c in checkpoints)
     assert len(summary["leaderboard"]) == 3
 
+    # Resource accounting: 2 ranks per trial; each child run, the parent and the leaderboard carry it.
+    for child in children:
+        assert child.data.metrics["worker_seconds"] == pytest.approx(2 * child.data.metrics["group_seconds"], abs=1e-3)
+        assert child.data.metrics["gpu_seconds"] == 0
+    assert parent.data.metrics["worker_seconds"] == pytest.approx(
+        sum(c.data.metrics["worker_seconds"] for c in children), abs=1e-2
+    )
+    assert summary["usage"]["worker_seconds"] == pytest.approx(parent.data.metrics["worker_seconds"], abs=1e-3)
+    assert all(row["worker_s"] > 0 for row in summary["leaderboard"])
+
     # The registered model loads from a process that knows only the tracking URI.
     mlflow.set_tracking_uri(mlflow_server)
     model = mlflow.pyfunc.load_model("models:/digits-e2e@champion")
@@ -150,16 +159,43 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
     tracker = RunTracker(cfg.mlflow.tracking_uri, "asha", artifact_root=str(tmp_path / "artifacts"))
 
     @flow
-    def sweep_only() -> list[dict]:
+    def sweep_only():
         parent = tracker.start_run("asha-parent")
-        return _sweep(cfg, prepared, cluster, tracker, parent)
+        return build_sweep(cfg, prepared, cluster, tracker, parent).run()
 
-    results = {r["params"]["quality"]: r for r in sweep_only()}
-    assert results[1]["status"] == "COMPLETED" and results[1]["epochs"] == 4
+    sweep = sweep_only()
+    results = {r.config["quality"]: r for r in sweep.trials}
+    assert results[1].status == "COMPLETED" and results[1].epochs == 4
     for quality in (2, 3):
-        assert results[quality]["status"] == "STOPPED" and results[quality]["epochs"] == 1
-        run = tracker.client.get_run(results[quality]["run_id"])
+        assert results[quality].status == "STOPPED" and results[quality].epochs == 1
+        run = tracker.client.get_run(results[quality].run_id)
         assert run.info.status == "KILLED"
+
+    # Resource accounting: 1 rank, no GPU; the stopped trials saved their 3 remaining epochs at their own pace.
+    for result in sweep.trials:
+        assert result.usage.ranks == 1 and result.usage.group_seconds >= result.train_time_s > 0
+        assert result.usage.worker_seconds == pytest.approx(result.usage.group_seconds)
+        assert result.usage.gpu_seconds == 0
+    assert results[1].usage.saved_worker_seconds == 0
+    for quality in (2, 3):
+        assert results[quality].usage.saved_epochs == 3
+        assert results[quality].usage.saved_worker_seconds == pytest.approx(3 * results[quality].train_time_s, rel=1e-3)
+    totals = sweep.usage()
+    assert totals["worker_seconds"] == pytest.approx(sum(r.usage.worker_seconds for r in sweep.trials), abs=1e-3)
+    assert totals["saved_worker_seconds"] > 0
+    assert sweep.best().trial_id == results[1].trial_id and sweep.best().best == 1.0
+
+    # Each trial's state can be rebuilt from its MLflow child run alone (what resuming a sweep builds on).
+    for result in sweep.trials:
+        rebuilt = TrialResult.from_mlflow(tracker.client, result.run_id, metric="val_accuracy", mode="max")
+        assert rebuilt.status is result.status and isinstance(rebuilt.status, TrialStatus)
+        assert (rebuilt.trial_id, rebuilt.index, rebuilt.config) == (result.trial_id, result.index, result.config)
+        assert (rebuilt.epochs, rebuilt.best, rebuilt.best_epoch) == (result.epochs, result.best, result.best_epoch)
+        assert rebuilt.best_checkpoint == result.best_checkpoint
+        assert rebuilt.usage.saved_epochs == result.usage.saved_epochs
+        assert rebuilt.usage.worker_seconds == pytest.approx(result.usage.worker_seconds, abs=1e-3)
+        metrics = tracker.client.get_run(result.run_id).data.metrics
+        assert metrics["worker_seconds"] == pytest.approx(result.usage.worker_seconds, abs=1e-3)
 
 
 def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
@@ -188,13 +224,15 @@ def test_the_time_budget_stops_the_running_trial_and_drops_the_queued_one(prefec
     tracker = RunTracker(cfg.mlflow.tracking_uri, "budget", artifact_root=str(tmp_path / "artifacts"))
 
     @flow
-    def sweep_only() -> tuple[str, list[dict]]:
+    def sweep_only():
         parent = tracker.start_run("budget-parent")
-        return parent, _sweep(cfg, prepared, cluster, tracker, parent)
+        return parent, build_sweep(cfg, prepared, cluster, tracker, parent).run()
 
-    parent, results = sweep_only()
-    assert [r["params"]["quality"] for r in results] == [1]
-    assert results[0]["status"] == "STOPPED" and 1 <= results[0]["epochs"] < 400
+    parent, sweep = sweep_only()
+    results = sweep.trials
+    assert [r.config["quality"] for r in results] == [1]
+    assert results[0].status == "STOPPED" and 1 <= results[0].epochs < 400
+    assert sweep.not_started == 3
     children = tracker.client.search_runs(
         [tracker.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent}'",
