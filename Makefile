@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md). Each creates/refreshes .venv with what it needs.
-.PHONY: run test lint bench install install-dev stack-up stack-down deploy
+.PHONY: run test test-fast lint bench install install-dev stack-up stack-down deploy
 
 install:
 	bash scripts/install.sh
@@ -16,6 +16,12 @@ lint:
 
 test: install-dev lint
 	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+# The development lane: every test that starts no server and no cluster (markers: see pyproject.toml), in a
+# few minutes on 2 cores. Needs the dev venv (`make install-dev`). `make test` stays the whole suite.
+FAST_LANE = not (dask or mlflow_server or prefect or s3 or stack)
+test-fast:
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m "$(FAST_LANE)"
 
 bench: install
 	.venv/bin/python benchmarks/bench_ddp_runtime.py

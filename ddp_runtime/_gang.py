@@ -25,6 +25,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ddp_runtime import _compat
+
 RANK_KEY_PREFIX = "sweepflow-rank-"
 _EXTENSION = "sweepflow-gang"
 
@@ -86,7 +88,7 @@ class _TurnoverPlugin(SchedulerPlugin):
         self.state = state
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if start != "processing":
+        if not _compat.task_left_its_worker(start, finish):
             return
         group_id = self.state.by_key.pop(key, None) if isinstance(key, str) else None
         if group_id is None:
@@ -103,17 +105,12 @@ class _TurnoverPlugin(SchedulerPlugin):
 
 
 def _state(scheduler: Any) -> _GangState:
-    state = scheduler.extensions.get(_EXTENSION)
-    if state is None:
-        state = scheduler.extensions[_EXTENSION] = _GangState()
+    def create() -> _GangState:
+        state = _GangState()
         scheduler.add_plugin(_TurnoverPlugin(state), name=_EXTENSION)
-    return state
+        return state
 
-
-def _running_workers(scheduler: Any) -> list[Any]:
-    return [
-        ws for ws in scheduler.workers.values() if getattr(ws.status, "name", str(ws.status)) == "running"
-    ]
+    return _compat.scheduler_singleton(scheduler, _EXTENSION, create)
 
 
 def _capable(ws: Any, resources: dict[str, float]) -> bool:
@@ -166,7 +163,7 @@ def _try_reserve(
 ) -> tuple[str, Any]:
     if group_id in state.reservations:
         return "reserved", list(state.reservations[group_id].addresses)
-    workers = _running_workers(dask_scheduler)
+    workers = _compat.running_workers(dask_scheduler)
     capable = [ws for ws in workers if _capable(ws, resources)]
     if len(capable) < num_ranks:
         have = {ws.address: dict(ws.resources) for ws in workers}
@@ -182,14 +179,14 @@ def _try_reserve(
         slots, used, held_exclusive = state.usage(ws.address)
         if held_exclusive:
             continue  # a multi-rank group owns its process: the default process group is process-global
-        others = sum(1 for ts in ws.processing if not str(ts.key).startswith(RANK_KEY_PREFIX))
+        others = sum(1 for key in _compat.processing_keys(ws) if not str(key).startswith(RANK_KEY_PREFIX))
         if ws.nthreads - slots - others < 1:
             continue
         if exclusive and slots:
             continue  # a 1-rank group is running here; a multi-rank group's process group would share its process
+        dask_used = _compat.used_resources(ws)
         if any(
-            ws.resources.get(name, 0.0) - ws.used_resources.get(name, 0.0) - used.get(name, 0.0)
-            < amount - 1e-9
+            ws.resources.get(name, 0.0) - dask_used.get(name, 0.0) - used.get(name, 0.0) < amount - 1e-9
             for name, amount in resources.items()
         ):
             continue
@@ -215,7 +212,7 @@ def release(group_id: str, dask_scheduler: Any = None) -> None:
 
 def missing_workers(addresses: list[str], dask_scheduler: Any = None) -> list[str]:
     """Run on the scheduler: which of these workers are gone (killed, lost, retired)."""
-    return [a for a in addresses if a not in dask_scheduler.workers]
+    return [a for a in addresses if not _compat.has_worker(dask_scheduler, a)]
 
 
 def reservations(dask_scheduler: Any = None) -> dict[str, list[str]]:
@@ -234,7 +231,7 @@ async def kill_worker_process(dask_worker: Any = None) -> None:
 def capacity(num_ranks: int, resources: dict[str, float], dask_scheduler: Any = None) -> int:
     """Run on the scheduler: how many such groups the cluster runs at once when idle (for sizing sweeps)."""
     slots = []
-    for ws in _running_workers(dask_scheduler):
+    for ws in _compat.running_workers(dask_scheduler):
         if not _capable(ws, resources):
             continue
         fit = [int(ws.resources.get(name, 0.0) // amount + 1e-9) for name, amount in resources.items()]

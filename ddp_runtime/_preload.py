@@ -10,11 +10,7 @@ import threading
 import torch
 import torch.distributed  # noqa: F401
 
+from ddp_runtime._compat import warm_torch_imports
 
-def _warm() -> None:
-    import torch._dynamo  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
-
-
-threading.Thread(target=_warm, name="sweepflow-preload", daemon=True).start()
+threading.Thread(target=warm_torch_imports, name="sweepflow-preload", daemon=True).start()
 del torch

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
+from ddp_runtime import _compat
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
 
@@ -95,8 +96,7 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     store_timeout = timedelta(seconds=spec.rendezvous_timeout_s)
     if spec.world_rank == 0:
         host = get_address_host(worker_address)
-        store = dist.TCPStore(host, 0, spec.world_size, True, timeout=store_timeout, wait_for_workers=False)
-        port = store.port
+        store, port = _compat.tcp_store_on_free_port(host, spec.world_size, store_timeout)
         variable.set(f"{host}:{port}")
     else:
         address = variable.get(timeout=spec.rendezvous_timeout_s)
@@ -169,8 +169,7 @@ class _Rank0Link:
 
     def _abandoned(self) -> bool:
         """Whether the driver gave this rank's task up (cancelled it, or its client went away)."""
-        task = self._worker.state.tasks.get(self._key)
-        return task is None or task.state in ("cancelled", "released", "forgotten")
+        return _compat.task_abandoned(self._worker, self._key)
 
     def close(self) -> None:
         """Drop this rank's references to the queues (the scheduler frees them once the driver's go too)."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import Client, Future, Queue, Variable, default_client
 from distributed.comm import get_address_host
 
+from ddp_runtime import _compat
 from ddp_runtime import _gang as gang
 from ddp_runtime._worker import (
     CONTINUE,
@@ -198,8 +199,7 @@ def _pump(reports: Queue, inbox: queue.Queue[dict[str, Any]]) -> None:
 
 
 def _peek(inbox: queue.Queue[dict[str, Any]]) -> list[dict[str, Any]]:
-    with inbox.mutex:
-        return list(inbox.queue)
+    return _compat.queued_items(inbox)
 
 
 class _GroupRun:
@@ -276,7 +276,7 @@ class _GroupRun:
                 return payload
             # Workers this process killed after a group failure are coming back: that is "busy", not "never".
             if status == "impossible":
-                if time.monotonic() > _restarting_until.get(self.client.scheduler.address, 0):
+                if time.monotonic() > _restarting_until.get(_compat.scheduler_address(self.client), 0):
                     raise gang.InsufficientResourcesError(payload)
                 time.sleep(0.25)
 
@@ -457,7 +457,9 @@ class _GroupRun:
             # Kill the processes and let their nannies start fresh ones in the background; waiting here only
             # until the scheduler has dropped them, so no other group is placed on a dying worker.
             self.client.run(gang.kill_worker_process, workers=doomed, wait=False)
-            _restarting_until[self.client.scheduler.address] = time.monotonic() + _WORKER_RESTART_GRACE_S
+            _restarting_until[_compat.scheduler_address(self.client)] = (
+                time.monotonic() + _WORKER_RESTART_GRACE_S
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 if set(self.client.run_on_scheduler(gang.missing_workers, doomed)) == set(doomed):

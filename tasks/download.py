@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
 
+from sweepflow.tasks.compat import NO_RESULT, cached_task_result, failed_state_exception
 from sweepflow.tasks.datasets import (
     DataConfig,
     DatasetConfigError,
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from prefect import Task
     from prefect.client.schemas.objects import TaskRun
     from prefect.context import TaskRunContext
-    from prefect.results import ResultStore
     from prefect.states import State
 
 __all__ = ["PreparedDatasetCachePolicy", "dataset_cache_key", "download_dataset"]
@@ -97,14 +97,9 @@ class PreparedDatasetCachePolicy(CachePolicy):
         except DatasetConfigError:
             return None  # no caching; the task body raises the same error with its message
         key = dataset_cache_key(config)
-        store: ResultStore | None = getattr(task_ctx, "result_store", None) if task_ctx else None
-        if store is None:
-            return key
         for _ in range(self.max_stale_records):
-            if not store.exists(key):
-                return key
-            result = store.read(key).result
-            if _still_valid(result, config.cache_storage_options):
+            result = cached_task_result(task_ctx, key)
+            if result is NO_RESULT or _still_valid(result, config.cache_storage_options):
                 return key
             stale = result.get("path") if isinstance(result, Mapping) else repr(result)
             key = hashlib.sha256(f"{key}:stale:{stale}".encode()).hexdigest()
@@ -113,8 +108,7 @@ class PreparedDatasetCachePolicy(CachePolicy):
 
 def _retry_on_network_error(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
     """Retry only transient fetch failures; everything else would fail the same way again."""
-    exc = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
-    return isinstance(exc, DatasetFetchError)
+    return isinstance(failed_state_exception(state), DatasetFetchError)
 
 
 @task(

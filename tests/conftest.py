@@ -20,6 +20,29 @@ if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
 
+#: Fixtures that start something -> the markers of every test using them (directly or through another fixture).
+#: The markers say what a test starts (see pyproject's [tool.pytest.ini_options]); `make test-fast` deselects
+#: them. Tests that start something without such a fixture carry the marker as a decorator.
+FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
+    "s3_endpoint": ("s3",),  # below: a moto S3 server
+    "s3": ("s3",),  # test_datasets.py's own moto S3 server
+    "prefect_harness": ("prefect",),  # below, and test_datasets.py's: prefect_test_harness
+    "mlflow_server": ("mlflow_server",),  # tests/mlflow_server.py
+    "cluster": ("dask",),  # test_pipeline.py: a LocalCluster with worker processes
+    "cluster2": ("dask",),  # test_ddp_runtime.py, test_models_and_loop.py
+    "gpu3": ("dask",),  # test_ddp_runtime.py
+    "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess"),  # test_stack_e2e.py
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            for marker in FIXTURE_MARKERS.get(fixture, ()):
+                item.add_marker(marker)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

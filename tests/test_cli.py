@@ -10,8 +10,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 SWEEPFLOW = os.path.join(os.path.dirname(sys.executable), "sweepflow")
 SMALL = [
     "sweep.num_samples=2",
@@ -30,6 +28,10 @@ def _run(state_dir: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.prefect
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+@pytest.mark.subprocess
 def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
     state = str(tmp_path / "state")
     try:
@@ -64,6 +66,10 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
     assert status.returncode == 1
 
 
+@pytest.mark.prefect
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+@pytest.mark.subprocess
 def test_ctrl_c_reaches_the_run_in_the_warm_launcher_which_keeps_serving(tmp_path):
     """`sweepflow run` hands the flow to a child of the warm launcher; Ctrl-C on the command must still stop
     the run (flow run marked Crashed, exit 130), and the launcher must serve the next run."""

@@ -118,6 +118,7 @@ def test_gang_scheduling_three_trainers_on_three_gpus_never_overlap(gpu3, tmp_pa
     assert gpu3.run_on_scheduler(gang.reservations) == {}
 
 
+@pytest.mark.dask
 def test_fractional_gpus_let_one_rank_groups_share_a_worker(tmp_path):
     with local_cluster(n_workers=1, threads_per_worker=2, resources={"GPU": 1}) as client:
         results = {}
@@ -314,6 +315,8 @@ def test_config_errors_say_what_to_fix():
         train.report({"x": 1})
 
 
+@pytest.mark.dask
+@pytest.mark.subprocess
 def test_ported_ray_getting_started_example_runs_and_its_checkpoint_loads(tmp_path):
     """The seed tutorial with only its imports (and the offline data set) changed; fit() starts its own cluster."""
     env = dict(os.environ, SWEEPFLOW_EXAMPLE_EPOCHS="1", SWEEPFLOW_EXAMPLE_STORAGE=str(tmp_path))
@@ -390,6 +393,7 @@ with Client({address!r}) as client:
 """
 
 
+@pytest.mark.subprocess
 def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
     """Ranks outlive a driver process that is killed (Dask cannot stop a task's thread): they must notice and
     end, and the group's reservation must end, so the next group starts within seconds, not after

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
+
+from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.tracking.registry import (
     CHALLENGER_ALIAS,
     CHAMPION_ALIAS,
@@ -20,7 +22,6 @@ from sweepflow.tasks.tracking.registry import (
     TAG_METRIC_NAME,
     TAG_METRIC_VALUE,
     RegistrationResult,
-    _tracking_uri_scope,
     current_champion,
     log_and_register,
 )
@@ -171,6 +172,7 @@ def test_global_tracking_uri_is_restored(mlflow_server, client, experiment_id, m
     assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
+@pytest.mark.subprocess
 def test_champion_loads_in_a_fresh_process_on_another_batch_size(
     mlflow_server, client, experiment_id, model_name, tmp_path
 ):
@@ -213,7 +215,7 @@ def test_batch_one_example_still_accepts_other_batch_sizes(mlflow_server, client
         metric_value=0.5,
         tracking_uri=mlflow_server,
     )
-    with _tracking_uri_scope(mlflow_server):
+    with tracking_uri_scope(mlflow_server):
         model = mlflow.pyfunc.load_model(result.model_uri)
     for size in (1, 3):
         assert model.predict(EXAMPLE[:size]).shape == (size, 10)
@@ -223,7 +225,7 @@ def test_pickle_format_for_models_the_loader_can_import(mlflow_server, client, e
     result = _register(
         mlflow_server, client, experiment_id, model_name, 0.5, seed=1, serialization_format="pickle"
     )
-    with _tracking_uri_scope(mlflow_server):
+    with tracking_uri_scope(mlflow_server):
         model = mlflow.pyfunc.load_model(f"models:/{model_name}@champion")
     np.testing.assert_allclose(model.predict(EXAMPLE[:3]), _expected(TinyNet(1), EXAMPLE[:3]), rtol=1e-5)
     assert result.became_champion

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from sweepflow.tasks.sweep.schedulers import (
     CONTINUE,
     STOP,

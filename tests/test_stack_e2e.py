@@ -12,8 +12,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 MODEL = "sweepflow-classifier"

@@ -6,6 +6,7 @@ import time
 import uuid
 
 import pytest
+
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 
 

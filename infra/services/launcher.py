@@ -17,7 +17,6 @@ bypasses it (and every other background service).
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import json
 import os
@@ -30,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sweepflow.services import supervisor as services
+from sweepflow.tasks.compat import run_atexit_handlers
 
 NAME = "launcher"
 _MAX_REQUEST = 4 << 20
@@ -136,7 +136,7 @@ def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]],
         traceback.print_exc()
     finally:
         try:
-            atexit._run_exitfuncs()  # what a normal interpreter exit would run (log/event flushes)
+            run_atexit_handlers()  # what a normal interpreter exit would run (log/event flushes)
         finally:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()

@@ -148,13 +148,14 @@ def stop_server(state_dir: str) -> bool:
 
 def _serve_dask(ready_file: str, n_workers: int | None) -> None:
     """Foreground body of the background Dask process: run a LocalCluster until SIGTERM."""
+    from ddp_runtime._compat import scheduler_address
     from ddp_runtime.cluster import local_cluster
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with local_cluster(n_workers=n_workers, preload=[WORKER_PRELOAD]) as client:
         with open(ready_file + ".tmp", "w") as f:
-            f.write(client.scheduler.address)
+            f.write(scheduler_address(client))
         os.replace(ready_file + ".tmp", ready_file)
         stop.wait()
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweepflow.tasks.compat import dask_identity_has_worker
+
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 
@@ -64,7 +66,7 @@ def dask_worker_registered(identity_url: str, worker_name: str) -> bool:
             identity = json.load(response)
     except (urllib.error.URLError, OSError, ValueError):
         return False
-    return any(w.get("name") == worker_name for w in identity.get("workers", {}).values())
+    return dask_identity_has_worker(identity, worker_name)
 
 
 def unix_socket_accepts(path: str) -> bool:

@@ -42,10 +42,7 @@ import copy
 import importlib.metadata
 import logging
 import math
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,6 +54,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from packaging.version import Version
+
+from sweepflow.tasks.compat import tracking_uri_scope
 
 __all__ = [
     "CHALLENGER_ALIAS",
@@ -104,33 +103,6 @@ class _Champion:
     value: float | None
     metric_name: str | None
     higher_is_better: bool | None
-
-
-@contextmanager
-def _tracking_uri_scope(tracking_uri: str | None) -> Iterator[None]:
-    """Point MLflow's fluent API at ``tracking_uri`` for the block, then restore exactly what was there.
-
-    ``mlflow.pytorch.log_model`` and its registration step only use the process-global tracking URI.
-    ``set_tracking_uri`` also writes ``MLFLOW_TRACKING_URI`` into ``os.environ`` (and setting ``None`` deletes
-    it), so both the module global and the environment variable are saved and put back; MLflow's own
-    ``_use_tracking_uri`` would drop a URI that came only from the environment.
-    """
-    if tracking_uri is None:
-        yield
-        return
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    previous_global = tracking_utils._tracking_uri
-    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(tracking_uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(previous_global)
-        if previous_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
 def _is_not_found(exc: MlflowException) -> bool:
@@ -325,7 +297,7 @@ def log_and_register(
         _preflight_export(module, example_tensor)
 
     client = MlflowClient(tracking_uri)
-    with _REGISTRY_LOCK, _tracking_uri_scope(tracking_uri):
+    with _REGISTRY_LOCK, tracking_uri_scope(tracking_uri):
         try:
             run = client.get_run(run_id)
         except MlflowException as exc:

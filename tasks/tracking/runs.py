@@ -15,8 +15,10 @@ import time
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+
+from sweepflow.tasks.compat import update_run_status
 
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM_LEN = 6000
@@ -116,12 +118,8 @@ class RunTracker:
         self._update_run_info(run_id, status, end_time=int(time.time() * 1000))
 
     def _update_run_info(self, run_id: str, status: str, end_time: int | None) -> None:
-        # One UpdateRun request. MlflowClient.set_terminated and update_run first fetch the whole run (params,
-        # metrics, tags) — to print a link to stdout, or to keep its end time — which for every trial doubled
-        # the tracking server's work on the run's status changes; the store call beneath them does not.
-        self.client._tracking_client.store.update_run_info(
-            run_id, run_status=RunStatus.from_string(status), end_time=end_time, run_name=None
-        )
+        # One UpdateRun request (MlflowClient.set_terminated/update_run fetch the whole run first): see compat.
+        update_run_status(self.client, run_id, status, end_time)
 
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from sweepflow.tasks.datasets import load_meta, load_split
-from sweepflow.tasks.training.loop import load_model_from_checkpoint
 from torch import nn
 
 import ddp_runtime
+from sweepflow.tasks.datasets import load_meta, load_split
+from sweepflow.tasks.training.loop import load_model_from_checkpoint
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
-from sweepflow.tasks.datasets import load_meta, load_split
-from sweepflow.tasks.training.models import build_model, model_hparams
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import ddp_runtime
 from ddp_runtime.torch import prepare_data_loader, prepare_model
+from sweepflow.tasks.datasets import load_meta, load_split
+from sweepflow.tasks.training.models import build_model, model_hparams
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 CHECKPOINT_META = "meta.json"

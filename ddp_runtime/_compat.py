@@ -1,0 +1,184 @@
+"""Every place ddp_runtime relies on Dask's or torch's internals, or on behaviour they do not document.
+
+Each reliance is one function here, saying what it works around, the version it was written against and what
+to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading Dask or torch: run ``pytest tests/test_compat.py`` first.
+
+Nothing here imports torch at module level: the driver side of ddp_runtime (and the flow process) never
+imports it.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Hashable
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch.distributed
+    from distributed import Client, Worker
+    from distributed.scheduler import Scheduler, WorkerState
+
+T = TypeVar("T")
+
+# ------------------------------------------------------------------------------------------ distributed: scheduler
+
+
+def scheduler_singleton(scheduler: Scheduler, name: str, create: Callable[[], T]) -> T:
+    """One object per scheduler process under ``name``, made by ``create()`` on first use.
+
+    Works around: Dask has no public per-scheduler store for code run with ``Client.run_on_scheduler``; the gang
+    scheduler keeps its reservations in ``Scheduler.extensions``, the (undocumented) dict where the scheduler
+    keeps its own extensions. Written for distributed 2026.8. If it breaks: keep the object in a module-level
+    dict keyed by ``id(scheduler)`` instead (the scheduler runs in one process), or register a real
+    ``SchedulerPlugin`` and find it in ``Scheduler.plugins``.
+    """
+    value = scheduler.extensions.get(name)
+    if value is None:
+        value = scheduler.extensions[name] = create()
+    return value
+
+
+def running_workers(scheduler: Scheduler) -> list[WorkerState]:
+    """The scheduler's workers that accept tasks (status ``running``; not paused, closing or retiring).
+
+    Relies on: ``Scheduler.workers`` (address -> ``WorkerState``) and ``WorkerState.status`` being a
+    ``distributed.core.Status`` enum member — scheduler internals (documented only as "scheduling state"). The
+    gang scheduler also reads ``WorkerState.nthreads``, ``.resources``, ``.host`` and ``.address`` directly.
+    Written for distributed 2026.8. If it breaks: read the same from ``Scheduler.identity()["workers"]``
+    (``status`` is its name there).
+    """
+    return [
+        ws for ws in scheduler.workers.values() if getattr(ws.status, "name", str(ws.status)) == "running"
+    ]
+
+
+def has_worker(scheduler: Scheduler, address: str) -> bool:
+    """Whether a worker with this address is still connected (not killed, lost or retired).
+
+    Relies on ``Scheduler.workers`` being keyed by worker address (written for distributed 2026.8). If it
+    breaks: ``address in scheduler.identity()["workers"]``.
+    """
+    return address in scheduler.workers
+
+
+def processing_keys(ws: WorkerState) -> list[Hashable]:
+    """Keys of the tasks the scheduler has assigned to this worker and not yet seen end.
+
+    Relies on ``WorkerState.processing`` being a collection of ``TaskState`` objects with a ``.key`` (a dict
+    keyed by them until distributed 2023.4, a set since; written for 2026.8). The gang scheduler counts the
+    thread slots of tasks that are not rank tasks through it. If it breaks: see what ``WorkerState`` holds
+    now (``distributed/scheduler.py``) and adapt; the test shows what is expected.
+    """
+    return [ts.key for ts in ws.processing]
+
+
+def used_resources(ws: WorkerState) -> dict[str, float]:
+    """Abstract resources (``GPU``, ``CPU``) held on this worker by tasks submitted with ``resources=``.
+
+    Relies on ``WorkerState.used_resources`` (scheduler internals; written for distributed 2026.8), which Dask
+    keeps up to date as such tasks start and end. The gang scheduler adds its own reservations on top. If it
+    breaks: sum ``ts.resource_restrictions`` over ``ws.processing``.
+    """
+    return dict(ws.used_resources)
+
+
+def task_left_its_worker(start: str, finish: str) -> bool:
+    """For ``SchedulerPlugin.transition(key, start, finish)``: has the task stopped running on its worker?
+
+    Relies on: every way a running task ends — it returns, raises, is cancelled by its client (or the client
+    goes away), or its worker dies — is a transition *out of* ``processing`` on the scheduler (to ``memory``,
+    ``erred``, ``released``, ``no-worker``...). The hook is public; which states it passes through is not.
+    Written for distributed 2026.8. If it breaks (a reservation then never ends by itself): the test lists the
+    transitions seen now; match the new state names here.
+    """
+    return start == "processing"
+
+
+# ------------------------------------------------------------------------------------------- distributed: worker
+
+
+def task_abandoned(worker: Worker, key: Hashable) -> bool:
+    """Run on a worker, from the thread of task ``key``: has its client given it up (cancelled, or gone)?
+
+    Works around: Dask cannot stop a running task's thread, and offers no public "was I cancelled?" call. The
+    worker's state machine (``Worker.state.tasks``, ``TaskState.state``, internals) marks such a task
+    ``cancelled`` (or drops it). Written for distributed 2026.8. If it breaks (ranks of a killed driver then
+    hold their workers until ``TorchConfig.timeout_s``): find the state the worker gives a cancelled executing
+    task now (the test prints it) and match it here.
+    """
+    task = worker.state.tasks.get(key)
+    return task is None or task.state in ("cancelled", "released", "forgotten")
+
+
+# ------------------------------------------------------------------------------------------- distributed: client
+
+
+def scheduler_address(client: Client) -> str:
+    """The address of the scheduler this client is connected to, without a round trip.
+
+    Relies on ``Client.scheduler`` (the client's rpc to the scheduler, undocumented) having ``.address``.
+    Written for distributed 2026.8. If it breaks: ``client.scheduler_info()["address"]`` (one round trip).
+    """
+    return client.scheduler.address
+
+
+# ------------------------------------------------------------------------------------------------------ torch
+
+
+def tcp_store_on_free_port(
+    host: str, world_size: int, timeout: timedelta
+) -> tuple[torch.distributed.TCPStore, int]:
+    """A master ``TCPStore`` listening on a port the OS picks on ``host``, and that port.
+
+    Relies on (undocumented): ``TCPStore(host, 0, ..., is_master=True)`` binds a free port, and
+    ``TCPStore.port`` returns the one bound. That lets many groups rendezvous on one host with no fixed port
+    and no pick-then-bind race. Written for torch 2.14. If it breaks: bind a socket to port 0, read its port,
+    close it and pass that port (a small race with other processes), or use ``torch.distributed.FileStore`` on
+    shared storage.
+    """
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
+    return store, store.port
+
+
+def warm_torch_imports() -> None:
+    """Import what the first ``DistributedDataParallel(...)`` of a process imports lazily.
+
+    Works around: DDP's constructor pulls in ``torch._dynamo`` (a private module; ~8 s on a small machine, it
+    imports sympy), so the first rank on a fresh worker would pay for it; the worker preload imports it in a
+    background thread instead. Written for torch 2.14. If it breaks (the import fails, or DDP no longer imports
+    it): import what DDP imports now (the test shows it), or drop the warm-up — it only saves start-up time.
+    """
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+
+# ------------------------------------------------------------------------------------------------- the stdlib
+
+
+def queued_items(q: queue.Queue[T]) -> list[T]:
+    """What is waiting in ``q``, without taking it out.
+
+    Relies on ``queue.Queue.queue`` (the deque) and ``queue.Queue.mutex`` (its lock): CPython attributes the
+    docs do not mention. If they go: keep a separate counter of queued items next to the queue.
+    """
+    with q.mutex:
+        return list(q.queue)
+
+
+__all__ = [
+    "has_worker",
+    "processing_keys",
+    "queued_items",
+    "running_workers",
+    "scheduler_address",
+    "scheduler_singleton",
+    "task_abandoned",
+    "task_left_its_worker",
+    "tcp_store_on_free_port",
+    "used_resources",
+    "warm_torch_imports",
+]

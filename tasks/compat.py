@@ -1,0 +1,148 @@
+"""Every place sweepflow (``sweepflow.tasks``, ``.flows``, ``.services``) relies on another library's internals,
+or on behaviour it does not document: MLflow, Prefect, Dask's HTTP routes, CPython. (ddp_runtime's own, for
+torch and Dask, are in ``ddp_runtime._compat``.)
+
+Each reliance is one function here, saying what it works around, the version it was written against and what
+to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading one of these libraries: run ``pytest tests/test_compat.py`` first.
+
+Imports are inside the functions: the CLI and the service supervisor import this module and must stay light.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    from prefect.context import TaskRunContext
+    from prefect.states import State
+
+#: ``cached_task_result`` found no usable record.
+NO_RESULT: Any = type("NoResult", (), {"__repr__": lambda self: "NO_RESULT"})()
+
+# ------------------------------------------------------------------------------------------------------ MLflow
+
+
+def update_run_status(client: MlflowClient, run_id: str, status: str, end_time: int | None) -> None:
+    """Set a run's status (and its end time, unless ``end_time`` is None) with one UpdateRun request.
+
+    Works around: ``MlflowClient.set_terminated`` and ``update_run`` first fetch the whole run (params,
+    metrics, tags) — to print a link, or to keep its end time — which for every trial doubled the tracking
+    server's work on status changes. The store beneath them (``MlflowClient._tracking_client.store``, private)
+    has ``update_run_info(run_id, run_status, end_time, run_name)``, which sends only the update. Written for
+    MLflow 3.17. If it breaks: call ``client.update_run(run_id, status)`` / ``client.set_terminated(run_id,
+    status, end_time)`` (correct, one extra GetRun per call).
+    """
+    from mlflow.entities import RunStatus
+
+    client._tracking_client.store.update_run_info(
+        run_id, run_status=RunStatus.from_string(status), end_time=end_time, run_name=None
+    )
+
+
+@contextmanager
+def tracking_uri_scope(tracking_uri: str | None) -> Iterator[None]:
+    """Point MLflow's fluent API at ``tracking_uri`` for the block, then restore exactly what was there.
+
+    Works around: ``mlflow.pytorch.log_model`` and its registration step only use the process-global tracking
+    URI. ``mlflow.get_tracking_uri()`` cannot tell a URI set with ``set_tracking_uri`` from one that only comes
+    from ``MLFLOW_TRACKING_URI`` (or the default), so the global itself is read from
+    ``mlflow.tracking._tracking_service.utils._tracking_uri`` (private). ``set_tracking_uri`` also writes
+    ``MLFLOW_TRACKING_URI`` into ``os.environ`` (setting ``None`` deletes it; undocumented), so the variable is
+    saved and put back too; MLflow's own ``_use_tracking_uri`` would drop a URI that came only from the
+    environment. Written for MLflow 3.17. If it breaks: find where ``set_tracking_uri`` keeps the URI now (the
+    test shows what is expected) and read it from there.
+    """
+    if tracking_uri is None:
+        yield
+        return
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    previous_global = tracking_utils._tracking_uri
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous_global)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
+
+
+# ----------------------------------------------------------------------------------------------------- Prefect
+
+
+def cached_task_result(task_ctx: TaskRunContext | None, key: str) -> Any:
+    """The result Prefect has stored for this task under cache key ``key``, or ``NO_RESULT``.
+
+    Works around: Prefect has no hook to validate a cache hit, so a ``CachePolicy.compute_key`` that must
+    refuse stale records reads them itself, through the task run context's ``result_store`` (a field of
+    ``TaskRunContext``; ``ResultStore.exists``/``read`` are not documented for this use). Written for
+    Prefect 3.8. If it breaks: see where the task engine keeps the result store now (``prefect/context.py``,
+    ``prefect/task_engine.py``), or read the record from the task's result storage by key.
+    """
+    store = getattr(task_ctx, "result_store", None) if task_ctx is not None else None
+    if store is None or not store.exists(key):
+        return NO_RESULT
+    return store.read(key).result
+
+
+def failed_state_exception(state: State[Any]) -> BaseException | None:
+    """The exception a failed task run raised, from the state handed to a ``retry_condition_fn``.
+
+    Relies on (undocumented): the task engine wraps the raised exception as ``Failed(data=exc)`` before calling
+    ``retry_condition_fn(task, task_run, state)``; a state carrying a result record instead gives it back
+    through ``state.result(raise_on_failure=False)``. Written for Prefect 3.8. If it breaks: look at
+    ``can_retry`` in ``prefect/task_engine.py`` for what the state holds now.
+    """
+    data = state.data
+    exc = data if isinstance(data, BaseException) else state.result(raise_on_failure=False)
+    return exc if isinstance(exc, BaseException) else None
+
+
+# ------------------------------------------------------------------------------------------- Dask (HTTP routes)
+
+
+def dask_identity_has_worker(identity: Mapping[str, Any], worker_name: str) -> bool:
+    """Whether the Dask scheduler's ``/json/identity.json`` document lists a worker named ``worker_name``.
+
+    Relies on the document's layout (undocumented: ``Scheduler.identity()`` as JSON): ``{"workers": {address:
+    {"name": ..., ...}}}``. Read over HTTP so the service supervisor needs no Dask client (nor Dask imported).
+    Written for distributed 2026.8. If it breaks: match the new layout here, or probe with
+    ``distributed.Client(address).scheduler_info()`` instead.
+    """
+    workers = identity.get("workers", {})
+    return any(isinstance(w, Mapping) and w.get("name") == worker_name for w in workers.values())
+
+
+# ----------------------------------------------------------------------------------------------------- CPython
+
+
+def run_atexit_handlers() -> None:
+    """Run the ``atexit`` handlers now, as a normal interpreter exit would (log and event flushes).
+
+    Works around: a forked child that ends with ``os._exit`` (so that it never returns into its parent's code)
+    skips them. ``atexit._run_exitfuncs`` is private CPython API (stable since Python 3.0). If it goes: keep our
+    own list of flush callbacks, or end the child with ``sys.exit`` after closing the inherited sockets.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+__all__ = [
+    "NO_RESULT",
+    "cached_task_result",
+    "dask_identity_has_worker",
+    "failed_state_exception",
+    "run_atexit_handlers",
+    "tracking_uri_scope",
+    "update_run_status",
+]

@@ -1,0 +1,372 @@
+"""What we rely on in other libraries' internals (sweepflow.tasks.compat, ddp_runtime._compat): each test fails
+when the library stops behaving as the workaround assumes. Run this file first after upgrading MLflow, Prefect,
+Dask or torch; the failing test names the function, whose docstring says what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from ddp_runtime import _compat as ddp_compat
+from sweepflow.tasks import compat
+
+# ------------------------------------------------------------------------------------------------------ MLflow
+
+
+@pytest.fixture
+def fake_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
+    """A stand-in for an MLflow tracking server that records each request and answers UpdateRun."""
+    requests: list[tuple[str, str, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            requests.append((self.command, self.path.split("?")[0], body))
+            out = json.dumps({"run_info": {"run_id": body.get("run_id", ""), "status": body.get("status")}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out.encode())
+
+        do_GET = do_POST = do_PATCH = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_update_run_status_sends_one_update_run_request_and_nothing_else(fake_tracking_server):
+    from mlflow.tracking import MlflowClient
+
+    url, requests = fake_tracking_server
+    client = MlflowClient(url)
+    compat.update_run_status(client, "run-1", "FINISHED", 1234)
+    compat.update_run_status(client, "run-1", "RUNNING", None)
+    assert [(method, path) for method, path, _ in requests] == [("POST", "/api/2.0/mlflow/runs/update")] * 2
+    finished, running = (body for _, _, body in requests)
+    assert finished["run_id"] == "run-1" and finished["status"] == "FINISHED" and finished["end_time"] == 1234
+    assert running["status"] == "RUNNING" and "end_time" not in running, "end_time=None must leave it alone"
+
+
+def test_tracking_uri_scope_restores_the_global_and_the_environment(monkeypatch):
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    assert hasattr(tracking_utils, "_tracking_uri"), "MLflow no longer keeps the global URI where we read it"
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)  # nothing set: the URI comes from the env
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:7")
+    with compat.tracking_uri_scope("http://127.0.0.1:9"):
+        assert mlflow.get_tracking_uri() == "http://127.0.0.1:9"
+        # set_tracking_uri sets the private global, and writes the environment variable
+        assert tracking_utils._tracking_uri == "http://127.0.0.1:9"
+        assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:9"
+    assert tracking_utils._tracking_uri is None
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:7"
+    assert mlflow.get_tracking_uri() == "http://127.0.0.1:7"
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with compat.tracking_uri_scope("http://127.0.0.1:9"):
+        assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:9"
+    assert "MLFLOW_TRACKING_URI" not in os.environ and tracking_utils._tracking_uri is None
+
+
+# ----------------------------------------------------------------------------------------------------- Prefect
+
+
+def test_cached_task_result_reads_the_record_prefect_stored_under_a_cache_key(tmp_path):
+    import inspect
+    from types import SimpleNamespace
+
+    from prefect.cache_policies import CachePolicy
+    from prefect.context import TaskRunContext
+    from prefect.filesystems import LocalFileSystem
+    from prefect.results import ResultStore
+
+    # The task engine hands compute_key the task run context, and that context carries the result store.
+    assert {"task_ctx", "inputs", "flow_parameters"} <= set(
+        inspect.signature(CachePolicy.compute_key).parameters
+    )
+    assert "result_store" in TaskRunContext.model_fields
+    store = ResultStore(result_storage=LocalFileSystem(basepath=str(tmp_path)))
+    store.write({"path": "/data/prepared"}, key="key-1")
+    ctx = SimpleNamespace(result_store=store)
+    assert compat.cached_task_result(ctx, "key-1") == {"path": "/data/prepared"}
+    assert compat.cached_task_result(ctx, "key-2") is compat.NO_RESULT
+    assert compat.cached_task_result(None, "key-1") is compat.NO_RESULT
+
+
+def test_failed_state_exception_is_what_the_task_raised():
+    from prefect import task
+    from prefect.client.schemas.objects import TaskRun
+    from prefect.task_engine import SyncTaskRunEngine
+
+    seen: list[BaseException | None] = []
+
+    def retry_condition(task_, task_run, state) -> bool:
+        seen.append(compat.failed_state_exception(state))
+        return True
+
+    @task(retries=1, retry_condition_fn=retry_condition)
+    def flaky() -> None:
+        pass
+
+    # How the engine asks retry_condition_fn after the task raised (what a real task run goes through).
+    engine = SyncTaskRunEngine(task=flaky)
+    engine.task_run = TaskRun(task_key="flaky", dynamic_key="0", name="flaky-0", flow_run_id=None)
+    raised = ConnectionError("the mirror is down")
+    assert engine.can_retry(raised) is True
+    assert len(seen) == 1 and seen[0] is raised
+
+
+# ----------------------------------------------------------------------------------------------- Dask (shared)
+
+GATES: dict[str, threading.Event] = {}
+RUNNING: dict[str, tuple[Any, Any]] = {}  # gate name -> (the worker, the task's key), set by the task
+
+
+def _wait_at_gate(name: str) -> str:
+    from distributed import get_worker
+
+    worker = get_worker()
+    RUNNING[name] = (worker, worker.get_current_task())
+    GATES[name].wait(60)
+    return name
+
+
+def _fail() -> None:
+    raise ValueError("this task fails")
+
+
+async def _eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def _with_cluster(body: Callable[[Any, list[Any], Any], Awaitable[None]], **worker_kwargs: Any) -> None:
+    """Run ``body(scheduler, workers, client)`` against an in-process scheduler with two named workers."""
+    from distributed import Client, Scheduler, Worker
+
+    async def main() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as scheduler:
+            async with (
+                Worker(scheduler.address, nthreads=1, name="w0", **worker_kwargs) as w0,
+                Worker(scheduler.address, nthreads=1, name="w1", **worker_kwargs) as w1,
+                Client(scheduler.address, asynchronous=True) as client,
+            ):
+                try:
+                    await body(scheduler, [w0, w1], client)
+                finally:
+                    for gate in GATES.values():
+                        gate.set()  # never leave a worker thread blocked
+
+    asyncio.run(main())
+
+
+@pytest.mark.dask
+def test_dask_identity_json_lists_the_workers_by_name():
+    from sweepflow.services.supervisor import dask_worker_registered
+
+    async def body(scheduler, workers, client) -> None:
+        url = f"http://127.0.0.1:{scheduler.http_server.port}/json/identity.json"
+        assert await asyncio.to_thread(dask_worker_registered, url, "w0")
+        assert await asyncio.to_thread(dask_worker_registered, url, "w1")
+        assert not await asyncio.to_thread(dask_worker_registered, url, "w2")
+        assert compat.dask_identity_has_worker(scheduler.identity(), "w1")
+
+    _with_cluster(body)
+
+
+# ------------------------------------------------------------------------------------- Dask (ddp_runtime._compat)
+
+
+@pytest.mark.dask
+def test_scheduler_state_the_gang_scheduler_reads():
+    async def body(scheduler, workers, client) -> None:
+        w0, _ = workers
+        GATES["held"] = threading.Event()
+        future = client.submit(_wait_at_gate, "held", key="not-a-rank", resources={"GPU": 1}, pure=False)
+        await _eventually(lambda: "held" in RUNNING, "the task to start")
+        ws = next(
+            ws
+            for ws in ddp_compat.running_workers(scheduler)
+            if "not-a-rank" in ddp_compat.processing_keys(ws)
+        )
+        assert {w.address for w in ddp_compat.running_workers(scheduler)} == {w.address for w in workers}
+        assert ddp_compat.used_resources(ws) == {"GPU": 1}
+        assert ws.nthreads == 1 and ws.resources == {"GPU": 1} and ws.host == "127.0.0.1"
+        assert ddp_compat.has_worker(scheduler, ws.address)
+        assert not ddp_compat.has_worker(scheduler, "tcp://127.0.0.1:1")
+        GATES["held"].set()
+        assert await future == "held"
+        await _eventually(lambda: not ddp_compat.processing_keys(ws), "the task to leave the worker")
+        assert ddp_compat.used_resources(ws).get("GPU", 0) == 0
+        await w0.close()
+        await _eventually(lambda: not ddp_compat.has_worker(scheduler, w0.address), "the worker to be gone")
+        assert [w.address for w in ddp_compat.running_workers(scheduler)] == [workers[1].address]
+
+    _with_cluster(body, resources={"GPU": 1})
+
+
+@pytest.mark.dask
+def test_scheduler_singleton_keeps_one_object_per_scheduler():
+    async def body(scheduler, workers, client) -> None:
+        made = []
+        first = ddp_compat.scheduler_singleton(
+            scheduler, "sweepflow-test", lambda: made.append(1) or object()
+        )
+        again = ddp_compat.scheduler_singleton(
+            scheduler, "sweepflow-test", lambda: made.append(1) or object()
+        )
+        assert first is again and made == [1]
+
+    _with_cluster(body)
+
+
+@pytest.mark.dask
+def test_a_task_that_stops_running_on_its_worker_leaves_processing():
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Recorder(SchedulerPlugin):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, str, str]] = []
+
+        def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+            self.seen.append((key, start, finish))
+
+    async def body(scheduler, workers, client) -> None:
+        recorder = Recorder()
+        scheduler.add_plugin(recorder, name="sweepflow-test-recorder")
+        await client.submit(len, [1], key="returns", pure=False)
+        with pytest.raises(ValueError):
+            await client.submit(_fail, key="raises", pure=False)
+        GATES["cancelled"], GATES["lost"] = threading.Event(), threading.Event()
+        cancelled = client.submit(_wait_at_gate, "cancelled", key="cancelled", pure=False)
+        lost = client.submit(_wait_at_gate, "lost", key="worker-lost", pure=False)
+        await _eventually(lambda: "cancelled" in RUNNING and "lost" in RUNNING, "both tasks to start")
+        await cancelled.cancel()
+        lost_worker = RUNNING["lost"][0].address
+        # What the scheduler does when a worker dies (its connection breaks):
+        await scheduler.remove_worker(lost_worker, stimulus_id="sweepflow-test", close=False)
+        for key in ("returns", "raises", "cancelled", "worker-lost"):
+            await _eventually(
+                lambda key=key: any(
+                    k == key and ddp_compat.task_left_its_worker(s, f) for k, s, f in recorder.seen
+                ),
+                f"a transition that ends {key!r} on its worker; seen: {recorder.seen}",
+            )
+        lost.release()
+
+    _with_cluster(body)
+
+
+@pytest.mark.dask
+def test_task_abandoned_once_its_client_cancels_it():
+    async def body(scheduler, workers, client) -> None:
+        GATES["abandoned"] = threading.Event()
+        future = client.submit(_wait_at_gate, "abandoned", key="rank-task", pure=False)
+        await _eventually(lambda: "abandoned" in RUNNING, "the task to start")
+        worker, key = RUNNING["abandoned"]
+        assert key == "rank-task"
+        assert not ddp_compat.task_abandoned(worker, key)
+        await future.cancel()
+        await _eventually(
+            lambda: ddp_compat.task_abandoned(worker, key),
+            f"the worker to mark the task given up (its state: {worker.state.tasks.get(key)})",
+        )
+
+    _with_cluster(body)
+
+
+@pytest.mark.dask
+def test_scheduler_address_of_a_client():
+    async def body(scheduler, workers, client) -> None:
+        assert ddp_compat.scheduler_address(client) == scheduler.address
+
+    _with_cluster(body)
+
+
+# ------------------------------------------------------------------------------------------------------ torch
+
+
+def test_tcp_store_on_free_port_binds_a_port_a_peer_can_reach():
+    import torch.distributed as dist
+
+    master, port = ddp_compat.tcp_store_on_free_port("127.0.0.1", 2, timedelta(seconds=30))
+    assert isinstance(port, int) and port > 0
+    peer = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=30))
+    master.set("rendezvous", "ok")
+    assert peer.get("rendezvous") == b"ok"
+
+
+_DDP_PROBE = """
+import json, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+before = "torch._dynamo" in sys.modules
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
+DistributedDataParallel(torch.nn.Linear(2, 2))
+after = "torch._dynamo" in sys.modules
+dist.destroy_process_group()
+from ddp_runtime._compat import warm_torch_imports
+warm_torch_imports()
+print(json.dumps({"before_ddp": before, "after_ddp": after, "warmed": "torch._dynamo" in sys.modules}))
+"""
+
+
+@pytest.mark.subprocess
+def test_warm_torch_imports_imports_what_the_first_ddp_imports():
+    proc = subprocess.run([sys.executable, "-c", _DDP_PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["after_ddp"], f"DDP no longer imports torch._dynamo: the preload's warm-up is moot ({seen})"
+    assert seen["warmed"]
+
+
+# ------------------------------------------------------------------------------------------------- the stdlib
+
+
+def test_queued_items_shows_the_queue_without_consuming_it():
+    q: queue.Queue[int] = queue.Queue()
+    for item in (1, 2, 3):
+        q.put(item)
+    q.get()
+    assert ddp_compat.queued_items(q) == [2, 3]
+    assert q.qsize() == 2 and q.get_nowait() == 2
+
+
+def test_run_atexit_handlers_runs_them_before_os_exit():
+    script = (
+        "import atexit, os\n"
+        "from sweepflow.tasks.compat import run_atexit_handlers\n"
+        "atexit.register(print, 'flushed', flush=True)\n"
+        "run_atexit_handlers()\n"
+        "os._exit(0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["flushed"]
