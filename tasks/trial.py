@@ -65,6 +65,10 @@ class TrialSpec:
     def gpus_per_rank(self) -> float:
         return float(self.resources_per_rank.get("GPU", 0.0))
 
+    def identity(self) -> dict[str, Any]:
+        """The ``TrialResult`` fields that say which trial it is."""
+        return {"trial_id": self.trial_id, "index": self.index, "name": self.name, "config": self.params}
+
 
 @dataclass
 class SweepRuntime:
@@ -130,14 +134,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
         if rt.out_of_time():
             logger.warning("%s: the sweep's time budget ran out while it was queued; not started", spec.name)
             writer.delete()  # a trial that never ran leaves no run behind
-            return TrialResult(
-                trial_id=spec.trial_id,
-                index=spec.index,
-                name=spec.name,
-                config=spec.params,
-                status=TrialStatus.NOT_STARTED,
-                run_id=writer.run_id,
-            )
+            return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED, run_id=writer.run_id)
         result = _TrialRun(spec, rt, writer, slot, logger).train(artifact_uri)
     finally:
         slot.release()
@@ -291,10 +288,7 @@ class _TrialRun:
             fit.metrics_history,
             metric=spec.selection_metric,
             mode=spec.selection_mode,
-            trial_id=spec.trial_id,
-            index=spec.index,
-            name=spec.name,
-            config=spec.params,
+            **spec.identity(),
             status=status,
             run_id=self.writer.run_id,
             best_checkpoint=fit.best_checkpoints[0][0].path if fit.best_checkpoints else None,
