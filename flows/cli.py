@@ -47,38 +47,23 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
     """Point this run at the state dir's background services (started in parallel if not running): a
     Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, a
     Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from sweepflow.services import launcher as warm_launcher
-    from sweepflow.services import supervisor as services
-    from sweepflow.services.local import PREFECT, ensure_dask, ensure_mlflow, prefect_server_spec, server_env
+    from sweepflow.services.local import use_local_services
 
-    starts = {}
-    if not settings.prefect_api_url:
-        os.environ.update(server_env(state_dir))
-        url = services.running(state_dir, PREFECT)
-        if not url:  # its address is known before it is up, so the launcher can start alongside it
-            spec = prefect_server_spec(state_dir)
-            url = spec.address
-            starts["prefect"] = lambda: services.ensure(state_dir, spec)
-        os.environ["PREFECT_API_URL"] = url
-    if not config.mlflow.tracking_uri and not settings.tracking_uri:
-        starts["mlflow"] = lambda: ensure_mlflow(state_dir)
-    wants_local_cluster = not config.dask.scheduler_address and not settings.scheduler_address
-    if wants_local_cluster and not config.resources.use_gpu:
-        code_files = [path for path in [_module_file(config.training.train_fn)] if path]
-        starts["dask"] = lambda: ensure_dask(
-            state_dir, n_workers=config.dask.n_workers, code_files=code_files
+    extra = {}
+    if launcher:  # reads the environment once the Prefect settings are in it
+        extra["launcher"] = lambda: warm_launcher.ensure(
+            state_dir, dict(os.environ), entry=f"{__name__}:main", preload=["sweepflow.flows.pipeline"]
         )
-    if launcher:
-        env = dict(os.environ)
-        starts["launcher"] = lambda: warm_launcher.ensure(
-            state_dir, env, entry=f"{__name__}:main", preload=["sweepflow.flows.pipeline"]
-        )
-    with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
-        addresses = {
-            name: future.result() for name, future in [(n, pool.submit(f)) for n, f in starts.items()]
-        }
+    addresses = use_local_services(
+        state_dir,
+        prefect=not settings.prefect_api_url,
+        mlflow=not config.mlflow.tracking_uri and not settings.tracking_uri,
+        dask=not config.dask.scheduler_address and not settings.scheduler_address and not config.resources.use_gpu,
+        n_workers=config.dask.n_workers,
+        code_files=[path for path in [_module_file(config.training.train_fn)] if path],
+        extra=extra,
+    )
     update = {}
     if "mlflow" in addresses:
         update["mlflow"] = config.mlflow.model_copy(update={"tracking_uri": addresses["mlflow"]})

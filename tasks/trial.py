@@ -16,7 +16,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,7 @@ class TrialSpec:
     index: int  # the trial's number: trials start in this order
     name: str
     params: dict[str, Any]  # the sampled hyperparameters
-    train_fn: str  # "module:function"
+    train_fn: str | Callable[..., Any]  # "module:function", or a function object (shipped by value)
     train_loop_config: dict[str, Any]  # base config + params + data path
     num_ranks: int
     resources_per_rank: dict[str, float]
@@ -152,8 +152,8 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
         tags={
             TAG_TRIAL_ID: spec.trial_id,
             TAG_TRIAL_INDEX: str(spec.index),
-            TAG_CONFIG: json.dumps(spec.params, sort_keys=True),
-            "sweepflow.train_fn": spec.train_fn,
+            TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
+            "sweepflow.train_fn": TrainFunction(spec.train_fn).path,
         },
     )
     writer = RunWriter(rt.tracker, run_id)
@@ -194,8 +194,8 @@ class _TrialRun:
         self.writer.log(metrics, step=step)
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
         at_max_t = metrics["training_iteration"] >= spec.max_reports
-        if decision is Decision.STOP and at_max_t:
-            self.reached_max_t = True
+        if decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
+            self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
         elif decision is Decision.STOP or self.rt.out_of_time():
             reason = "ASHA" if decision is Decision.STOP else "time budget"
             self.logger.info("%s: stopping at report %s (%s)", spec.name, step, reason)
@@ -292,6 +292,7 @@ class _TrialRun:
             status=status,
             run_id=self.writer.run_id,
             best_checkpoint=fit.best_checkpoints[0][0].path if fit.best_checkpoints else None,
+            checkpoint=fit.checkpoint.path if fit.checkpoint is not None else None,
             error=str(error) if error is not None else None,
             started_at=fit.started_at,
             ended_at=fit.ended_at,

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from sweepflow.services import supervisor as services
 
@@ -114,6 +115,38 @@ def local_dask_spec(
         health_from_address=lambda address: {"kind": "tcp", "address": address},
         code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers)]),
     )
+
+
+def use_local_services(
+    state_dir: str,
+    *,
+    prefect: bool,
+    mlflow: bool,
+    dask: bool,
+    n_workers: int | None = None,
+    code_files: Sequence[str] = (),
+    extra: Mapping[str, Callable[[], str]] | None = None,
+) -> dict[str, str]:
+    """Start (or reuse), in parallel, the state dir's background services asked for, and point this process's
+    Prefect client at the Prefect server (its settings go into ``os.environ``, read when prefect is imported).
+    Returns their addresses by name ("prefect", "mlflow", "dask", and each of ``extra``'s)."""
+    starts: dict[str, Callable[[], str]] = {}
+    if prefect:
+        os.environ.update(server_env(state_dir))
+        url = services.running(state_dir, PREFECT)
+        if not url:  # its address is known before it is up, so the others can start alongside it
+            spec = prefect_server_spec(state_dir)
+            url = spec.address
+            starts[PREFECT] = lambda: services.ensure(state_dir, spec)
+        os.environ["PREFECT_API_URL"] = url
+    if mlflow:
+        starts[MLFLOW] = lambda: ensure_mlflow(state_dir)
+    if dask:
+        starts[DASK] = lambda: ensure_dask(state_dir, n_workers=n_workers, code_files=code_files)
+    starts.update(extra or {})
+    with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
+        futures = {name: pool.submit(start) for name, start in starts.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def ensure_server(state_dir: str) -> str:

@@ -36,7 +36,7 @@ _SLOT_TAKEN = object()  # wakes the loop: a queued trial started, so the next on
 class TrialTemplate:
     """What every trial of a sweep shares; a trial adds its number and its sampled hyperparameters."""
 
-    train_fn: str  # "module:function", run on every rank
+    train_fn: str | Callable[..., Any]  # "module:function", or a function object; run on every rank
     train_loop_config: dict[str, Any]  # fixed entries; the sampled ones override them
     num_ranks: int
     selection_metric: str
@@ -44,7 +44,7 @@ class TrialTemplate:
     max_reports: int  # the scheduler's max_t (epochs for FIFO): a stop there means the trial is complete
     resources_per_rank: dict[str, float] = field(default_factory=dict)
     use_gpu: bool = False
-    seed: int = 0  # trial i trains with seed + i
+    seed: int | None = 0  # trial i trains with config["seed"] = seed + i (None: no seed entry)
     varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
     max_failures: int = 0
 
@@ -57,7 +57,11 @@ class TrialTemplate:
             name=f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id,
             params=params,
             train_fn=self.train_fn,
-            train_loop_config={**self.train_loop_config, **params, "seed": self.seed + index},
+            train_loop_config={
+                **self.train_loop_config,
+                **params,
+                **({"seed": self.seed + index} if self.seed is not None else {}),
+            },
             num_ranks=self.num_ranks,
             resources_per_rank=dict(self.resources_per_rank),
             use_gpu=self.use_gpu,

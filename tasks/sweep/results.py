@@ -101,6 +101,7 @@ class TrialResult:
     best: float | None = None  # best value of the selection metric over its reports
     best_epoch: int | None = None  # the report (epoch) that reached it
     best_checkpoint: str | None = None  # URI of the checkpoint with the best selection metric
+    checkpoint: str | None = None  # URI of its latest checkpoint
     error: str | None = None
     started_at: float | None = None  # epoch seconds: rank 0 entered / left the training function
     ended_at: float | None = None
@@ -111,6 +112,7 @@ class TrialResult:
     bookkeeping_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)
     rank0_worker: str | None = None  # the Dask worker rank 0 trained on
+    history: tuple[dict[str, Any], ...] = ()  # every report's metrics, in order
     usage: ResourceUsage = field(default_factory=ResourceUsage)
     restarts: int = 0  # group restarts after failures (FailureConfig.max_failures)
 
@@ -124,9 +126,14 @@ class TrialResult:
         **fields: Any,
     ) -> TrialResult:
         """A result whose ``epochs``, ``last``, ``best`` and ``best_epoch`` come from its report history."""
-        best, best_epoch = best_of(history, metric, mode)
+        best, best_epoch = best_of(history, metric, mode) if metric else (None, None)
         return cls(
-            epochs=len(history), last=dict(history[-1]) if history else {}, best=best, best_epoch=best_epoch, **fields
+            epochs=len(history),
+            last=dict(history[-1]) if history else {},
+            best=best,
+            best_epoch=best_epoch,
+            history=tuple(dict(report) for report in history),
+            **fields,
         )
 
     @classmethod

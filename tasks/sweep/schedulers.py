@@ -37,7 +37,8 @@ class Decision(StrEnum):
     """A scheduler's answer to a trial's report."""
 
     CONTINUE = "CONTINUE"
-    STOP = "STOP"
+    STOP = "STOP"  # prune it (or, at the scheduler's max_t, it is done)
+    DONE = "DONE"  # it met a stop criterion (e.g. Tune's ``stop={...}``): complete, not pruned
 
 
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP

@@ -27,25 +27,43 @@ def import_train_fn(path: str) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class TrainFunction:
-    """A training function named by import path and imported where it runs, on the Dask workers: the flow
-    process never imports the training code (nor torch). The module is located at once, so a typo fails the
-    trial before any group starts."""
+    """The function every rank of a trial runs: either named by import path (``"module:function"``, imported
+    where it runs, on the Dask workers, so the flow process never imports the training code nor torch; the
+    module is located at once, so a typo fails before any group starts), or a function object (a user's script
+    function, partial, closure or lambda), which Dask ships to the workers by value (cloudpickle)."""
 
-    path: str
+    target: str | Callable[..., Any]
 
     def __post_init__(self) -> None:
-        module_name = self.path.partition(":")[0]
+        if callable(self.target):
+            return
+        module_name = self.target.partition(":")[0]
         try:
             found = importlib.util.find_spec(module_name) is not None
         except ImportError:  # a parent package is missing
             found = False
         if not found:
             raise ImportError(
-                f"training.train_fn={self.path!r}: no module {module_name!r}; it must be importable in the flow "
+                f"training.train_fn={self.target!r}: no module {module_name!r}; it must be importable in the flow "
                 "process and on every Dask worker (install your package there, or put it on PYTHONPATH)"
             )
 
+    @property
+    def path(self) -> str:
+        """How to name it: the import path, or the function's module and qualified name."""
+        if isinstance(self.target, str):
+            return self.target
+        fn = getattr(self.target, "func", self.target)  # functools.partial
+        return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
     def __call__(self, config: dict[str, Any]) -> Any:
-        fn = import_train_fn(self.path)
+        fn = import_train_fn(self.target) if isinstance(self.target, str) else self.target
         # As in Ray, a zero-argument training function simply does not see train_loop_config.
-        return fn(config) if inspect.signature(fn).parameters else fn()
+        return fn(config) if _takes_arguments(fn) else fn()
+
+
+def _takes_arguments(fn: Callable[..., Any]) -> bool:
+    try:
+        return bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or an object without a signature: give it the config
+        return True

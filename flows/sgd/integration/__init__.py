@@ -1,0 +1,1 @@
+"""``sweepflow.sgd.integration`` (Ray's ``ray.util.sgd.integration``)."""

@@ -1,0 +1,70 @@
+"""``sweepflow.tune``: Ray Tune's API on sweepflow — a Ray Tune script runs with ``ray.tune`` imports changed.
+
+    from sweepflow import tune
+    from sweepflow.tune.schedulers import ASHAScheduler
+    from sweepflow.tune import CLIReporter
+
+Every ``tune.run`` / ``Tuner.fit`` is one Prefect flow run with a task run per trial and one MLflow parent run
+with a child run per trial; each trial trains as a DDP group on the Dask cluster.
+
+The names a trainable uses on the workers (``report``, ``checkpoint_dir``, ``get_checkpoint``, the search space
+helpers) load without Prefect or MLflow; the rest loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ddp_runtime import Checkpoint
+from sweepflow.tune.search_space import (
+    choice,
+    grid_search,
+    loguniform,
+    qrandint,
+    quniform,
+    randint,
+    randn,
+    sample_from,
+    uniform,
+)
+from sweepflow.tune.session import checkpoint_dir, get_checkpoint, get_trial_dir, get_trial_id, report
+from sweepflow.tune.trainable import with_parameters, with_resources
+
+_LAZY = {
+    "run": "sweepflow.tune.api",
+    "Tuner": "sweepflow.tune.api",
+    "TuneConfig": "sweepflow.tune.api",
+    "RunConfig": "sweepflow.tune.api",
+    "CLIReporter": "sweepflow.tune.progress",
+    "ExperimentAnalysis": "sweepflow.tune.results",
+    "ResultGrid": "sweepflow.tune.results",
+    "TuneError": "sweepflow.tune.runner",
+}
+
+__all__ = [
+    "Checkpoint",
+    "checkpoint_dir",
+    "choice",
+    "get_checkpoint",
+    "get_trial_dir",
+    "get_trial_id",
+    "grid_search",
+    "loguniform",
+    "qrandint",
+    "quniform",
+    "randint",
+    "randn",
+    "report",
+    "sample_from",
+    "uniform",
+    "with_parameters",
+    "with_resources",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sweepflow.tune' has no attribute {name!r}")

@@ -1,0 +1,216 @@
+"""``tune.run`` (classic Ray Tune) and ``Tuner(...).fit()`` (current Ray Tune): thin faces over the sweep driver."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sweepflow.tasks.sweep.samplers import Sampler
+from sweepflow.tune import runner
+from sweepflow.tune.progress import CLIReporter
+from sweepflow.tune.results import ExperimentAnalysis, ResultGrid
+from sweepflow.tune.schedulers import resolve as resolve_scheduler
+from sweepflow.tune.search.optuna import OptunaSearch
+from sweepflow.tune.search_space import Domain, SearchSampler, VariantSampler, _is_grid, _leaves
+from sweepflow.tune.trainable import plan_trial
+
+
+def run(
+    run_or_experiment: Any,
+    *,
+    name: str | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool] | None = None,
+    time_budget_s: float | None = None,
+    config: Mapping[str, Any] | None = None,
+    resources_per_trial: Mapping[str, float] | None = None,
+    num_samples: int = 1,
+    local_dir: str | None = None,
+    storage_path: str | None = None,
+    search_alg: Any = None,
+    scheduler: Any = None,
+    checkpoint_at_end: bool = False,
+    checkpoint_freq: int = 0,
+    keep_checkpoints_num: int | None = None,
+    checkpoint_score_attr: str | None = None,
+    verbose: int = 3,
+    progress_reporter: CLIReporter | None = None,
+    max_failures: int = 0,
+    max_concurrent_trials: int | None = None,
+    raise_on_failed_trial: bool = True,
+    seed: int | None = None,
+) -> ExperimentAnalysis:
+    """Classic Ray Tune: run ``num_samples`` trials of the trainable over ``config``; returns the analysis.
+
+    Checkpoints are the ones the trainable writes (``tune.checkpoint_dir`` / ``report(checkpoint=...)``):
+    ``checkpoint_at_end``/``checkpoint_freq`` apply to class trainables in Ray and are accepted and unused."""
+    experiment = _experiment(
+        run_or_experiment,
+        param_space=config or {},
+        num_samples=num_samples,
+        metric=metric,
+        mode=mode,
+        scheduler=scheduler,
+        search_alg=search_alg,
+        resources_per_trial=resources_per_trial,
+        name=name,
+        storage_path=storage_path or local_dir,
+        stop=stop,
+        time_budget_s=time_budget_s,
+        max_failures=max_failures,
+        max_concurrent_trials=max_concurrent_trials,
+        seed=seed,
+    )
+    sweep, info = runner.run(experiment)
+    analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
+    if verbose:
+        (progress_reporter or CLIReporter()).report(analysis.trials)
+    failed = [t.trial_id for t in analysis.trials if t.status == "ERROR"]
+    if failed and raise_on_failed_trial:
+        errors = "; ".join(f"{t.trial_id}: {(t.error_msg or '').splitlines()[0]}" for t in analysis.trials if t.error_msg)
+        raise runner.TuneError(f"Trials did not complete: {failed} ({errors})")
+    return analysis
+
+
+@dataclass
+class TuneConfig:
+    metric: str | None = None
+    mode: str | None = None
+    search_alg: Any = None
+    scheduler: Any = None
+    num_samples: int = 1
+    max_concurrent_trials: int | None = None
+    time_budget_s: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class RunConfig:
+    """Ray Tune's ``RunConfig`` (``ddp_runtime.RunConfig`` is accepted too: its name, storage path and failure
+    config are used)."""
+
+    name: str | None = None
+    storage_path: str | None = None
+    stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
+    failure_config: Any = None
+    checkpoint_config: Any = None
+    progress_reporter: CLIReporter | None = None
+    verbose: int = 1
+
+
+class Tuner:
+    """Current Ray Tune: ``Tuner(trainable, param_space=..., tune_config=TuneConfig(...), run_config=...).fit()``."""
+
+    def __init__(
+        self,
+        trainable: Any,
+        *,
+        param_space: Mapping[str, Any] | None = None,
+        tune_config: TuneConfig | None = None,
+        run_config: Any = None,
+    ) -> None:
+        self.trainable = trainable
+        self.param_space = dict(param_space or {})
+        self.tune_config = tune_config or TuneConfig()
+        self.run_config = run_config or RunConfig()
+
+    def fit(self) -> ResultGrid:
+        tc, rc = self.tune_config, self.run_config
+        failure = getattr(rc, "failure_config", None)
+        experiment = _experiment(
+            self.trainable,
+            param_space=self.param_space,
+            num_samples=tc.num_samples,
+            metric=tc.metric,
+            mode=tc.mode,
+            scheduler=tc.scheduler,
+            search_alg=tc.search_alg,
+            resources_per_trial=None,
+            name=getattr(rc, "name", None),
+            storage_path=getattr(rc, "storage_path", None),
+            stop=getattr(rc, "stop", None),
+            time_budget_s=tc.time_budget_s,
+            max_failures=getattr(failure, "max_failures", 0) if failure is not None else 0,
+            max_concurrent_trials=tc.max_concurrent_trials,
+            seed=tc.seed,
+        )
+        sweep, info = runner.run(experiment)
+        grid = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
+        if getattr(rc, "verbose", 1):
+            from sweepflow.tune.results import Trial
+
+            (getattr(rc, "progress_reporter", None) or CLIReporter()).report([Trial(t) for t in grid._trials])
+        return grid
+
+
+def _experiment(
+    trainable: Any,
+    *,
+    param_space: Mapping[str, Any],
+    num_samples: int,
+    metric: str | None,
+    mode: str | None,
+    scheduler: Any,
+    search_alg: Any,
+    resources_per_trial: Mapping[str, float] | None,
+    name: str | None,
+    storage_path: str | None,
+    stop: Any,
+    time_budget_s: float | None,
+    max_failures: int,
+    max_concurrent_trials: int | None,
+    seed: int | None,
+) -> runner.Experiment:
+    """Every argument checked, and the trial plan made, before any service starts or any trial runs."""
+    if mode not in (None, "min", "max"):
+        raise ValueError(f"mode={mode!r}: use 'min' (e.g. for a loss) or 'max' (e.g. for accuracy)")
+    if metric is not None and not isinstance(metric, str):
+        raise TypeError(f"metric must be the name of a reported metric, got {metric!r}")
+    if (metric is None) != (mode is None) and search_alg is None and getattr(scheduler, "metric", None) is None:
+        raise ValueError(f"give metric and mode together (got metric={metric!r}, mode={mode!r})")
+    if not isinstance(param_space, Mapping):
+        raise TypeError(f"config/param_space must be a dict, got {type(param_space).__name__}")
+    if max_concurrent_trials is not None and max_concurrent_trials < 1:
+        raise ValueError(f"max_concurrent_trials must be >= 1, got {max_concurrent_trials}")
+    if stop is not None and not callable(stop) and not isinstance(stop, Mapping):
+        raise TypeError(f'stop must be a dict like {{"training_iteration": 10}} or a function, got {stop!r}')
+    sched = resolve_scheduler(scheduler)
+    sched.build(metric, mode)  # a scheduler without a metric/mode fails here, with the fix
+    plan = plan_trial(trainable, resources_per_trial, dict(param_space))
+    sampler: Sampler
+    search = "random"
+    if search_alg is not None:
+        if not isinstance(search_alg, OptunaSearch):
+            raise TypeError(f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...)")
+        s_metric, s_mode = search_alg.metric or metric, search_alg.mode or mode
+        if not s_metric or not s_mode:
+            raise ValueError("OptunaSearch needs metric and mode: pass them to it, or to tune.run / TuneConfig")
+        metric, mode = metric or s_metric, mode or s_mode
+        sampler = SearchSampler(
+            search_alg.space or param_space, num_samples=num_samples, metric=s_metric, mode=s_mode,
+            seed=search_alg.seed if search_alg.seed is not None else seed,
+        )
+        search = "tpe (optuna)"
+    else:
+        sampler = VariantSampler(param_space, num_samples)
+    varying = tuple(
+        "/".join(path) for path, value in _leaves(dict(param_space)) if isinstance(value, Domain) or _is_grid(value)
+    )
+    return runner.Experiment(
+        plan=plan,
+        sampler=sampler,
+        name=name or f"{plan.name}_{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+        scheduler=sched,
+        metric=metric or getattr(sched, "metric", None),
+        mode=mode or getattr(sched, "mode", None),
+        stop=stop,
+        max_concurrent_trials=max_concurrent_trials,
+        time_budget_s=time_budget_s,
+        max_failures=max_failures,
+        storage_path=storage_path,
+        varying_names=tuple(v for v in varying if "/" not in v),
+        search=search,
+    )

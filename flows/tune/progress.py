@@ -1,0 +1,49 @@
+"""``CLIReporter``: the trials table Ray Tune prints, printed when the experiment ends (the sweep's progress line
+is logged at every change while it runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+
+class CLIReporter:
+    def __init__(
+        self,
+        metric_columns: Sequence[str] | dict[str, str] | None = None,
+        parameter_columns: Sequence[str] | dict[str, str] | None = None,
+        max_report_frequency: int = 5,
+        **_ignored: Any,
+    ) -> None:
+        self.metric_columns = metric_columns
+        self.parameter_columns = parameter_columns
+
+    def add_metric_column(self, metric: str, representation: str | None = None) -> None:
+        if isinstance(self.metric_columns, dict):
+            self.metric_columns[metric] = representation or metric
+        else:
+            self.metric_columns = [*(self.metric_columns or []), metric]
+
+    def table(self, trials: Sequence[Any]) -> str:
+        """``trials``: ``Trial`` objects (``sweepflow.tune.results``)."""
+        rows = []
+        for t in trials:
+            row: dict[str, Any] = {"Trial name": t.trial_id, "status": t.status}
+            params = self.parameter_columns or [k for k, v in t.config.items() if not isinstance(v, dict | list | str)]
+            for key in params:
+                label = self.parameter_columns[key] if isinstance(self.parameter_columns, dict) else key
+                row[label] = t.config.get(key)
+            metrics = self.metric_columns or [k for k in t.last_result if k not in ("config",)]
+            for key in metrics:
+                label = self.metric_columns[key] if isinstance(self.metric_columns, dict) else key
+                row[label] = t.last_result.get(key)
+            row["training_iteration"] = t.last_result.get("training_iteration")
+            rows.append(row)
+        statuses = pd.Series([t.status for t in trials]).value_counts().to_dict()
+        head = f"Number of trials: {len(trials)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
+        return head + "\n" + pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.6g}")
+
+    def report(self, trials: Sequence[Any]) -> None:
+        print(self.table(trials), flush=True)

@@ -1,0 +1,231 @@
+"""What ``tune.run`` and ``Tuner.fit`` return: Ray's ``ExperimentAnalysis`` (with ``Trial`` objects) and
+``ResultGrid`` (with ``Result`` objects), over the sweep's ``TrialResult``s."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ddp_runtime import Checkpoint
+from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+
+_RAY_STATUS = {
+    TrialStatus.COMPLETED: "TERMINATED",
+    TrialStatus.STOPPED: "TERMINATED",  # Ray shows early-stopped trials as TERMINATED too
+    TrialStatus.FAILED: "ERROR",
+    TrialStatus.NOT_STARTED: "PENDING",
+}
+
+
+@dataclass(frozen=True)
+class _CheckpointRef:
+    """Classic Tune's ``trial.checkpoint``: ``.value`` is a local directory holding the checkpoint's files."""
+
+    uri: str
+
+    @property
+    def value(self) -> str:
+        if "://" not in self.uri or self.uri.startswith("file://"):
+            return self.uri.removeprefix("file://")
+        target = tempfile.mkdtemp(prefix="sweepflow-checkpoint-")
+        Checkpoint(self.uri).to_directory(target)  # a remote checkpoint: downloaded once, here
+        return target
+
+    def to_checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.uri)
+
+
+def _score(values: Sequence[float], scope: str, mode: str) -> float | None:
+    finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    if not finite:
+        return None
+    if scope == "last":
+        return finite[-1]
+    if scope == "all":
+        return max(finite) if mode == "max" else min(finite)
+    if scope == "avg":
+        return sum(finite) / len(finite)
+    if scope.startswith("last-") and scope.endswith("-avg"):
+        n = int(scope[len("last-") : -len("-avg")])
+        return sum(finite[-n:]) / len(finite[-n:])
+    raise ValueError(f"scope={scope!r}: use 'last', 'all', 'avg', 'last-5-avg' or 'last-10-avg'")
+
+
+def _best(results: Sequence[TrialResult], metric: str, mode: str, scope: str) -> TrialResult | None:
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode={mode!r}: use 'min' or 'max'")
+    scored = []
+    for r in results:
+        if r.status is TrialStatus.FAILED:
+            continue
+        score = _score([h.get(metric) for h in r.history], scope, mode)
+        if score is not None:
+            scored.append((score, r))
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda item: item[0])[1]
+
+
+class Trial:
+    """One trial of a classic ``tune.run`` (Ray's ``Trial``)."""
+
+    def __init__(self, result: TrialResult) -> None:
+        self.result = result
+        self.trial_id = result.trial_id
+        self.config = result.config
+        self.status = _RAY_STATUS[result.status]
+        self.error_msg = result.error
+        self.metric_history = list(result.history)
+        self.last_result = {**result.last, "config": result.config} if result.last else {}
+        self.checkpoint = _CheckpointRef(result.checkpoint) if result.checkpoint else None
+        self.mlflow_run_id = result.run_id
+
+    def __repr__(self) -> str:
+        return f"Trial({self.trial_id}, {self.status})"
+
+
+class ExperimentAnalysis:
+    """What classic ``tune.run`` returns."""
+
+    def __init__(self, results: Sequence[TrialResult], *, metric: str | None, mode: str | None, info: dict[str, Any]):
+        self.trials = [Trial(r) for r in sorted(results, key=lambda r: r.index)]
+        self.default_metric = metric
+        self.default_mode = mode
+        self.info = info  # MLflow experiment and parent run, Prefect flow run
+        self._results = results
+
+    def _metric_mode(self, metric: str | None, mode: str | None) -> tuple[str, str]:
+        metric, mode = metric or self.default_metric, mode or self.default_mode
+        if not metric or not mode:
+            raise ValueError(
+                "get_best_trial needs a metric and a mode: pass them here, or metric=/mode= to tune.run"
+            )
+        return metric, mode
+
+    def get_best_trial(
+        self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True
+    ) -> Trial | None:
+        metric, mode = self._metric_mode(metric, mode)
+        best = _best(self._results, metric, mode, scope)
+        return next((t for t in self.trials if best is not None and t.trial_id == best.trial_id), None)
+
+    def get_best_config(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> dict | None:
+        trial = self.get_best_trial(metric, mode, scope)
+        return trial.config if trial else None
+
+    def get_best_checkpoint(self, trial: Trial, metric: str | None = None, mode: str | None = None) -> Any:
+        return trial.checkpoint
+
+    @property
+    def best_trial(self) -> Trial | None:
+        return self.get_best_trial()
+
+    @property
+    def best_config(self) -> dict | None:
+        return self.get_best_config()
+
+    @property
+    def best_checkpoint(self) -> Any:
+        trial = self.best_trial
+        return trial.checkpoint if trial else None
+
+    @property
+    def best_result(self) -> dict | None:
+        trial = self.best_trial
+        return trial.last_result if trial else None
+
+    def dataframe(self, metric: str | None = None, mode: str | None = None) -> pd.DataFrame:
+        return _dataframe(self._results)
+
+    @property
+    def results_df(self) -> pd.DataFrame:
+        return _dataframe(self._results)
+
+
+@dataclass
+class Result:
+    """One trial of ``Tuner.fit()`` (Ray's ``ray.train.Result``)."""
+
+    metrics: dict[str, Any]
+    config: dict[str, Any]
+    checkpoint: Checkpoint | None
+    error: str | None
+    path: str | None
+    metrics_dataframe: pd.DataFrame
+    mlflow_run_id: str | None
+
+    @classmethod
+    def of(cls, r: TrialResult) -> Result:
+        return cls(
+            metrics={**r.last, "config": r.config, "trial_id": r.trial_id} if r.last else {"trial_id": r.trial_id},
+            config=r.config,
+            checkpoint=Checkpoint(r.checkpoint) if r.checkpoint else None,
+            error=r.error,
+            path=os.path.dirname(r.checkpoint) if r.checkpoint else None,
+            metrics_dataframe=pd.DataFrame(list(r.history)),
+            mlflow_run_id=r.run_id,
+        )
+
+
+class ResultGrid:
+    """What ``Tuner.fit()`` returns: one ``Result`` per trial, in trial order."""
+
+    def __init__(self, results: Sequence[TrialResult], *, metric: str | None, mode: str | None, info: dict[str, Any]):
+        self._trials = sorted(results, key=lambda r: r.index)
+        self._results = [Result.of(r) for r in self._trials]
+        self.default_metric = metric
+        self.default_mode = mode
+        self.info = info
+        self.experiment_path = info.get("experiment_url")
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __getitem__(self, i: int) -> Result:
+        return self._results[i]
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self._results)
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self._results if r.error]
+
+    @property
+    def num_errors(self) -> int:
+        return len(self.errors)
+
+    @property
+    def num_terminated(self) -> int:
+        return sum(1 for r in self._trials if r.status is not TrialStatus.FAILED)
+
+    def get_best_result(
+        self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True
+    ) -> Result:
+        metric, mode = metric or self.default_metric, mode or self.default_mode
+        if not metric or not mode:
+            raise ValueError("get_best_result needs a metric and a mode: pass them here, or to TuneConfig")
+        best = _best(self._trials, metric, mode, scope)
+        if best is None:
+            raise RuntimeError(f"no trial reported a finite {metric!r}; see ResultGrid.errors")
+        return self._results[self._trials.index(best)]
+
+    def get_dataframe(self, filter_metric: str | None = None, filter_mode: str | None = None) -> pd.DataFrame:
+        return _dataframe(self._trials)
+
+
+def _dataframe(results: Sequence[TrialResult]) -> pd.DataFrame:
+    rows = []
+    for r in sorted(results, key=lambda r: r.index):
+        row: dict[str, Any] = dict(r.last)
+        row.update({f"config/{k}": v for k, v in r.config.items()})
+        row.update({"trial_id": r.trial_id, "status": _RAY_STATUS[r.status], "mlflow_run_id": r.run_id})
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,311 @@
+"""One Tune experiment = one Prefect flow run (``tune-experiment``) driving the sweep driver, with one MLflow
+parent run and a child run per trial: a script's ``tune.run``/``Tuner.fit`` is recorded exactly like a
+deployment's pipeline run.
+
+Services: ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI`` and ``DASK_SCHEDULER_ADDRESS`` when set (read once, here,
+through ``Settings``); otherwise the background services that ``sweepflow run`` starts and reuses, under
+``$SWEEPFLOW_HOME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sweepflow.flows.config import Settings
+from sweepflow.tasks.sweep.results import SweepResult
+from sweepflow.tasks.sweep.samplers import Sampler
+from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
+from sweepflow.tune.trainable import SharedValue, TrialPlan
+
+
+class TuneError(RuntimeError):
+    """Raised by ``tune.run`` when trials failed (``raise_on_failed_trial=True``, Ray's default)."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything one ``tune.run`` / ``Tuner.fit`` runs, checked before any work."""
+
+    plan: TrialPlan
+    sampler: Sampler
+    name: str
+    scheduler: Any  # sweepflow.tune.schedulers settings object
+    metric: str | None = None
+    mode: str | None = None
+    stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
+    max_concurrent_trials: int | None = None
+    time_budget_s: float | None = None
+    max_failures: int = 0
+    storage_path: str | None = None
+    varying_names: tuple[str, ...] = ()
+    search: str = "random"
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _StopCriteria(TrialScheduler):
+    """Tune's ``stop=``: a trial meeting a criterion is complete (DONE); otherwise the scheduler decides."""
+
+    def __init__(self, inner: TrialScheduler, stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool]):
+        super().__init__()
+        self.inner, self.stop = inner, stop
+
+    def on_trial_add(self, trial_id: str) -> None:
+        self.inner.on_trial_add(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        decision = self.inner.on_trial_result(trial_id, result)
+        if callable(self.stop):
+            met = bool(self.stop(trial_id, dict(result)))
+        else:
+            met = any(key in result and result[key] >= bound for key, bound in self.stop.items())
+        return Decision.DONE if met else decision
+
+    def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        self.inner.on_trial_complete(trial_id, result)
+
+    def on_trial_error(self, trial_id: str) -> None:
+        self.inner.on_trial_error(trial_id)
+
+
+class _ConfigUnder:
+    """A TorchTrainer trial: its ``train_loop_per_worker`` gets ``param_space[key]`` merged over its own config."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Any], key: str) -> None:
+        self.fn, self.key = fn, key
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        merged = {k: v for k, v in config.items() if k != self.key}
+        merged.update(config.get(self.key) or {})
+        return self.fn(merged)
+
+
+_EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
+    """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
+    settings = Settings.from_env()
+    addresses = _use_services(settings, experiment.plan)
+    tracking_uri = settings.tracking_uri or addresses.get("mlflow") or _sqlite(settings.home)
+    scheduler_address = settings.scheduler_address or addresses.get("dask")
+    if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
+        with _cluster(scheduler_address, experiment.plan) as client:
+            _check_fits(client, experiment.plan, _dask_resources(client, experiment.plan))
+    key = uuid.uuid4().hex
+    _EXPERIMENTS[key] = replace(
+        experiment,
+        info={"tracking_uri": tracking_uri, "scheduler_address": scheduler_address, "state_dir": settings.home},
+    )
+    try:
+        flow_fn = _flow()  # imports prefect: after the services' settings are in the environment
+        return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
+            experiment_key=key,
+            trainable=experiment.plan.name,
+            num_trials=experiment.sampler.total,
+            metric=experiment.metric,
+            mode=experiment.mode,
+            scheduler=repr(experiment.scheduler),
+            search=experiment.search,
+        )
+    finally:
+        _EXPERIMENTS.pop(key, None)
+
+
+def _sqlite(home: str) -> str:
+    return f"sqlite:///{os.path.join(home, 'mlflow.db')}"
+
+
+def _prefect_configured(settings: Settings) -> bool:
+    """A Prefect API to use: PREFECT_API_URL, or one already set up in this process (e.g. a test harness)."""
+    if settings.prefect_api_url:
+        return True
+    if "prefect" in sys.modules:
+        from prefect.settings import PREFECT_API_URL
+
+        return bool(PREFECT_API_URL.value())
+    return False
+
+
+def _use_services(settings: Settings, plan: TrialPlan) -> dict[str, str]:
+    from sweepflow.services.local import use_local_services
+
+    return use_local_services(
+        settings.home,
+        prefect=not _prefect_configured(settings),
+        mlflow=not settings.tracking_uri,
+        dask=not settings.scheduler_address and not plan.use_gpu,
+    )
+
+
+_FLOW: Any = None
+
+
+def _flow() -> Any:
+    global _FLOW
+    if _FLOW is None:
+        from prefect import flow
+
+        _FLOW = flow(name="tune-experiment", log_prints=True)(_experiment_flow)
+    return _FLOW
+
+
+def _experiment_flow(
+    experiment_key: str,
+    trainable: str,
+    num_trials: int,
+    metric: str | None,
+    mode: str | None,
+    scheduler: str,
+    search: str,
+) -> tuple[SweepResult, dict[str, Any]]:
+    """A Tune experiment: its trials as one DDP group each, one task run and one MLflow child run per trial."""
+    from prefect import get_run_logger
+    from prefect.runtime import flow_run
+
+    from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
+    from sweepflow.tasks.tracking.runs import RunTracker
+
+    exp = _EXPERIMENTS[experiment_key]
+    info = dict(exp.info)
+    log = get_run_logger().info
+    tracking_uri = info["tracking_uri"]
+    local_store = tracking_uri.startswith("sqlite:")
+    root = os.path.join(exp.storage_path or os.path.join(info["state_dir"], "tune"), exp.name)
+    tracker = RunTracker(tracking_uri, exp.name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
+    with _cluster(info["scheduler_address"], exp.plan) as client:
+        resources = _dask_resources(client, exp.plan)
+        _check_fits(client, exp.plan, resources)
+        parent = tracker.start_run(
+            flow_run.get_name() or exp.name,
+            params={
+                "trainable": trainable,
+                "num_trials": num_trials,
+                "metric": metric,
+                "mode": mode,
+                "scheduler": scheduler,
+                "search": search,
+                "ranks_per_trial": exp.plan.num_ranks,
+                "resources_per_rank": exp.plan.resources,
+            },
+            tags={"sweepflow.kind": "tune", "prefect.flow_run_id": str(flow_run.get_id() or "")},
+        )
+        status = "FAILED"
+        try:
+            with _shared_parameters(client, exp.plan) as plan:
+                function: Callable[..., Any] = plan.function
+                if plan.config_key:
+                    function = _ConfigUnder(function, plan.config_key)
+                inner = exp.scheduler.build(exp.metric, exp.mode)
+                sweep = Sweep(
+                    sampler=exp.sampler,
+                    template=TrialTemplate(
+                        train_fn=function,
+                        train_loop_config=dict(plan.base_config),
+                        num_ranks=plan.num_ranks,
+                        resources_per_rank=resources,
+                        use_gpu=plan.use_gpu,
+                        selection_metric=exp.metric,
+                        selection_mode=exp.mode or "max",
+                        max_reports=exp.scheduler.max_t or _stop_iterations(exp.stop),
+                        seed=None,
+                        varying_names=exp.varying_names,
+                        max_failures=exp.max_failures,
+                    ),
+                    cluster=client,
+                    tracker=tracker,
+                    parent_run_id=parent,
+                    scheduler=_StopCriteria(inner, exp.stop) if exp.stop else inner,
+                    concurrency=exp.max_concurrent_trials or _fits(client, plan, resources),
+                    staging_dir=os.path.join(root, "staging"),
+                    time_budget_s=exp.time_budget_s,
+                    log=log,
+                ).run()
+            tracker.log_metrics(parent, sweep.usage(), step=0)
+            status = "FINISHED"
+        finally:
+            tracker.end_run(parent, status)
+    info.update(
+        experiment_id=tracker.experiment_id,
+        parent_run_id=parent,
+        prefect_flow_run_id=str(flow_run.get_id() or ""),
+    )
+    return sweep, info
+
+
+def _stop_iterations(stop: Any) -> int:
+    if isinstance(stop, Mapping) and "training_iteration" in stop:
+        return int(stop["training_iteration"])
+    return 0
+
+
+@contextlib.contextmanager
+def _cluster(address: str | None, plan: TrialPlan) -> Iterator[Any]:
+    from distributed import Client
+
+    from ddp_runtime.cluster import gpu_local_cluster, local_cluster
+
+    if address:
+        client = Client(address)
+        try:
+            yield client
+        finally:
+            client.close()
+    elif plan.use_gpu:
+        with gpu_local_cluster() as client:
+            yield client
+    else:
+        with local_cluster() as client:
+            yield client
+
+
+def _dask_resources(client: Any, plan: TrialPlan) -> dict[str, float]:
+    """Ray's per-rank {"cpu", "gpu"} as Dask worker resources: GPU always; CPU when the workers declare it
+    (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
+    declared = {name for w in client.scheduler_info()["workers"].values() for name in (w.get("resources") or {})}
+    resources = {}
+    if plan.resources.get("gpu"):
+        resources["GPU"] = plan.resources["gpu"]
+    if plan.resources.get("cpu") and "CPU" in declared:
+        resources["CPU"] = plan.resources["cpu"]
+    return resources
+
+
+def _fits(client: Any, plan: TrialPlan, resources: dict[str, float]) -> int:
+    import ddp_runtime as train
+    from ddp_runtime.cluster import max_concurrent_groups
+
+    return max_concurrent_groups(
+        client,
+        train.ScalingConfig(num_workers=plan.num_ranks, use_gpu=plan.use_gpu, resources_per_worker=resources or None),
+    )
+
+
+def _check_fits(client: Any, plan: TrialPlan, resources: dict[str, float]) -> None:
+    if _fits(client, plan, resources) < 1:
+        import ddp_runtime as train
+
+        raise train.InsufficientResourcesError(
+            f"no trial fits on this Dask cluster: each needs {plan.num_ranks} worker(s) with "
+            f"{resources or 'a free thread'} (from resources_per_trial / the trainable's resources {plan.resources}); "
+            "lower them, or add workers that declare those resources (dask worker --resources GPU=1)"
+        )
+
+
+@contextlib.contextmanager
+def _shared_parameters(client: Any, plan: TrialPlan) -> Iterator[TrialPlan]:
+    """``tune.with_parameters`` objects go to every worker once; trials read the worker's copy."""
+    if not plan.parameters:
+        yield plan
+        return
+    futures = client.scatter(dict(plan.parameters), broadcast=True, hash=False)
+    try:
+        yield plan.sharing({name: SharedValue(future) for name, future in futures.items()})
+    finally:
+        client.cancel(list(futures.values()))

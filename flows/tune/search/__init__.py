@@ -1,0 +1,1 @@
+"""``sweepflow.tune.search``: search algorithms (``sweepflow.tune.search.optuna.OptunaSearch``)."""

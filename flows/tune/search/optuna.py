@@ -1,0 +1,27 @@
+"""``sweepflow.tune.search.optuna.OptunaSearch``: Optuna's TPE proposes each trial's config from the results so
+far (Ray Tune's ``OptunaSearch``), on the sweep's ``TPESampler``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OptunaSearch:
+    def __init__(
+        self,
+        space: dict[str, Any] | None = None,
+        metric: str | None = None,
+        mode: str | None = None,
+        seed: int | None = None,
+        n_startup_trials: int = 4,
+    ) -> None:
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"OptunaSearch(mode={mode!r}): mode must be 'min' or 'max'")
+        self.space = space
+        self.metric = metric
+        self.mode = mode
+        self.seed = seed
+        self.n_startup_trials = n_startup_trials
+
+    def __repr__(self) -> str:
+        return f"OptunaSearch(metric={self.metric!r}, mode={self.mode!r}, seed={self.seed})"

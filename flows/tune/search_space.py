@@ -1,0 +1,265 @@
+"""Ray Tune's search space helpers (``tune.choice``, ``loguniform``, ``grid_search``, ``sample_from`` ...) and the
+sampler that resolves a ``param_space`` into trial configs the way Ray's ``BasicVariantGenerator`` does.
+
+Unlike the pipeline's spaces (plain data, for deployment parameters), these are Python objects: a script's
+``tune.run`` samples them in its own process. ``sample_from`` functions may read the values already resolved
+for the trial (``spec.config.other_param``), as in Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, TPESampler
+
+
+class Domain:
+    """A hyperparameter's distribution."""
+
+    def sample(self, spec: Any) -> Any:
+        raise NotImplementedError
+
+    def to_space(self) -> dict[str, Any]:
+        """This domain as the pipeline's space data (what TPE searches)."""
+        raise ValueError(
+            f"{self!r} cannot be searched by OptunaSearch; use tune.choice/uniform/loguniform/randint/qrandint"
+        )
+
+
+@dataclass(frozen=True)
+class Categorical(Domain):
+    categories: tuple[Any, ...]
+
+    def sample(self, spec: Any) -> Any:
+        return self.categories[int(np.random.randint(len(self.categories)))]
+
+    def to_space(self) -> dict[str, Any]:
+        return {"type": "choice", "values": list(self.categories)}
+
+
+@dataclass(frozen=True)
+class Float(Domain):
+    lower: float
+    upper: float
+    log: bool = False
+    q: float | None = None
+
+    def sample(self, spec: Any) -> float:
+        if self.log:
+            value = float(math.exp(np.random.uniform(math.log(self.lower), math.log(self.upper))))
+        else:
+            value = float(np.random.uniform(self.lower, self.upper))
+        return float(np.round(value / self.q) * self.q) if self.q else value
+
+    def to_space(self) -> dict[str, Any]:
+        if self.q:
+            return super().to_space()
+        return {"type": "loguniform" if self.log else "uniform", "low": self.lower, "high": self.upper}
+
+
+@dataclass(frozen=True)
+class Integer(Domain):
+    lower: int
+    upper: int  # exclusive for randint, inclusive for qrandint (Ray's conventions)
+    q: int | None = None
+
+    def sample(self, spec: Any) -> int:
+        if self.q:
+            return int(np.random.randint(-(-self.lower // self.q), self.upper // self.q + 1)) * self.q
+        return int(np.random.randint(self.lower, self.upper))
+
+    def to_space(self) -> dict[str, Any]:
+        if self.q:
+            return {"type": "qrandint", "low": self.lower, "high": self.upper, "q": self.q}
+        return {"type": "randint", "low": self.lower, "high": self.upper}
+
+
+@dataclass(frozen=True)
+class Normal(Domain):
+    mean: float = 0.0
+    sd: float = 1.0
+
+    def sample(self, spec: Any) -> float:
+        return float(np.random.normal(self.mean, self.sd))
+
+
+@dataclass(frozen=True)
+class Function(Domain):
+    func: Callable[..., Any]
+
+    def sample(self, spec: Any) -> Any:
+        return self.func(spec)
+
+
+def choice(categories: Sequence[Any]) -> Categorical:
+    if len(categories) == 0:
+        raise ValueError("tune.choice needs at least one category")
+    return Categorical(tuple(categories))
+
+
+def uniform(lower: float, upper: float) -> Float:
+    _check_range("uniform", lower, upper)
+    return Float(float(lower), float(upper))
+
+
+def quniform(lower: float, upper: float, q: float) -> Float:
+    _check_range("quniform", lower, upper)
+    return Float(float(lower), float(upper), q=float(q))
+
+
+def loguniform(lower: float, upper: float, base: float = 10) -> Float:
+    _check_range("loguniform", lower, upper)
+    if lower <= 0:
+        raise ValueError(f"tune.loguniform needs 0 < lower < upper, got lower={lower}")
+    return Float(float(lower), float(upper), log=True)
+
+
+def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
+    return Normal(float(mean), float(sd))
+
+
+def randint(lower: int, upper: int) -> Integer:
+    """An integer in [lower, upper) (upper exclusive, as Ray's)."""
+    _check_range("randint", lower, upper)
+    return Integer(int(lower), int(upper))
+
+
+def qrandint(lower: int, upper: int, q: int = 1) -> Integer:
+    """A multiple of ``q`` in [lower, upper] (upper inclusive, as Ray's)."""
+    _check_range("qrandint", lower, upper)
+    return Integer(int(lower), int(upper), q=int(q))
+
+
+def sample_from(func: Callable[..., Any]) -> Function:
+    """A value computed per trial by ``func(spec)``; ``spec.config`` holds the trial's other resolved values."""
+    if not callable(func):
+        raise TypeError(f"tune.sample_from takes a function, got {type(func).__name__}")
+    return Function(func)
+
+
+def grid_search(values: Sequence[Any]) -> dict[str, list[Any]]:
+    """Every value is tried (crossed with the other grids), in each of the ``num_samples`` repeats."""
+    return {"grid_search": list(values)}
+
+
+def _check_range(name: str, lower: float, upper: float) -> None:
+    if not lower < upper:
+        raise ValueError(f"tune.{name}(lower, upper) needs lower < upper, got {lower}, {upper}")
+
+
+# ---------------------------------------------------------------------------------------- resolving configs
+
+Path = tuple[str, ...]
+
+
+def _leaves(config: Mapping[str, Any], prefix: Path = ()) -> Iterator[tuple[Path, Any]]:
+    for key, value in config.items():
+        if isinstance(value, Mapping) and "grid_search" not in value:
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _set(config: dict[str, Any], path: Path, value: Any) -> None:
+    node = config
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def _is_grid(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"grid_search"}
+
+
+def _to_nested_namespace(config: Mapping[str, Any]) -> Any:
+    return SimpleNamespace(**{k: _to_nested_namespace(v) if isinstance(v, Mapping) else v for k, v in config.items()})
+
+
+class VariantSampler(Sampler):
+    """Ray's ``BasicVariantGenerator``: ``num_samples`` passes over the cross product of the ``grid_search``
+    values; in each config the random domains are drawn, then the ``sample_from`` functions are evaluated
+    (they see the rest of the trial's config). Draws use NumPy's global random state, as Ray's do: seed it
+    (``np.random.seed``) for a reproducible sweep."""
+
+    def __init__(self, param_space: Mapping[str, Any], num_samples: int) -> None:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        self.param_space = dict(param_space)
+        leaves = list(_leaves(self.param_space))
+        self._grids = [(path, list(value["grid_search"])) for path, value in leaves if _is_grid(value)]
+        self._domains = [(path, value) for path, value in leaves if isinstance(value, Domain)]
+        self._constants = [(path, value) for path, value in leaves if not _is_grid(value) and not isinstance(value, Domain)]
+        self._combos = list(itertools.product(*(values for _, values in self._grids)))
+        self.total = num_samples * len(self._combos)
+        self._asked = 0
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        if self._asked >= self.total:
+            raise SamplerExhausted(f"all {self.total} trials were proposed")
+        combo = self._combos[self._asked % len(self._combos)]
+        config: dict[str, Any] = {}
+        for path, value in self._constants:
+            _set(config, path, value)
+        for (path, _), value in zip(self._grids, combo, strict=True):
+            _set(config, path, value)
+        functions = [(path, d) for path, d in self._domains if isinstance(d, Function)]
+        for path, domain in self._domains:
+            if not isinstance(domain, Function):
+                _set(config, path, domain.sample(None))
+        for path, domain in functions:  # dependent values last: they may read the others
+            _set(config, path, domain.sample(SimpleNamespace(config=_to_nested_namespace(config))))
+        self._asked += 1
+        return self._asked - 1, _ordered_like(self.param_space, config)
+
+
+class SearchSampler(Sampler):
+    """A ``search_alg`` (e.g. ``OptunaSearch``) as the sweep's sampler: it proposes each config from the results
+    told so far. Nested keys of the space are searched as ``"a/b"`` and given back nested."""
+
+    def __init__(self, param_space: Mapping[str, Any], *, num_samples: int, metric: str, mode: str, seed: int | None):
+        flat: dict[str, Any] = {}
+        for path, value in _leaves(dict(param_space)):
+            if _is_grid(value) or isinstance(value, Function):
+                raise ValueError(
+                    f"search_alg cannot search {'/'.join(path)!r} ({'grid_search' if _is_grid(value) else 'sample_from'}): "
+                    "a search algorithm proposes values itself; use tune.choice/uniform/loguniform/randint instead"
+                )
+            flat["/".join(path)] = value.to_space() if isinstance(value, Domain) else _constant(value)
+        self._tpe = TPESampler(flat, mode=mode, seed=seed, num_samples=num_samples)
+        self.total = num_samples
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        number, flat = self._tpe.ask()
+        config: dict[str, Any] = {}
+        for key, value in flat.items():
+            _set(config, tuple(key.split("/")), value)
+        return number, config
+
+    def tell(self, number: int, value: float | None) -> None:
+        self._tpe.tell(number, value)
+
+
+def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its keys in the order the space gives them (as the user wrote the space)."""
+    out: dict[str, Any] = {}
+    for key, value in space.items():
+        if key in config:
+            nested = isinstance(value, Mapping) and "grid_search" not in value
+            out[key] = _ordered_like(value, config[key]) if nested else config[key]
+    return out
+
+
+def _constant(value: Any) -> Any:
+    return {"type": "constant", "value": value} if isinstance(value, dict) else value
+
+
+def flat_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial config as MLflow params: nested keys joined with "/"."""
+    return {"/".join(path): value for path, value in _leaves(dict(config))}

@@ -1,0 +1,246 @@
+"""What a Tune trainable becomes: the function each rank of a trial runs, and the trial's DDP group shape.
+
+Accepted trainables (as in Ray): a function ``fn(config)`` or classic ``fn(config, checkpoint_dir=None)`` (also a
+``functools.partial``, closure or lambda from the user's script: Dask ships it to the workers by value), the
+same wrapped by ``tune.with_parameters`` / ``tune.with_resources``, a ``DistributedTrainableCreator`` (a DDP
+group per trial), a ``ddp_runtime.torch.TorchTrainer`` (its ``train_loop_per_worker`` on its
+``scaling_config``, the trial's ``param_space["train_loop_config"]`` merged over its own), and any object that
+defines ``_sweepflow_trial_plan(config)`` (e.g. ``sweepflow.sgd.pytorch.PyTorchTrainable``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sweepflow.tune import session
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """How every trial of an experiment runs."""
+
+    function: Callable[[dict[str, Any]], Any]  # runs on every rank with the trial's config
+    name: str  # the trainable's name (Ray names trials and experiments after it)
+    num_ranks: int = 1
+    resources: dict[str, float] = field(default_factory=dict)  # per rank, Ray's spelling: {"cpu": 2, "gpu": 0.5}
+    config_key: str | None = None  # TorchTrainer: the trial config goes to param_space[config_key]
+    base_config: dict[str, Any] = field(default_factory=dict)  # TorchTrainer: its own train_loop_config
+    parameters: dict[str, Any] = field(default_factory=dict)  # tune.with_parameters: sent to the workers once
+
+    @property
+    def use_gpu(self) -> bool:
+        return float(self.resources.get("gpu", 0) or 0) > 0
+
+    def sharing(self, shared: Mapping[str, SharedValue]) -> TrialPlan:
+        """This plan with its ``with_parameters`` objects replaced by their copies on the cluster."""
+        if not isinstance(self.function, ClassicFunction):
+            return self
+        return replace(self, function=ClassicFunction(self.function.fn, shared))
+
+
+def _name_of(fn: Any) -> str:
+    fn = getattr(fn, "func", fn)  # functools.partial
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+class ClassicFunction:
+    """Calls a function trainable the way Ray Tune does: ``fn(config)``, or ``fn(config, checkpoint_dir=...)``
+    with the directory of the checkpoint to resume from (None on a fresh start); a returned dict is reported
+    as the trial's final result. ``parameters`` (``tune.with_parameters``) are passed as keyword arguments."""
+
+    def __init__(self, fn: Callable[..., Any], parameters: Mapping[str, Any] | None = None) -> None:
+        self.fn = fn
+        self.parameters = dict(parameters or {})  # name -> SharedValue (resolved on the worker)
+
+    def _accepts_checkpoint_dir(self) -> bool:
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
+        return "checkpoint_dir" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        kwargs = {name: v.get() if isinstance(v, SharedValue) else v for name, v in self.parameters.items()}
+        checkpoint = session.get_checkpoint()
+        if self._accepts_checkpoint_dir():
+            if checkpoint is not None:
+                with checkpoint.as_directory() as directory:
+                    result = self.fn(config, checkpoint_dir=directory, **kwargs)
+            else:
+                result = self.fn(config, checkpoint_dir=None, **kwargs)
+        else:
+            result = self.fn(config, **kwargs)
+        if isinstance(result, dict) and result:
+            session.report(result)
+
+
+class SharedValue:
+    """A large object scattered to every Dask worker once (``tune.with_parameters``); each rank reads its
+    worker's copy instead of receiving it with every trial."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def get(self) -> Any:
+        from distributed import get_worker
+
+        try:
+            worker = get_worker()
+        except ValueError:  # not on a worker (a local call): ask the scheduler
+            return self.future.result()
+        if self.future.key in worker.data:
+            return worker.data[self.future.key]
+        return self.future.result()
+
+
+# ------------------------------------------------------------------------------------------- wrappers
+
+
+class _WithParameters:
+    def __init__(self, trainable: Any, parameters: dict[str, Any]) -> None:
+        self.trainable = trainable
+        self.parameters = parameters
+        self.__name__ = _name_of(trainable)
+
+
+def with_parameters(trainable: Any, **kwargs: Any) -> Any:
+    """Pass large objects (datasets, ...) to the trainable as keyword arguments, sent to the cluster once."""
+    if not kwargs:
+        raise ValueError("tune.with_parameters(trainable, **kwargs) needs at least one keyword argument")
+    return _WithParameters(trainable, kwargs)
+
+
+class _WithResources:
+    def __init__(self, trainable: Any, resources: dict[str, float]) -> None:
+        self.trainable = trainable
+        self.resources = resources
+        self.__name__ = _name_of(trainable)
+
+
+def with_resources(trainable: Any, resources: Mapping[str, float]) -> Any:
+    """Resources per trial, e.g. ``{"cpu": 2, "gpu": 0.5}`` (fractional GPUs share a GPU between trials)."""
+    return _WithResources(trainable, _checked_resources("tune.with_resources", resources))
+
+
+def _checked_resources(where: str, resources: Mapping[str, Any] | None) -> dict[str, float]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise TypeError(f'{where}: resources must be a dict like {{"cpu": 1, "gpu": 0}}, got {resources!r}')
+    out: dict[str, float] = {}
+    for key, value in resources.items():
+        name = key.lower()
+        if name not in ("cpu", "gpu"):
+            raise ValueError(f'{where}: unknown resource {key!r}; give "cpu" and/or "gpu"')
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{where}: {key} must be a number >= 0, got {value!r}")
+        out[name] = float(value)
+    return out
+
+
+class DistributedTrainableCreator:
+    """A trainable whose every trial is a DDP group of ``num_workers`` ranks (Ray's
+    ``DistributedTrainableCreator``); the function is ``fn(config, checkpoint_dir=None, ...)`` and uses
+    ``is_distributed_trainable()`` and ``distributed_checkpoint_dir(step)``."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_workers: int = 1,
+        num_cpus_per_worker: float = 1,
+        num_gpus_per_worker: float = 0,
+        use_gpu: bool = False,
+        backend: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        if not callable(func):
+            raise TypeError(f"DistributedTrainableCreator(func, ...): func must be a function, got {func!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"DistributedTrainableCreator: num_workers must be an integer >= 1, got {num_workers!r}")
+        gpus = float(num_gpus_per_worker or (1 if use_gpu else 0))
+        if num_workers > 1 and 0 < gpus < 1:
+            raise ValueError(
+                f"DistributedTrainableCreator: num_gpus_per_worker={num_gpus_per_worker} with num_workers={num_workers}: "
+                "each DDP rank needs a whole GPU (NCCL refuses two ranks on one GPU); use 1, or num_workers=1"
+            )
+        self.func = func
+        self.num_workers = num_workers
+        self.resources = _checked_resources(
+            "DistributedTrainableCreator", {"cpu": num_cpus_per_worker, "gpu": gpus}
+        )
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.__name__ = _name_of(func)
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, config_example: dict[str, Any]) -> TrialPlan:
+    """The trial plan for a trainable; raises with the fix when it cannot be run."""
+    parameters: dict[str, Any] = {}
+    resources = _checked_resources("resources_per_trial", resources_per_trial)
+    while isinstance(trainable, _WithParameters | _WithResources):
+        if isinstance(trainable, _WithParameters):
+            parameters.update(trainable.parameters)
+        else:
+            resources = dict(trainable.resources)
+        trainable = trainable.trainable
+
+    if isinstance(trainable, DistributedTrainableCreator):
+        if resources_per_trial:
+            raise ValueError(
+                "tune.run(DistributedTrainableCreator(...), resources_per_trial=...): the creator sets the resources "
+                "(num_workers, num_cpus_per_worker, num_gpus_per_worker); pass resources_per_trial=None"
+            )
+        return TrialPlan(
+            function=ClassicFunction(trainable.func, parameters),
+            name=trainable.__name__,
+            num_ranks=trainable.num_workers,
+            resources=trainable.resources,
+            parameters=parameters,
+        )
+    planner = getattr(trainable, "_sweepflow_trial_plan", None)
+    if planner is not None:
+        plan = planner(config_example)
+        return TrialPlan(
+            function=plan["function"],
+            name=_name_of(trainable),
+            num_ranks=int(plan.get("num_ranks", 1)),
+            resources={k.lower(): float(v) for k, v in (plan.get("resources_per_rank") or {}).items()},
+        )
+    torch_trainer = _as_torch_trainer(trainable)
+    if torch_trainer is not None:
+        scaling = torch_trainer.scaling_config
+        per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
+        return TrialPlan(
+            function=torch_trainer.train_loop_per_worker,
+            name="TorchTrainer",
+            num_ranks=scaling.num_workers,
+            resources=per_rank,
+            config_key="train_loop_config",
+            base_config=dict(torch_trainer.train_loop_config or {}),
+        )
+    if inspect.isclass(trainable):
+        raise TypeError(
+            f"tune.run({trainable.__name__}): class trainables (tune.Trainable subclasses) are not supported; "
+            "write the training as a function fn(config) that calls tune.report(...)"
+        )
+    if not callable(trainable):
+        raise TypeError(f"the trainable must be a function, got {type(trainable).__name__}")
+    return TrialPlan(
+        function=ClassicFunction(trainable, parameters),
+        name=_name_of(trainable),
+        resources=resources,
+        parameters=parameters,
+    )
+
+
+def _as_torch_trainer(trainable: Any) -> Any:
+    from ddp_runtime.torch import TorchTrainer
+
+    return trainable if isinstance(trainable, TorchTrainer) else None

@@ -1,0 +1,248 @@
+"""Ray Tune's APIs on sweepflow (``sweepflow.tune``, ``sweepflow.sgd``), against a real Dask LocalCluster, a real
+``mlflow server`` and a real Prefect API: every experiment is a flow run with a task run per trial and an
+MLflow parent run with a child run per trial."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+import ddp_runtime as train
+from ddp_runtime.cluster import local_cluster
+from ddp_runtime.torch import TorchTrainer
+from sweepflow import tune
+from sweepflow.sgd.integration.torch import DistributedTrainableCreator
+from sweepflow.sgd.torch import distributed_checkpoint_dir, is_distributed_trainable
+from sweepflow.tune.schedulers import ASHAScheduler
+from sweepflow.tune.search.optuna import OptunaSearch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(n_workers=2) as client:
+        yield client
+
+
+@pytest.fixture
+def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):
+    """The experiment's services come from the environment, as on a user's cluster."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
+
+
+def quality_trainable(config, checkpoint_dir=None):
+    """Classic Tune: loss = config["quality"] / epoch; a checkpoint each epoch; resumes from checkpoint_dir."""
+    start = 0
+    if checkpoint_dir:
+        with open(os.path.join(checkpoint_dir, "epoch")) as f:
+            start = int(f.read())
+    for epoch in range(start + 1, 5):
+        with tune.checkpoint_dir(epoch) as directory:
+            with open(os.path.join(directory, "epoch"), "w") as f:
+                f.write(str(epoch))
+        tune.report(loss=config["quality"] / epoch, width=config["width"])
+
+
+def _children(mlflow_uri: str, parent_run_id: str):
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(parent_run_id)
+    return parent, client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    )
+
+
+def test_classic_tune_run_with_asha_checkpoints_and_records(services):
+    np.random.seed(0)
+    analysis = tune.run(
+        quality_trainable,
+        config={
+            "quality": tune.grid_search([1.0, 4.0, 8.0]),
+            "width": tune.sample_from(lambda spec: int(spec.config.quality) * 10),
+        },
+        num_samples=1,
+        scheduler=ASHAScheduler(metric="loss", mode="min", max_t=4, grace_period=1, reduction_factor=2),
+        resources_per_trial={"cpu": 1, "gpu": 0},
+        max_concurrent_trials=1,  # one at a time: ASHA's decisions are then known in advance
+        name="classic",
+        verbose=1,
+    )
+    assert [t.config for t in analysis.trials] == [
+        {"quality": 1.0, "width": 10},
+        {"quality": 4.0, "width": 40},
+        {"quality": 8.0, "width": 80},
+    ]
+    best = analysis.get_best_trial("loss", "min", "last")
+    assert best.config["quality"] == 1.0 and best.last_result["training_iteration"] == 4
+    assert best.last_result["loss"] == pytest.approx(0.25)
+    # The best trial's latest checkpoint is a local directory with what the trainable wrote.
+    with open(os.path.join(best.checkpoint.value, "epoch")) as f:
+        assert f.read() == "4"
+    # Worse trials were stopped by ASHA after their first report; Ray shows them as TERMINATED.
+    stopped = [t for t in analysis.trials if t.config["quality"] > 1.0]
+    assert all(t.last_result["training_iteration"] == 1 and t.status == "TERMINATED" for t in stopped)
+    assert analysis.get_best_trial("loss", "min", "all").config["quality"] == 1.0
+
+    # Recorded like the pipeline: an MLflow parent run with a child per trial, a Prefect flow run with task runs.
+    info = analysis.info
+    parent, children = _children(services["mlflow"], info["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweepflow.kind"] == "tune"
+    assert sorted(c.data.params["quality"] for c in children) == ["1.0", "4.0", "8.0"]
+    by_quality = {c.data.params["quality"]: c for c in children}
+    assert by_quality["1.0"].data.tags["sweepflow.status"] == "COMPLETED"
+    assert by_quality["8.0"].data.tags["sweepflow.status"] == "STOPPED"
+    history = MlflowClient(services["mlflow"]).get_metric_history(by_quality["1.0"].info.run_id, "loss")
+    assert [m.value for m in history] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
+
+    from prefect import get_client
+
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(info["prefect_flow_run_id"])
+        assert flow_run.state.is_completed()
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        task_runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert sorted(t.name.split("-")[0] for t in task_runs) == ["trial_0000", "trial_0001", "trial_0002"]
+
+
+def test_script_functions_ship_by_value_and_with_parameters_reach_every_trial(services):
+    offset = 3.0
+    table = np.arange(100_000, dtype=np.float64)  # a large object: sent to the workers once
+
+    def closure_trainable(config, data=None):  # a closure: not importable on the workers
+        tune.report({"score": config["x"] + offset + float(data[-1])})
+
+    grid = tune.Tuner(
+        tune.with_parameters(closure_trainable, data=table),
+        param_space={"x": tune.grid_search([1.0, 2.0])},
+        tune_config=tune.TuneConfig(metric="score", mode="max"),
+        run_config=tune.RunConfig(name="closures", verbose=0),
+    ).fit()
+    assert len(grid) == 2 and not grid.errors
+    best = grid.get_best_result()
+    assert best.config == {"x": 2.0} and best.metrics["score"] == pytest.approx(2.0 + 3.0 + 99_999.0)
+    frame = grid.get_dataframe()
+    assert sorted(frame["config/x"]) == [1.0, 2.0] and list(frame["status"]) == ["TERMINATED"] * 2
+
+    lam = tune.Tuner(
+        lambda config: tune.report({"score": config["x"] * 2}),
+        param_space={"x": tune.uniform(0.0, 1.0)},
+        tune_config=tune.TuneConfig(metric="score", mode="max", num_samples=2),
+        run_config=tune.RunConfig(name="lambdas", verbose=0),
+    ).fit()
+    assert all(r.metrics["score"] == pytest.approx(2 * r.config["x"]) for r in lam)
+
+
+def ddp_loop(config):
+    """A TorchTrainer's train_loop_per_worker (current Ray docs): fails for x == 0 to show errors."""
+    ctx = train.get_context()
+    if config["x"] == 0:
+        raise ValueError("x must not be 0")
+    for step in range(1, 3):
+        train.report({"score": config["x"] * step + config["base"], "world_size": ctx.get_world_size()})
+
+
+def test_tuner_with_a_torch_trainer_runs_a_ddp_group_per_trial_and_collects_errors(services):
+    trainer = TorchTrainer(
+        ddp_loop,
+        train_loop_config={"base": 100},
+        scaling_config=train.ScalingConfig(num_workers=2),
+    )
+    grid = tune.Tuner(
+        trainer,
+        param_space={"train_loop_config": {"x": tune.grid_search([0, 1, 2])}},
+        tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="torch-trainer", verbose=0),
+    ).fit()
+    assert len(grid) == 3 and grid.num_errors == 1 and "x must not be 0" in grid.errors[0]
+    best = grid.get_best_result()
+    assert best.config == {"train_loop_config": {"x": 2}}
+    assert best.metrics["score"] == 104 and best.metrics["world_size"] == 2
+    assert best.metrics_dataframe["score"].tolist() == [102, 104]
+
+
+def ddp_classic(config, checkpoint_dir=None):
+    """The tutorial's DDP section: DistributedDataParallel when distributed, distributed_checkpoint_dir."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    net = torch.nn.Linear(2, 1)
+    if is_distributed_trainable():
+        net = DistributedDataParallel(net)
+    for epoch in range(1, 3):
+        with distributed_checkpoint_dir(step=epoch) as directory:
+            with open(os.path.join(directory, "rank"), "w") as f:
+                f.write(str(train.get_context().get_world_rank()))
+        tune.report(loss=config["lr"] / epoch, distributed=float(is_distributed_trainable()))
+
+
+def test_distributed_trainable_creator_runs_ddp_trials_and_rank0_checkpoints(services):
+    analysis = tune.run(
+        DistributedTrainableCreator(ddp_classic, num_workers=2, num_cpus_per_worker=1),
+        config={"lr": tune.grid_search([0.1, 0.2])},
+        resources_per_trial=None,
+        metric="loss",
+        mode="min",
+        verbose=0,
+    )
+    best = analysis.get_best_trial()
+    assert best.config == {"lr": 0.1} and best.last_result["distributed"] == 1.0
+    with open(os.path.join(best.checkpoint.value, "rank")) as f:
+        assert f.read() == "0"  # rank 0's directory is the checkpoint; the others were thrown away
+    with pytest.raises(ValueError, match="resources_per_trial=None"):
+        tune.run(DistributedTrainableCreator(ddp_classic, num_workers=2), config={}, resources_per_trial={"cpu": 1})
+
+
+def test_optuna_search_proposes_configs_from_results(services):
+    analysis = tune.run(
+        lambda config: tune.report(loss=(config["x"] - 3.0) ** 2),
+        config={"x": tune.uniform(0.0, 10.0)},
+        num_samples=8,
+        search_alg=OptunaSearch(metric="loss", mode="min", seed=0),
+        max_concurrent_trials=1,
+        verbose=0,
+    )
+    assert len(analysis.trials) == 8
+    assert analysis.get_best_trial().last_result["loss"] < 4.0
+
+
+def test_mistakes_are_refused_before_any_work(services):
+    client = MlflowClient(services["mlflow"])
+    runs_before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    with pytest.raises(train.InsufficientResourcesError, match="resources_per_trial"):
+        tune.run(quality_trainable, config={"quality": 1.0, "width": 1}, resources_per_trial={"gpu": 1})
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        ASHAScheduler(metric="loss", mode="minimize")
+    with pytest.raises(ValueError, match="needs the metric"):
+        tune.run(quality_trainable, config={}, scheduler=ASHAScheduler(max_t=4))
+    with pytest.raises(ValueError, match="lower < upper"):
+        tune.loguniform(1e-1, 1e-4)
+    with pytest.raises(ValueError, match="unknown resource"):
+        tune.run(quality_trainable, config={}, resources_per_trial={"tpu": 1})
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs_before
+
+
+@pytest.mark.subprocess
+def test_the_seed_cifar_tutorial_runs_with_its_imports_changed(services, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "ray_tune_cifar.py"), "--smoke-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Number of trials: 2 (2 TERMINATED)" in proc.stdout
+    accuracy = float(proc.stdout.split("Best trial test set accuracy: ")[1].split()[0])
+    assert 0.1 <= accuracy <= 1.0
