@@ -43,6 +43,11 @@ from sweepflow.tasks.training.function import TrainFunction
 _SCHEDULED_AFTER_S = 1.0  # a trial queued longer than this shows as SCHEDULED in MLflow until it starts
 
 
+class MetricNotReported(ValueError):
+    """The training function's first report lacks a metric the sweep selects or schedules by: every trial would
+    be the same mistake, so the sweep stops at once with this message."""
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """What one trial runs (plain data: it is the Prefect task's parameter)."""
@@ -85,6 +90,10 @@ class SweepRuntime:
     storage_options: dict[str, Any] | None = None
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
     writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
+    aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
+
+    def abort(self, reason: str) -> None:
+        self.aborted = self.aborted or reason
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -131,8 +140,9 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
         rt.slots.forfeit(spec.index)  # it will not start: the trials after it must not wait for its turn
         raise
     try:
-        if rt.out_of_time():
-            logger.warning("%s: the sweep's time budget ran out while it was queued; not started", spec.name)
+        if rt.out_of_time() or rt.aborted:
+            why = rt.aborted or "the sweep's time budget ran out"
+            logger.warning("%s: %s while it was queued; not started", spec.name, why)
             writer.delete()  # a trial that never ran leaves no run behind
             return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED, run_id=writer.run_id)
         result = _TrialRun(spec, rt, writer, slot, logger).train(artifact_uri)
@@ -190,8 +200,14 @@ class _TrialRun:
     def on_report(self, metrics: dict[str, Any]) -> bool:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
         spec = self.spec
+        if metrics["training_iteration"] == 1:
+            self._check_metrics(metrics)
         step = int(metrics.get("epoch", metrics["training_iteration"]))
         self.writer.log(metrics, step=step)
+        if self.rt.aborted:
+            self.logger.warning("%s: stopping at report %s (%s)", spec.name, step, self.rt.aborted)
+            self.slot.release()
+            return True
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
         at_max_t = metrics["training_iteration"] >= spec.max_reports
         if decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
@@ -203,6 +219,19 @@ class _TrialRun:
             return False
         self.slot.release()  # the group only tears down from here: the next trial may start
         return True
+
+    def _check_metrics(self, metrics: dict[str, Any]) -> None:
+        wanted = {
+            "the selection metric": self.spec.selection_metric,
+            "the scheduler's metric": getattr(self.rt.scheduler, "metric", None),
+        }
+        for role, name in wanted.items():
+            if name and name not in metrics:
+                reported = sorted(k for k in metrics if k != "training_iteration")
+                raise MetricNotReported(
+                    f"the training function never reports {name!r}, {role} (its first report has {reported}): "
+                    f"report {name!r}, or select/schedule by one of {reported}"
+                )
 
     def train(self, artifact_uri: str) -> TrialResult:
         spec, rt, writer = self.spec, self.rt, self.writer

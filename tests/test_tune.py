@@ -246,3 +246,32 @@ def test_the_seed_cifar_tutorial_runs_with_its_imports_changed(services, prefect
     assert "Number of trials: 2 (2 TERMINATED)" in proc.stdout
     accuracy = float(proc.stdout.split("Best trial test set accuracy: ")[1].split()[0])
     assert 0.1 <= accuracy <= 1.0
+
+
+def test_a_metric_the_trainable_never_reports_stops_the_sweep_at_its_first_report(services):
+    with pytest.raises(Exception, match="never reports 'accuracy'") as excinfo:
+        tune.run(
+            quality_trainable,
+            config={"quality": tune.grid_search([1.0, 2.0, 3.0, 4.0]), "width": 1},
+            scheduler=ASHAScheduler(metric="accuracy", mode="max", max_t=4),
+            verbose=0,
+        )
+    assert "['loss', 'width']" in str(excinfo.value)
+
+
+@pytest.mark.subprocess
+def test_the_seed_ddp_section_runs_ddp_trials_with_its_imports_changed(services, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "ray_tune_ddp_mnist.py"), "--smoke-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    accuracy = float(proc.stdout.split("Best mean_accuracy: ")[1].split()[0])
+    assert accuracy > 0.5  # 2 epochs of a small ConvNet on 4,000 real MNIST images
+    assert "Best checkpoint holds 4 tensors" in proc.stdout

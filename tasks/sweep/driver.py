@@ -125,7 +125,16 @@ class Sweep:
         )
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
             cleanup.callback(runtime.join_writers)
-            trials, not_started = self._run_trials(runtime, runtime_id)
+            in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
+            try:
+                trials, not_started = self._run_trials(runtime, runtime_id, in_flight)
+            except BaseException as exc:
+                # A trial's mistake that every trial would repeat (or an interrupt): the running trials stop at
+                # their next report, the queued ones start nothing, and the sweep ends with the first error.
+                runtime.abort(f"the sweep is stopping: {type(exc).__name__}")
+                for future in list(in_flight):
+                    future.wait()
+                raise
         return SweepResult(
             tuple(trials),
             metric=self.template.selection_metric,
@@ -133,15 +142,16 @@ class Sweep:
             not_started=not_started,
         )
 
-    def _run_trials(self, runtime: SweepRuntime, runtime_id: str) -> tuple[list[TrialResult], int]:
+    def _run_trials(
+        self, runtime: SweepRuntime, runtime_id: str, in_flight: dict[Any, tuple[int, float]]
+    ) -> tuple[list[TrialResult], int]:
         # The loop wakes when a trial's task ends (its future) and when a queued trial takes its slot.
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         runtime.slots.on_acquire = lambda: events.put(_SLOT_TAKEN)
-        in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
         finished: list[TrialResult] = []
         submitted = 0
         while True:
-            while submitted < self.sampler.total and self._room_for_one_more(submitted, runtime):
+            while submitted < self.sampler.total and self._room_for_one_more(submitted, runtime) and not runtime.aborted:
                 number, params = self.sampler.ask()
                 spec = self.template.trial(submitted, params)
                 future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
@@ -153,8 +163,9 @@ class Sweep:
             event = events.get()
             if event is _SLOT_TAKEN:
                 continue
-            number, submitted_at = in_flight.pop(event)
-            result: TrialResult = event.result()
+            number, submitted_at = in_flight[event]
+            result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
+            del in_flight[event]
             if result.status is TrialStatus.NOT_STARTED:
                 continue  # queued when the time budget ran out; its MLflow run was deleted
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
