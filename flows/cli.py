@@ -164,7 +164,8 @@ def cmd_stack(args: argparse.Namespace) -> int:
     from sweepflow.flows.config import Settings
     from sweepflow.services import stack
 
-    state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(Settings.from_env().home))
+    settings = Settings.from_env()
+    state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(settings.home, settings.stack_dir))
     if args.action == "up":
         try:
             env = stack.up(state_dir, workers=args.workers)

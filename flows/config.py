@@ -220,6 +220,7 @@ class Settings:
     tracking_uri: str | None = None  # $MLFLOW_TRACKING_URI
     scheduler_address: str | None = None  # $DASK_SCHEDULER_ADDRESS
     prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
+    stack_dir: str | None = None  # $SWEEPFLOW_STACK_DIR: the stack `infra/stack` manages (set by stack.env)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -230,6 +231,7 @@ class Settings:
             tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
             scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
             prefect_api_url=env.get("PREFECT_API_URL") or None,
+            stack_dir=env.get("SWEEPFLOW_STACK_DIR") or None,
         )
 
 

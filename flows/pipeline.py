@@ -30,7 +30,13 @@ from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
-from sweepflow.tasks.tracking.runs import RunTracker, check_direct_writes, direct_storage_uri, flatten
+from sweepflow.tasks.tracking.runs import (
+    RunTracker,
+    check_direct_writes,
+    direct_storage_uri,
+    flatten,
+    public_params,
+)
 
 
 @flow(name="training-pipeline", log_prints=True)
@@ -166,7 +172,7 @@ def parent_run(tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDatas
     """The pipeline's MLflow parent run: FINISHED if the block completes, FAILED if it raises."""
     parent = tracker.start_run(
         f"pipeline-{flow_run.get_name() or 'local'}",
-        params=flatten("", cfg.model_dump(exclude={"state_dir"})),
+        params=public_params(flatten("", cfg.model_dump(exclude={"state_dir"}))),
         tags={
             "sweepflow.data_checksum": prepared.checksum,
             "sweepflow.dataset": prepared.name,

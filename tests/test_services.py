@@ -47,3 +47,17 @@ def test_the_code_fingerprint_follows_a_training_modules_file(tmp_path):
     module.write_text("def train(config):\n    return 1\n")
     os.utime(module, ns=(1, 1))  # a different mtime and size, as an edit gives
     assert services.code_fingerprint(extra_files=[str(module)]) != before
+
+
+def test_the_stack_keeps_its_s3_secret_off_the_command_line_and_is_found_after_sourcing_stack_env(tmp_path):
+    from sweepflow.flows.config import Settings
+    from sweepflow.services import stack
+
+    spec = stack.s3_spec(str(tmp_path), "KEYID", "SECRETVALUE")
+    assert not any("SECRETVALUE" in arg for arg in spec.argv)  # argv is readable by every user through `ps`
+    assert spec.env["RCLONE_AUTH_KEY"] == '"KEYID,SECRETVALUE"'
+    # stack.env sets SWEEPFLOW_HOME=<stack>/home and SWEEPFLOW_STACK_DIR=<stack>: `infra/stack down` after
+    # `source stack.env` must find the stack itself, not <stack>/home/stack.
+    settings = Settings.from_env({"SWEEPFLOW_HOME": str(tmp_path / "home"), "SWEEPFLOW_STACK_DIR": str(tmp_path)})
+    assert stack.default_state_dir(settings.home, settings.stack_dir) == str(tmp_path)
+    assert stack.default_state_dir(str(tmp_path / "h")) == str(tmp_path / "h" / "stack")

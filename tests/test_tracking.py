@@ -78,3 +78,25 @@ def test_a_queued_trials_run_is_scheduled_then_running_and_a_never_started_one_i
     writer.delete()
     writer.join()
     assert tracker.client.get_run(skipped).info.lifecycle_stage == "deleted"
+
+
+def test_public_params_remove_credentials_and_storage_options():
+    from sweepflow.tasks.tracking.runs import public_params
+
+    params = public_params(
+        {
+            "mlflow.tracking_uri": "https://alice:s3cr3t@mlflow.example.com",
+            "data.source": "s3://bucket/data",
+            "dask.scheduler_address": "tls://bob:tok@scheduler:8786",
+            "data.storage_options.key": "AKIA",
+            "data.storage_options.client_kwargs.endpoint_url": "http://127.0.0.1:9000",
+            "sweep.num_samples": 8,
+        }
+    )
+    assert params == {
+        "mlflow.tracking_uri": "https://***@mlflow.example.com",
+        "data.source": "s3://bucket/data",
+        "dask.scheduler_address": "tls://***@scheduler:8786",
+        "sweep.num_samples": 8,
+    }
+    assert "s3cr3t" not in str(params) and "tok" not in str(params) and "AKIA" not in str(params)

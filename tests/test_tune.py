@@ -118,7 +118,11 @@ def test_script_functions_ship_by_value_and_with_parameters_reach_every_trial(se
     table = np.arange(100_000, dtype=np.float64)  # a large object: sent to the workers once
 
     def closure_trainable(config, data=None):  # a closure: not importable on the workers
-        tune.report({"score": config["x"] + offset + float(data[-1])})
+        from distributed import get_worker
+
+        # The table is the copy scattered into this worker's store, not a copy shipped with the trial.
+        in_store = any(value is data for value in get_worker().data.values())
+        tune.report({"score": config["x"] + offset + float(data[-1]), "in_store": float(in_store)})
 
     grid = tune.Tuner(
         tune.with_parameters(closure_trainable, data=table),
@@ -129,6 +133,7 @@ def test_script_functions_ship_by_value_and_with_parameters_reach_every_trial(se
     assert len(grid) == 2 and not grid.errors
     best = grid.get_best_result()
     assert best.config == {"x": 2.0} and best.metrics["score"] == pytest.approx(2.0 + 3.0 + 99_999.0)
+    assert all(r.metrics["in_store"] == 1.0 for r in grid)
     frame = grid.get_dataframe()
     assert sorted(frame["config/x"]) == [1.0, 2.0] and list(frame["status"]) == ["TERMINATED"] * 2
 

@@ -47,9 +47,10 @@ WORKER_PREFIX = "dask-worker-"
 HOST = "127.0.0.1"
 
 
-def default_state_dir(home: str) -> str:
-    """``<home>/stack``; ``home`` is the caller's SWEEPFLOW_HOME (read once, at the entry point)."""
-    return os.path.join(os.path.abspath(os.path.expanduser(home)), "stack")
+def default_state_dir(home: str, stack_dir: str | None = None) -> str:
+    """``stack_dir`` ($SWEEPFLOW_STACK_DIR, which stack.env sets), else ``<home>/stack``; both are the caller's
+    settings, read once at the entry point."""
+    return os.path.abspath(os.path.expanduser(stack_dir or os.path.join(home, "stack")))
 
 
 def gpu_count() -> int:
@@ -121,14 +122,15 @@ def s3_spec(state_dir: str, key: str, secret: str) -> ServiceSpec:
             "s3",
             "--addr",
             f"{HOST}:{port}",
-            "--auth-key",
-            f"{key},{secret}",
             "--config",
             "/dev/null",  # no rclone.conf needed: the backend is the local directory below
             data,
         ],
         health={"kind": "tcp", "address": f"{HOST}:{port}"},
         address=f"http://{HOST}:{port}",
+        # The key pair goes through the environment, never argv (readable by every local user through `ps`):
+        # rclone reads any flag from RCLONE_<FLAG>, a list flag's value as CSV, hence the quoted pair.
+        env={"RCLONE_AUTH_KEY": f'"{key},{secret}"'},
     )
 
 
@@ -267,6 +269,8 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
         "DASK_SCHEDULER_ADDRESS": addresses[DASK_SCHEDULER],
         "SWEEPFLOW_STORAGE": storage,
         "SWEEPFLOW_HOME": os.path.join(state_dir, "home"),
+        # So that `infra/stack down|status` after `source stack.env` finds this stack (not <SWEEPFLOW_HOME>/stack).
+        "SWEEPFLOW_STACK_DIR": state_dir,
         **s3_env,
     }
     os.makedirs(env["SWEEPFLOW_HOME"], exist_ok=True)

@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from sweepflow.tasks.compat import update_run_status
+from sweepflow.tasks.datasets.uris import redact
 
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM_LEN = 6000
@@ -54,6 +55,16 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
             out.update(flatten(f"{prefix}.{key}" if prefix else str(key), sub))
         return out
     return {prefix: value}
+
+
+def public_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Params everyone who can read the experiment may see: credentials in URIs (``user:token@``) removed, and
+    storage options (keys, secrets, tokens) left out entirely."""
+    return {
+        key: redact(value) if isinstance(value, str) else value
+        for key, value in params.items()
+        if "storage_options" not in key
+    }
 
 
 class RunTracker:
