@@ -75,3 +75,13 @@ def prefect_harness():
 
 
 from mlflow_server import mlflow_server  # noqa: E402,F401 - session fixture: a real `mlflow server`
+
+
+@pytest.fixture
+def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):  # noqa: F811 - the fixture above
+    """A Tune experiment's services from the environment, as on a user's cluster: the Prefect harness, the
+    session's MLflow server and the requesting module's ``cluster``."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}

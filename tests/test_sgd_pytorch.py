@@ -3,6 +3,7 @@ real Dask LocalCluster with worker processes (gloo, CPU)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 import ddp_runtime
 from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer
+from sweepflow import tune
 from sweepflow.sgd import pytorch as sgd
 from sweepflow.sgd.pytorch import PyTorchTrainable, PyTorchTrainer
 
@@ -370,3 +372,108 @@ def test_ray_train_example_runs_with_only_its_import_changed():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "success!"
+
+
+def test_trainable_plan_refuses_a_searched_group_shape():
+    with pytest.raises(ValueError, match=r'config\["num_replicas"\] is searched.*one tune.run per value'):
+        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "num_replicas": tune.grid_search([1, 2])})
+    with pytest.raises(ValueError, match=r'config\["use_gpu"\] is searched'):
+        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "use_gpu": tune.choice([True, False])})
+
+
+# ------------------------------------------------------------------------------- under tune.run, with services
+
+
+def test_pytorch_trainable_runs_under_tune_run(services, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    # Ray: PyTorchTrainable builds PyTorchTrainer(**config), so the creators' hyperparameters go under "config".
+    # (lr=1e-1 diverges to NaN on this toy, x in [0, 10): SGD is stable below 2 / E[x^2] ~ 0.06.)
+    analysis = tune.run(
+        PyTorchTrainable,
+        config={**TUNE_CONFIG, "config": {"lr": tune.grid_search([1e-3, 1e-2])}},
+        stop={"training_iteration": 2},
+        name="pytorch-trainable",
+        verbose=0,
+    )
+    trials = analysis.trials
+    assert [t.config["config"] for t in trials] == [{"lr": 1e-3}, {"lr": 1e-2}]
+    assert all(t.config["num_replicas"] == 2 and t.config["model_creator"] is model_creator for t in trials)
+    for trial in trials:
+        assert trial.status == "TERMINATED", trial.error_msg
+        assert [m["training_iteration"] for m in trial.metric_history] == [1, 2]
+        assert [m["epoch"] for m in trial.metric_history] == [1, 2]
+        for metrics in trial.metric_history:
+            assert {"train_loss", "validation_loss", "mean_accuracy"} <= set(metrics)
+            assert metrics["batch_processed"] == 500  # each of the 2 ranks: half of the 1000 samples
+
+    # One MLflow parent run; a child run per trial, with the train loss of every iteration (step = epoch).
+    mlflow = MlflowClient(services["mlflow"])
+    parent = mlflow.get_run(analysis.info["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.params["ranks_per_trial"] == "2"
+    children = mlflow.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert sorted(c.info.run_id for c in children) == sorted(t.mlflow_run_id for t in trials)
+    for child in children:
+        assert child.info.status == "FINISHED" and child.data.params["num_ranks"] == "2"
+        history = mlflow.get_metric_history(child.info.run_id, "train_loss")
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2]
+    trial_of_run = {t.mlflow_run_id: t for t in trials}
+    for child in children:
+        trial = trial_of_run[child.info.run_id]
+        logged = sorted(mlflow.get_metric_history(child.info.run_id, "train_loss"), key=lambda m: m.step)
+        assert [m.value for m in logged] == pytest.approx([m["train_loss"] for m in trial.metric_history])
+
+    # The best trial by validation loss; its checkpoint (PyTorchTrainer's state file) restores a fresh trainer.
+    best = analysis.get_best_trial(metric="validation_loss", mode="min")
+    assert all(np.isfinite(t.last_result["validation_loss"]) for t in trials)
+    assert best is min(trials, key=lambda t: t.last_result["validation_loss"])
+    assert best.config["config"] == {"lr": 1e-2}  # the larger stable step: closer to y = 2x + 5 in 2 epochs
+    assert analysis.get_best_config(metric="validation_loss", mode="min") == best.config
+    assert os.path.isfile(os.path.join(best.checkpoint.value, sgd.STATE_FILE))
+    trainer = _trainer(config=best.config["config"])
+    try:
+        with pytest.raises(ValueError, match="directory without state.pt"):
+            trainer.restore(str(tmp_path))
+        trainer.restore(best.checkpoint.value)  # Ray: trainer.restore(trial.checkpoint.value)
+        validation = trainer.validate()
+        assert validation["epoch"] == 2
+        assert validation["validation_loss"] == pytest.approx(best.last_result["validation_loss"], rel=1e-5)
+        assert trainer.train()["epoch"] == 3  # training goes on from the trial's state
+    finally:
+        trainer.shutdown()
+
+
+@pytest.mark.subprocess
+def test_ray_tune_example_runs_with_only_its_imports_changed(services):
+    from prefect.settings import PREFECT_API_URL
+
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "MLFLOW_TRACKING_URI": services["mlflow"],
+        "DASK_SCHEDULER_ADDRESS": services["dask"],
+    }
+    out = subprocess.run(
+        [sys.executable, os.path.join("examples", "ray_sgd_tune_example.py"), "--smoke-test"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Number of trials: 2 (2 TERMINATED)" in out.stdout
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("Best config: "), out.stdout[-3000:]
+    assert ast.literal_eval(last.removeprefix("Best config: ")) == {
+        "model_creator": "model_creator",
+        "data_creator": "data_creator",
+        "optimizer_creator": "optimizer_creator",
+        "loss_creator": "MSELoss",
+        "num_replicas": 1,
+        "use_gpu": False,
+        "batch_size": 512,
+        "backend": "gloo",
+    }

@@ -30,15 +30,6 @@ def cluster():
         yield client
 
 
-@pytest.fixture
-def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):
-    """The experiment's services come from the environment, as on a user's cluster."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
-    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
-    return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
-
-
 def quality_trainable(config, checkpoint_dir=None):
     """Classic Tune: loss = config["quality"] / epoch; a checkpoint each epoch; resumes from checkpoint_dir."""
     start = 0
@@ -235,21 +226,27 @@ def test_mistakes_are_refused_before_any_work(services):
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs_before
 
 
-@pytest.mark.subprocess
-def test_the_seed_cifar_tutorial_runs_with_its_imports_changed(services, prefect_harness):
+def run_example(name: str, *args: str) -> str:
+    """Run examples/<name> as a user would, against this test's services (from the environment); its stdout."""
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "ray_tune_cifar.py"), "--smoke-test"],
+        [sys.executable, os.path.join(ROOT, "examples", name), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Number of trials: 2 (2 TERMINATED)" in proc.stdout
-    accuracy = float(proc.stdout.split("Best trial test set accuracy: ")[1].split()[0])
+    return proc.stdout
+
+
+@pytest.mark.subprocess
+def test_the_seed_cifar_tutorial_runs_with_its_imports_changed(services, prefect_harness):
+    stdout = run_example("ray_tune_cifar.py", "--smoke-test")
+    assert "Number of trials: 2 (2 TERMINATED)" in stdout
+    accuracy = float(stdout.split("Best trial test set accuracy: ")[1].split()[0])
     assert 0.1 <= accuracy <= 1.0
 
 
@@ -266,17 +263,7 @@ def test_a_metric_the_trainable_never_reports_stops_the_sweep_at_its_first_repor
 
 @pytest.mark.subprocess
 def test_the_seed_ddp_section_runs_ddp_trials_with_its_imports_changed(services, prefect_harness):
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "ray_tune_ddp_mnist.py"), "--smoke-test"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    accuracy = float(proc.stdout.split("Best mean_accuracy: ")[1].split()[0])
+    stdout = run_example("ray_tune_ddp_mnist.py", "--smoke-test")
+    accuracy = float(stdout.split("Best mean_accuracy: ")[1].split()[0])
     assert accuracy > 0.5  # 2 epochs of a small ConvNet on 4,000 real MNIST images
-    assert "Best checkpoint holds 4 tensors" in proc.stdout
+    assert "Best checkpoint holds 4 tensors" in stdout

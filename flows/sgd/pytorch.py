@@ -287,6 +287,18 @@ def _check_tune_keys(config: dict[str, Any]) -> None:
         )
 
 
+def _check_not_searched(config: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """The DDP group's shape is one per experiment: it cannot be a ``tune.grid_search`` or a distribution."""
+    from sweepflow.tune.search_space import Domain, _is_grid
+
+    for key in keys:
+        if _is_grid(config.get(key)) or isinstance(config.get(key), Domain):
+            raise ValueError(
+                f'config["{key}"] is searched ({config[key]!r}), but every trial of one tune.run is a DDP group '
+                f'of the same shape: give config["{key}"] one value, and run one tune.run per value to compare'
+            )
+
+
 def _plan_from_tune_config(config: dict[str, Any]) -> tuple[_Plan, int | None]:
     _check_tune_keys(config)
     epochs = config.get("epochs")
@@ -890,12 +902,22 @@ class PyTorchTrainer:
             shutil.copyfile(os.path.join(directory, STATE_FILE), checkpoint)
         return checkpoint
 
-    def restore(self, checkpoint: str | os.PathLike[str]) -> None:
-        """Restores the state saved by ``save(checkpoint)`` (also a file saved by Ray's PyTorchTrainer)."""
+    def restore(self, checkpoint: str | os.PathLike[str] | Checkpoint) -> None:
+        """Restores the state saved by ``save(checkpoint)`` (also a file saved by Ray's PyTorchTrainer), or a
+        ``PyTorchTrainable`` trial's checkpoint: its directory (``trial.checkpoint.value``) or ``Checkpoint``."""
         self._check_open()
-        state = _normalized_state(
-            torch.load(checkpoint, map_location="cpu", weights_only=True), repr(os.fspath(checkpoint))
-        )
+        if isinstance(checkpoint, Checkpoint):
+            state = _read_state(checkpoint)
+        else:
+            path = os.fspath(checkpoint)
+            if os.path.isdir(path):
+                if not os.path.isfile(os.path.join(path, STATE_FILE)):
+                    raise ValueError(
+                        f"{path!r} is a directory without {STATE_FILE}: not a PyTorchTrainable checkpoint; "
+                        "restore a trial's checkpoint directory or a file written by PyTorchTrainer.save"
+                    )
+                path = os.path.join(path, STATE_FILE)
+            state = _normalized_state(torch.load(path, map_location="cpu", weights_only=True), repr(path))
         created = self._plan.model_creator(self._plan.config)
         _load_models(
             list(created) if isinstance(created, tuple | list) else [created], state
@@ -933,6 +955,7 @@ class PyTorchTrainable:
     def _sweepflow_trial_plan(cls, config_example: dict[str, Any] | None) -> dict[str, Any]:
         config = dict(config_example or {})
         _check_tune_keys(config)
+        _check_not_searched(config, ("num_replicas", "use_gpu"))
         n, use_gpu = _check_group_shape(
             _arg_namer(True), config.get("num_replicas", 1), config.get("use_gpu", False)
         )

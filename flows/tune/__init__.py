@@ -29,7 +29,7 @@ from sweepflow.tune.search_space import (
     uniform,
 )
 from sweepflow.tune.session import checkpoint_dir, get_checkpoint, get_trial_dir, get_trial_id, report
-from sweepflow.tune.trainable import with_parameters, with_resources
+from sweepflow.tune.trainable import function, with_parameters, with_resources
 
 _LAZY = {
     "run": "sweepflow.tune.api",
@@ -46,6 +46,7 @@ __all__ = [
     "Checkpoint",
     "checkpoint_dir",
     "choice",
+    "function",
     "get_checkpoint",
     "get_trial_dir",
     "get_trial_id",

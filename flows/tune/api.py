@@ -67,7 +67,7 @@ def run(
     sweep, info = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
     if verbose:
-        (progress_reporter or CLIReporter()).report(analysis.trials)
+        (progress_reporter or CLIReporter()).report(analysis.trials, experiment.searched)
     failed = [t.trial_id for t in analysis.trials if t.status == "ERROR"]
     if failed and raise_on_failed_trial:
         errors = "; ".join(f"{t.trial_id}: {(t.error_msg or '').splitlines()[0]}" for t in analysis.trials if t.error_msg)
@@ -142,7 +142,8 @@ class Tuner:
         if getattr(rc, "verbose", 1):
             from sweepflow.tune.results import Trial
 
-            (getattr(rc, "progress_reporter", None) or CLIReporter()).report([Trial(t) for t in grid._trials])
+            reporter = getattr(rc, "progress_reporter", None) or CLIReporter()
+            reporter.report([Trial(t) for t in grid._trials], experiment.searched)
         return grid
 
 
@@ -212,5 +213,6 @@ def _experiment(
         max_failures=max_failures,
         storage_path=storage_path,
         varying_names=tuple(v for v in varying if "/" not in v),
+        searched=varying,
         search=search,
     )

@@ -26,15 +26,15 @@ class CLIReporter:
         else:
             self.metric_columns = [*(self.metric_columns or []), metric]
 
-    def table(self, trials: Sequence[Any]) -> str:
-        """``trials``: ``Trial`` objects (``sweepflow.tune.results``)."""
+    def table(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> str:
+        """``trials``: ``Trial`` objects (``sweepflow.tune.results``); ``searched``: the config paths the search
+        varies ("a/b" for nested keys), shown when no ``parameter_columns`` were given (as Ray does)."""
         rows = []
         for t in trials:
             row: dict[str, Any] = {"Trial name": t.trial_id, "status": t.status}
-            params = self.parameter_columns or [k for k, v in t.config.items() if not isinstance(v, dict | list | str)]
-            for key in params:
+            for key in self.parameter_columns or searched:
                 label = self.parameter_columns[key] if isinstance(self.parameter_columns, dict) else key
-                row[label] = t.config.get(key)
+                row[label] = _at(t.config, key)
             metrics = self.metric_columns or [k for k in t.last_result if k not in ("config",)]
             for key in metrics:
                 label = self.metric_columns[key] if isinstance(self.metric_columns, dict) else key
@@ -45,5 +45,12 @@ class CLIReporter:
         head = f"Number of trials: {len(trials)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
         return head + "\n" + pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.6g}")
 
-    def report(self, trials: Sequence[Any]) -> None:
-        print(self.table(trials), flush=True)
+    def report(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> None:
+        print(self.table(trials, searched), flush=True)
+
+
+def _at(config: dict[str, Any], path: str) -> Any:
+    node: Any = config
+    for key in path.split("/"):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node

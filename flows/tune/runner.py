@@ -44,7 +44,8 @@ class Experiment:
     time_budget_s: float | None = None
     max_failures: int = 0
     storage_path: str | None = None
-    varying_names: tuple[str, ...] = ()
+    varying_names: tuple[str, ...] = ()  # searched top-level keys (trial names show them)
+    searched: tuple[str, ...] = ()  # every searched path, "a/b" for nested keys (the trials table shows them)
     search: str = "random"
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -107,6 +107,12 @@ class _WithParameters:
         self.__name__ = _name_of(trainable)
 
 
+def function(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Ray 0.7's ``tune.function(f)`` marked a function config value as not-to-be-sampled; config values here are
+    never called, so it returns ``func`` unchanged."""
+    return func
+
+
 def with_parameters(trainable: Any, **kwargs: Any) -> Any:
     """Pass large objects (datasets, ...) to the trainable as keyword arguments, sent to the cluster once."""
     if not kwargs:
@@ -206,6 +212,11 @@ def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, co
         )
     planner = getattr(trainable, "_sweepflow_trial_plan", None)
     if planner is not None:
+        if resources_per_trial or resources:
+            raise ValueError(
+                f"resources for {_name_of(trainable)} are set by the trainable itself (its num_replicas / use_gpu "
+                "config): clear resources_per_trial (or tune.with_resources)"
+            )
         plan = planner(config_example)
         return TrialPlan(
             function=plan["function"],
