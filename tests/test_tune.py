@@ -267,3 +267,36 @@ def test_the_seed_ddp_section_runs_ddp_trials_with_its_imports_changed(services,
     accuracy = float(stdout.split("Best mean_accuracy: ")[1].split()[0])
     assert accuracy > 0.5  # 2 epochs of a small ConvNet on 4,000 real MNIST images
     assert "Best checkpoint holds 4 tensors" in stdout
+
+
+def crash_once_trainable(config, checkpoint_dir=None):
+    """Fails once after its second report (the first attempt); the restart resumes from checkpoint_dir."""
+    start = 0
+    if checkpoint_dir:
+        with open(os.path.join(checkpoint_dir, "epoch")) as f:
+            start = int(f.read())
+    for epoch in range(start + 1, 4):
+        with tune.checkpoint_dir(epoch) as directory:
+            with open(os.path.join(directory, "epoch"), "w") as f:
+                f.write(str(epoch))
+        tune.report(loss=1.0 / epoch, resumed_from=float(start))
+        marker = os.path.join(config["marker_dir"], "crashed")
+        if epoch == 2 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("simulated crash after epoch 2")
+
+
+def test_a_failed_trial_restarts_from_its_checkpoint_dir_with_max_failures(services, tmp_path):
+    analysis = tune.run(
+        crash_once_trainable,
+        config={"marker_dir": str(tmp_path)},
+        max_failures=1,
+        metric="loss",
+        mode="min",
+        verbose=0,
+    )
+    trial = analysis.trials[0]
+    assert trial.status == "TERMINATED" and trial.last_result["loss"] == pytest.approx(1 / 3)
+    # epochs 1, 2 from the first attempt, then epoch 3 from the restart, which started at epoch 2's checkpoint
+    assert [h["resumed_from"] for h in trial.metric_history] == [0.0, 0.0, 2.0]
+    assert trial.result.restarts == 1
