@@ -22,8 +22,18 @@ def _load_config(path: str | None, overrides: list[str]):
     raw = {}
     if path:
         with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-    return PipelineConfig.model_validate(apply_overrides(raw, overrides))
+            try:
+                raw = yaml.safe_load(f) or {}
+            except yaml.YAMLError as exc:  # says where: line and column
+                raise ValueError(f"{path} is not valid YAML: {exc}; fix the file's syntax") from None
+        if not isinstance(raw, dict):
+            raise ValueError(
+                f"{path} must hold a mapping of PipelineConfig sections (data:, sweep:, ...), got a {type(raw).__name__}"
+            )
+    try:
+        return PipelineConfig.model_validate(apply_overrides(raw, overrides))
+    except yaml.YAMLError as exc:  # a --set value that is not YAML
+        raise ValueError(f"a --set value is not valid YAML: {exc}") from None
 
 
 def _state_dir(config, settings) -> str:

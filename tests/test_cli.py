@@ -120,3 +120,21 @@ def test_cli_rejects_an_invalid_config_before_any_work(tmp_path):
     assert proc.returncode == 2
     assert "ranks_per_trial" in proc.stderr and "invalid configuration" in proc.stderr
     assert not os.path.exists(tmp_path / "services")
+
+
+def test_cli_rejects_a_malformed_config_file_with_one_message_and_no_traceback(tmp_path):
+    bad = tmp_path / "sweep.yaml"
+    bad.write_text("sweep:\n  num_samples: [4\n")
+    not_a_mapping = tmp_path / "list.yaml"
+    not_a_mapping.write_text("- 1\n- 2\n")
+    for path, expected in ((bad, "is not valid YAML"), (not_a_mapping, "must hold a mapping")):
+        proc = subprocess.run(
+            [SWEEPFLOW, "run", "--config", str(path), "--set", f"state_dir={tmp_path}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and str(path) in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not os.path.exists(tmp_path / "services")
