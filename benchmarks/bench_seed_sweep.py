@@ -31,9 +31,6 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 SETS = [
     "sweep.max_concurrent_trials=2",
     "training.epochs=4",
