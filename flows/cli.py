@@ -93,6 +93,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweepflow.flows.config import Settings
 
     settings = Settings.from_env()  # the one read of the environment's settings; passed down from here
+    tracking_uri = config.mlflow.tracking_uri or settings.tracking_uri
+    if tracking_uri:  # a configured server must answer now: before any service, run or trial starts
+        from sweepflow.tasks.tracking.runs import check_tracking_server
+
+        try:
+            check_tracking_server(tracking_uri)
+        except ConnectionError as exc:
+            print(f"sweepflow: {exc}", file=sys.stderr)
+            return 2
     state_dir = _state_dir(config, settings)
     if not args.no_server:
         config = _use_local_services(config, settings, state_dir, launcher=not args.in_process)

@@ -33,6 +33,7 @@ from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.tracking.runs import (
     RunTracker,
     check_direct_writes,
+    check_tracking_server,
     direct_storage_uri,
     flatten,
     public_params,
@@ -159,6 +160,7 @@ def build_sweep(
 
 
 def run_tracker(cfg: PipelineConfig) -> RunTracker:
+    check_tracking_server(cfg.mlflow.tracking_uri)  # seconds, not MLflow's minutes of retries, when unreachable
     default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     return RunTracker(
         cfg.mlflow.tracking_uri,

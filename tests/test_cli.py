@@ -138,3 +138,31 @@ def test_cli_rejects_a_malformed_config_file_with_one_message_and_no_traceback(t
         assert expected in proc.stderr and str(path) in proc.stderr
         assert "Traceback" not in proc.stderr
         assert not os.path.exists(tmp_path / "services")
+
+
+def test_cli_refuses_an_unreachable_tracking_server_in_seconds_without_leaking_its_credentials(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            SWEEPFLOW,
+            "run",
+            "--set",
+            f"mlflow.tracking_uri=http://alice:s3cr3t@127.0.0.1:{port}",
+            "--set",
+            f"state_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert time.monotonic() - started < 30  # MLflow's own client would retry for minutes
+    assert f"http://***@127.0.0.1:{port}" in proc.stderr and "did not answer" in proc.stderr
+    assert "s3cr3t" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "services")
