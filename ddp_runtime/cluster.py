@@ -88,3 +88,40 @@ def max_concurrent_groups(client: Client, scaling_config: ScalingConfig) -> int:
     """How many groups of this shape the cluster can run at the same time (0: none fits)."""
     resources = {k: float(v) for k, v in scaling_config.worker_resources.items()}
     return client.run_on_scheduler(gang.capacity, scaling_config.num_workers, resources)
+
+
+def groups_that_fit(client: Client, scaling_config: ScalingConfig, *, what: str) -> int:
+    """``max_concurrent_groups``, raising ``InsufficientResourcesError`` (naming ``what`` asked for the group,
+    and the fix) when not even one group fits."""
+    fits = max_concurrent_groups(client, scaling_config)
+    if fits < 1:
+        raise gang.InsufficientResourcesError(
+            f"no trial fits on this Dask cluster: each needs {scaling_config.num_workers} worker(s) with "
+            f"{scaling_config.worker_resources or 'a free thread'} (from {what}); lower them, or add workers that "
+            "declare those resources (dask worker --resources GPU=1)"
+        )
+    return fits
+
+
+@contextlib.contextmanager
+def cluster_client(
+    address: str | None,
+    *,
+    use_gpu: bool = False,
+    n_workers: int | None = None,
+    preload: list[str] | None = None,
+) -> Iterator[Client]:
+    """A client of the scheduler at ``address``; without one, of a local cluster started for the caller (one
+    worker per GPU with ``use_gpu``, else ``n_workers`` CPU workers). Closed on exit."""
+    if address:
+        client = Client(address)
+        try:
+            yield client
+        finally:
+            client.close()
+    elif use_gpu:
+        with gpu_local_cluster() as client:
+            yield client
+    else:
+        with local_cluster(n_workers=n_workers, preload=preload) as client:
+            yield client

@@ -19,7 +19,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 import ddp_runtime as train
-from ddp_runtime.cluster import gpu_local_cluster, local_cluster, max_concurrent_groups
+from ddp_runtime.cluster import cluster_client, groups_that_fit
 from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings
 from sweepflow.services.local import WORKER_PRELOAD
 from sweepflow.tasks.datasets import PreparedDataset
@@ -51,7 +51,12 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
     tracker = run_tracker(cfg)
     with parent_run(tracker, cfg, prepared) as parent:
         stages.lap("mlflow_setup_s")
-        with dask_client(cfg) as client:
+        with cluster_client(
+            cfg.dask.scheduler_address,
+            use_gpu=cfg.resources.use_gpu,
+            n_workers=cfg.dask.n_workers,
+            preload=[WORKER_PRELOAD],
+        ) as client:
             stages.lap("dask_start_s")
             sweep = build_sweep(cfg, prepared, client, tracker, parent).run()
             stages.lap("sweep_s")
@@ -111,12 +116,7 @@ def build_sweep(
         use_gpu=cfg.resources.use_gpu,
         resources_per_worker=cfg.resources.resources_per_rank() or None,
     )
-    fits = max_concurrent_groups(client, scaling)
-    if fits < 1:
-        raise train.InsufficientResourcesError(
-            f"no trial fits on this Dask cluster: each needs {scaling.num_workers} workers with "
-            f"{scaling.worker_resources or 'a free thread'}; lower resources.ranks_per_trial or add workers"
-        )
+    fits = groups_that_fit(client, scaling, what="resources.ranks_per_trial / gpus_per_rank / cpus_per_rank")
     space = parse_space(cfg.sweep.search_space)
     sampler = make_sampler(
         cfg.sweep.sampler, space, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed, mode=cfg.selection.mode
@@ -192,23 +192,6 @@ def parent_run(tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDatas
         status = "FINISHED"
     finally:
         tracker.end_run(parent, status)
-
-
-@contextlib.contextmanager
-def dask_client(cfg: PipelineConfig) -> Iterator[Client]:
-    """The configured scheduler, or a local cluster for this run (one worker per core, or per GPU)."""
-    if cfg.dask.scheduler_address:
-        client = Client(cfg.dask.scheduler_address)
-        try:
-            yield client
-        finally:
-            client.close()
-    elif cfg.resources.use_gpu:
-        with gpu_local_cluster() as client:
-            yield client
-    else:
-        with local_cluster(n_workers=cfg.dask.n_workers, preload=[WORKER_PRELOAD]) as client:
-            yield client
 
 
 def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig) -> Any:

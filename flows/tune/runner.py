@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ddp_runtime.cluster import cluster_client, groups_that_fit
 from sweepflow.flows.config import Settings
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
@@ -97,8 +98,8 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     tracking_uri = settings.tracking_uri or addresses.get("mlflow") or _sqlite(settings.home)
     scheduler_address = settings.scheduler_address or addresses.get("dask")
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
-        with _cluster(scheduler_address, experiment.plan) as client:
-            _check_fits(client, experiment.plan, _dask_resources(client, experiment.plan))
+        with cluster_client(scheduler_address) as client:
+            _fits(client, experiment.plan, _dask_resources(client, experiment.plan))
     key = uuid.uuid4().hex
     _EXPERIMENTS[key] = replace(
         experiment,
@@ -180,9 +181,9 @@ def _experiment_flow(
     local_store = tracking_uri.startswith("sqlite:")
     root = os.path.join(exp.storage_path or os.path.join(info["state_dir"], "tune"), exp.name)
     tracker = RunTracker(tracking_uri, exp.name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
-    with _cluster(info["scheduler_address"], exp.plan) as client:
+    with cluster_client(info["scheduler_address"], use_gpu=exp.plan.use_gpu) as client:
         resources = _dask_resources(client, exp.plan)
-        _check_fits(client, exp.plan, resources)
+        fits = _fits(client, exp.plan, resources)
         parent = tracker.start_run(
             flow_run.get_name() or exp.name,
             params={
@@ -223,7 +224,7 @@ def _experiment_flow(
                     tracker=tracker,
                     parent_run_id=parent,
                     scheduler=_StopCriteria(inner, exp.stop) if exp.stop else inner,
-                    concurrency=exp.max_concurrent_trials or _fits(client, plan, resources),
+                    concurrency=exp.max_concurrent_trials or fits,
                     staging_dir=os.path.join(root, "staging"),
                     time_budget_s=exp.time_budget_s,
                     log=log,
@@ -246,26 +247,6 @@ def _stop_iterations(stop: Any) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _cluster(address: str | None, plan: TrialPlan) -> Iterator[Any]:
-    from distributed import Client
-
-    from ddp_runtime.cluster import gpu_local_cluster, local_cluster
-
-    if address:
-        client = Client(address)
-        try:
-            yield client
-        finally:
-            client.close()
-    elif plan.use_gpu:
-        with gpu_local_cluster() as client:
-            yield client
-    else:
-        with local_cluster() as client:
-            yield client
-
-
 def _dask_resources(client: Any, plan: TrialPlan) -> dict[str, float]:
     """Ray's per-rank {"cpu", "gpu"} as Dask worker resources: GPU always; CPU when the workers declare it
     (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
@@ -279,24 +260,11 @@ def _dask_resources(client: Any, plan: TrialPlan) -> dict[str, float]:
 
 
 def _fits(client: Any, plan: TrialPlan, resources: dict[str, float]) -> int:
+    """How many trials run at once; raises, naming the setting to change, when none fits."""
     import ddp_runtime as train
-    from ddp_runtime.cluster import max_concurrent_groups
 
-    return max_concurrent_groups(
-        client,
-        train.ScalingConfig(num_workers=plan.num_ranks, use_gpu=plan.use_gpu, resources_per_worker=resources or None),
-    )
-
-
-def _check_fits(client: Any, plan: TrialPlan, resources: dict[str, float]) -> None:
-    if _fits(client, plan, resources) < 1:
-        import ddp_runtime as train
-
-        raise train.InsufficientResourcesError(
-            f"no trial fits on this Dask cluster: each needs {plan.num_ranks} worker(s) with "
-            f"{resources or 'a free thread'} (from resources_per_trial / the trainable's resources {plan.resources}); "
-            "lower them, or add workers that declare those resources (dask worker --resources GPU=1)"
-        )
+    scaling = train.ScalingConfig(num_workers=plan.num_ranks, use_gpu=plan.use_gpu, resources_per_worker=resources or None)
+    return groups_that_fit(client, scaling, what=f"resources_per_trial / the trainable's resources {plan.resources}")
 
 
 @contextlib.contextmanager
