@@ -69,7 +69,9 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
         state_dir,
         prefect=not settings.prefect_api_url,
         mlflow=not config.mlflow.tracking_uri and not settings.tracking_uri,
-        dask=not config.dask.scheduler_address and not settings.scheduler_address and not config.resources.use_gpu,
+        dask=not config.dask.scheduler_address
+        and not settings.scheduler_address
+        and not config.resources.use_gpu,
         n_workers=config.dask.n_workers,
         code_files=[path for path in [_module_file(config.training.train_fn)] if path],
         extra=extra,
@@ -82,38 +84,69 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
     return config.model_copy(update=update)
 
 
+def _refuse(exc: BaseException, args: argparse.Namespace) -> int:
+    """A mistake in the user's input: one sentence and exit 2 (the traceback only with --debug)."""
+    if args.debug:
+        import traceback
+
+        traceback.print_exception(exc)
+    print(f"sweepflow: {exc}", file=sys.stderr)
+    return 2
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     # Wall-clock, so that a run handed to the warm launcher reports from when *this command* started.
     t0 = float(os.environ.pop("SWEEPFLOW_STARTED_AT", "") or time.time())
+    # A run handed over by the front process (below) gets its --set values through the environment.
+    overrides = [*json.loads(os.environ.pop("SWEEPFLOW_RUN_SET", "[]")), *args.set]
     try:
-        config = _load_config(args.config, args.set)
+        config = _load_config(args.config, overrides)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
-        print(f"sweepflow: invalid configuration:\n{exc}", file=sys.stderr)
-        return 2
-    from sweepflow.flows.config import Settings
+        return _refuse(ValueError(f"invalid configuration:\n{exc}"), args)
+    from sweepflow.flows.config import Settings, resolve_settings, split_credentials
+    from sweepflow.flows.preflight import PreflightError, check_pipeline
 
     settings = Settings.from_env()  # the one read of the environment's settings; passed down from here
-    tracking_uri = config.mlflow.tracking_uri or settings.tracking_uri
-    if tracking_uri:  # a configured server must answer now: before any service, run or trial starts
-        from sweepflow.tasks.tracking.runs import check_tracking_server
-
-        try:
-            check_tracking_server(tracking_uri)
-        except ConnectionError as exc:
-            print(f"sweepflow: {exc}", file=sys.stderr)
-            return 2
+    try:  # the config becomes the flow run's parameters, which Prefect stores: credentials leave it here
+        public, credentials = split_credentials(config, settings)
+    except ValueError as exc:
+        return _refuse(exc, args)
+    # Everything checkable is checked now, before any service, run or trial starts. The thin front process
+    # that hands the run to the warm launcher leaves the training code's import to that process (torch is
+    # already loaded there), which checks everything again before it starts the flow.
+    front = not args.no_server and not args.in_process
+    try:
+        check_pipeline(
+            resolve_settings(config, settings), prefect_api_url=settings.prefect_api_url, imports=not front
+        )
+    except PreflightError as exc:
+        return _refuse(exc, args)
+    config = public
     state_dir = _state_dir(config, settings)
     if not args.no_server:
         config = _use_local_services(config, settings, state_dir, launcher=not args.in_process)
         if not args.in_process:
             from sweepflow.services import launcher
 
-            return launcher.run(state_dir, args.argv, started_at=t0)  # the same command, in a warm child
+            # The same command, in a warm child. The launcher logs the commands it runs and --set values may
+            # hold credentials, so they travel in the environment it hands the child (never logged).
+            argv, skip = [], False
+            for token in args.argv:
+                if not skip and token != "--set" and not token.startswith("--set="):
+                    argv.append(token)
+                skip = token == "--set" and not skip
+            os.environ["SWEEPFLOW_RUN_SET"] = json.dumps(overrides)
+            return launcher.run(state_dir, argv, started_at=t0)
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
+    from sweepflow.tasks.trial import MetricNotReported
 
     t_import = time.time()
-    summary = training_pipeline(config=config)
+    credentials.install()  # for the flow, in this process only
+    try:
+        summary = training_pipeline(config=config)
+    except MetricNotReported as exc:  # found at the first report: the sweep stopped at once
+        return _refuse(exc, args)
     t_end = time.time()
 
     import pandas as pd
@@ -150,7 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"  open {uri}")
     print(f"  experiment {summary['experiment_id']}, parent run {summary['parent_run_id']}")
-    if not args.no_server and os.environ.get("PREFECT_API_URL"):  # set above, to the local server if not given
+    if not args.no_server and os.environ.get(
+        "PREFECT_API_URL"
+    ):  # set above, to the local server if not given
         print(
             f"Prefect UI (flow runs, task runs per trial): {os.environ['PREFECT_API_URL'].removesuffix('/api')}"
         )
@@ -161,22 +196,44 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from sweepflow.flows.config import PipelineConfig, Settings
-    from sweepflow.services.local import ensure_dask, ensure_mlflow, ensure_server, status, stop_server
+    from sweepflow.services import supervisor
+    from sweepflow.services.local import (
+        LOCAL_SERVICES,
+        ensure_dask,
+        ensure_mlflow,
+        ensure_server,
+        stop_server,
+    )
 
     state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir), Settings.from_env())
-    if args.action == "start":
-        print(f"prefect: {ensure_server(state_dir)}")
-        print(f"mlflow: {ensure_mlflow(state_dir)}")
-        print(f"dask: {ensure_dask(state_dir)}")
-    elif args.action == "stop":
-        print("stopped" if stop_server(state_dir) else "no server recorded")
-    else:
-        addresses = status(state_dir)
-        for name, address in addresses.items():
-            print(f"{name}: {address or 'not running'}")
-        return 0 if all(addresses.values()) else 1
-    return 0
+    if args.action == "start":  # each one reused if alive and healthy, (re)started otherwise; in parallel
+        starts = {"prefect": ensure_server, "mlflow": ensure_mlflow, "dask": ensure_dask}
+        with ThreadPoolExecutor(max_workers=len(starts)) as pool:
+            futures = {name: pool.submit(start, state_dir) for name, start in starts.items()}
+            failed = False
+            for name, future in futures.items():
+                try:
+                    print(f"{name}: {future.result()}")
+                except RuntimeError as exc:  # says which service, its command and the end of its log
+                    print(f"sweepflow server: {exc}", file=sys.stderr)
+                    failed = True
+        if failed:
+            print(f"stop what did start with: sweepflow server stop --state-dir {state_dir}", file=sys.stderr)
+        return 1 if failed else 0
+    if args.action == "stop":
+        try:
+            print("stopped" if stop_server(state_dir) else "no server recorded")
+        except RuntimeError as exc:
+            print(f"sweepflow server: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    states = {name: supervisor.describe(state_dir, name) for name in LOCAL_SERVICES}
+    for name, (address, why) in states.items():
+        print(f"{name}: {address or why}")
+    return 0 if all(address for address, _ in states.values()) else 1
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
@@ -187,7 +244,22 @@ def cmd_stack(args: argparse.Namespace) -> int:
     state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(settings.home, settings.stack_dir))
     if args.action == "up":
         try:
-            env = stack.up(state_dir, workers=args.workers)
+            exposure = stack.Exposure(
+                host=args.host,
+                prefect_auth_string=_read_secret_file(args.prefect_auth_file, "--prefect-auth-file"),
+                mlflow_auth=_read_secret_file(args.mlflow_auth_file, "--mlflow-auth-file"),
+                mlflow_allowed_hosts=args.mlflow_allowed_hosts,
+                tls_ca_file=args.tls_ca_file,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                insecure=args.insecure,
+            )
+            exposure.check()
+        except ValueError as exc:  # before anything starts
+            print(f"sweepflow stack: {exc}", file=sys.stderr)
+            return 2
+        try:
+            env = stack.up(state_dir, workers=args.workers, exposure=exposure)
         except RuntimeError as exc:
             print(f"sweepflow stack: {exc}", file=sys.stderr)
             print(f"stop what did start with: sweepflow stack down --state-dir {state_dir}", file=sys.stderr)
@@ -200,7 +272,11 @@ def cmd_stack(args: argparse.Namespace) -> int:
         print(f"Settings:    source {os.path.join(state_dir, 'stack.env')}")
         return 0
     if args.action == "down":
-        stopped = stack.down(state_dir)
+        try:
+            stopped = stack.down(state_dir)
+        except RuntimeError as exc:  # a process that survived SIGKILL: which one, and what to do
+            print(f"sweepflow stack: {exc}", file=sys.stderr)
+            return 1
         print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
         return 0
     if args.action == "env":
@@ -217,12 +293,30 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if args.action == "logs":
         print(stack.logs(state_dir, args.service) or f"no stack logs under {state_dir}")
         return 0
-    states = stack.status(state_dir)
+    from sweepflow.services import supervisor
+
+    states = {name: supervisor.describe(state_dir, name) for name in stack.service_names(state_dir)}
     if not states:
         print(f"no stack services recorded under {state_dir}; start them with `sweepflow stack up`")
-    for name, address in states.items():
-        print(f"{name:16s} {address or 'DOWN'}")
-    return 0 if states and all(states.values()) else 1
+    for name, (address, why) in states.items():
+        print(f"{name:16s} {address or why}")
+    if not all(address for address, _ in states.values()):
+        print(f"`sweepflow stack up --state-dir {state_dir}` (same options as before) restarts what is DOWN")
+    return 0 if states and all(address for address, _ in states.values()) else 1
+
+
+def _read_secret_file(path: str | None, flag: str) -> str | None:
+    """A secret's first line from a file (secrets never go on a command line: `ps` shows it to every user)."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            value = f.readline().strip()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: {exc.strerror}; give a readable file holding the secret") from None
+    if not value:
+        raise ValueError(f"{flag} {path} is empty; put the secret on its first line")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the flow in this process instead of a child of the warm launcher (see infra/services/launcher.py)",
     )
+    run.add_argument("--debug", action="store_true", help="show the traceback behind a refused configuration")
     run.set_defaults(func=cmd_run)
     server = sub.add_parser(
         "server", help="the reusable local Prefect server, MLflow server and Dask cluster"
@@ -260,6 +355,34 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)"
     )
     stack.add_argument("--workers", type=int, default=2, help="Dask workers on a host without GPUs")
+    expose = stack.add_argument_group("exposing the services (up; see README, 'Exposing the services')")
+    expose.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the services bind and advertise (default 127.0.0.1: this machine only); "
+        "health checks and dashboards stay on 127.0.0.1",
+    )
+    expose.add_argument(
+        "--prefect-auth-file",
+        metavar="FILE",
+        help="file holding USER:PASSWORD: Prefect server's PREFECT_SERVER_API_AUTH_STRING, and "
+        "PREFECT_API_AUTH_STRING in stack.env for its clients",
+    )
+    expose.add_argument(
+        "--mlflow-auth-file",
+        metavar="FILE",
+        help="file holding USER:PASSWORD: MLflow's basic-auth app with this admin, and "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD in stack.env",
+    )
+    expose.add_argument("--mlflow-allowed-hosts", metavar="HOSTS", help="mlflow server --allowed-hosts")
+    expose.add_argument("--tls-ca-file", metavar="PEM", help="Dask TLS: CA certificate(s)")
+    expose.add_argument("--tls-cert", metavar="PEM", help="Dask TLS: certificate (services and clients)")
+    expose.add_argument("--tls-key", metavar="PEM", help="Dask TLS: its private key")
+    expose.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a --host other than 127.0.0.1 without Prefect/MLflow auth and Dask TLS (trusted networks only)",
+    )
     stack.set_defaults(func=cmd_stack)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

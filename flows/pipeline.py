@@ -20,9 +20,11 @@ from prefect.runtime import flow_run
 
 import ddp_runtime as train
 from ddp_runtime.cluster import cluster_client, groups_that_fit
-from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings
+from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings, with_credentials
+from sweepflow.flows.preflight import check_pipeline
 from sweepflow.services.local import WORKER_PRELOAD
 from sweepflow.tasks.datasets import PreparedDataset
+from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.download import download_dataset
 from sweepflow.tasks.finalize import evaluate_best, register_best
 from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
@@ -33,7 +35,6 @@ from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.tracking.runs import (
     RunTracker,
     check_direct_writes,
-    check_tracking_server,
     direct_storage_uri,
     flatten,
     public_params,
@@ -44,6 +45,8 @@ from sweepflow.tasks.tracking.runs import (
 def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 - pydantic default
     """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
     cfg = resolve_settings(config, Settings.from_env())  # a deployment's flow run is an entry point too
+    cfg = with_credentials(cfg)  # the CLI's, held in this process: never in Prefect's stored parameters
+    check_pipeline(cfg)  # bad parameters fail here, in seconds, before any run, download or trial exists
     logger = get_run_logger()
     stages = _StageTimer()
     prepared = PreparedDataset.from_dict(download_dataset(cfg.data))
@@ -88,7 +91,7 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
     return {
         "parent_run_id": parent,
         "experiment_id": tracker.experiment_id,
-        "tracking_uri": cfg.mlflow.tracking_uri,
+        "tracking_uri": redact(cfg.mlflow.tracking_uri),  # e.g. a database URI from MLFLOW_TRACKING_URI
         "best_trial": best.to_dict(),
         "failed_trials": [t.trial_id for t in sweep.failed],
         "test_metrics": evaluation["metrics"],
@@ -160,7 +163,6 @@ def build_sweep(
 
 
 def run_tracker(cfg: PipelineConfig) -> RunTracker:
-    check_tracking_server(cfg.mlflow.tracking_uri)  # seconds, not MLflow's minutes of retries, when unreachable
     default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
     return RunTracker(
         cfg.mlflow.tracking_uri,

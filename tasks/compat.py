@@ -76,6 +76,24 @@ def tracking_uri_scope(tracking_uri: str | None) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
+def mlflow_model_name_problem(name: str) -> str | None:
+    """Why MLflow would refuse ``name`` as a registered model name, or None.
+
+    Works around: MLflow checks the name only when a model is registered (after a whole sweep); its rules
+    live in the private ``mlflow.utils.validation._validate_model_name``, which the pre-flight check calls
+    directly. Written for MLflow 3.17. If it breaks: copy its rules (not empty, no '/' or ':', no '..'-style
+    path segments) here.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name
+
+    try:
+        _validate_model_name(name)
+    except MlflowException as exc:
+        return exc.message
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------- Prefect
 
 

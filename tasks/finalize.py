@@ -17,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ddp_runtime import Checkpoint
+from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_env, tracking_auth_scope
 from sweepflow.tasks.tracking.runs import RunTracker
 
 
@@ -63,6 +64,7 @@ def _register_on_worker(
     data_path: str,
     storage_options: dict[str, Any] | None,
     registration_args: dict[str, Any],
+    auth_env: SecretEnv,
 ) -> dict[str, Any]:
     from sweepflow.tasks.datasets import load_split
     from sweepflow.tasks.tracking.registry import log_and_register
@@ -71,7 +73,8 @@ def _register_on_worker(
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         model = load_model_from_checkpoint(local)
     x_test, _ = load_split(data_path, "test")
-    registration = log_and_register(model=model, input_example=x_test[:4].numpy(), **registration_args)
+    with tracking_auth_scope(auth_env):  # the flow's MLflow credentials, for this registration only
+        registration = log_and_register(model=model, input_example=x_test[:4].numpy(), **registration_args)
     return {
         "name": registration.name,
         "version": registration.version,
@@ -101,7 +104,8 @@ def register_best(
     alias ``challenger`` always, ``champion`` only if it beats the current champion on the test metric.
 
     The model is logged from the Dask worker that exports it (the flow process waits meanwhile, so the parent
-    run still has one writer at a time); the worker only needs the tracking URI."""
+    run still has one writer at a time); the worker gets the tracking URI and this process's MLflow credentials
+    (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), which never pass through Prefect."""
     registration_args = {
         "registered_model_name": registered_model_name,
         "run_id": parent_run_id,
@@ -112,6 +116,12 @@ def register_best(
         "extra_tags": tags,
     }
     future = client.submit(
-        _register_on_worker, checkpoint_path, data_path, storage_options, registration_args, pure=False
+        _register_on_worker,
+        checkpoint_path,
+        data_path,
+        storage_options,
+        registration_args,
+        tracking_auth_env(),
+        pure=False,
     )
     return future.result()

@@ -34,9 +34,13 @@ class IndexedDataset(Dataset):
 def ddp_train(config: dict) -> None:
     """2-rank training that records, per rank: sample indices of epoch 0, losses, final parameters' hash."""
     torch.manual_seed(1234 + train.get_context().get_world_rank())  # different init per rank: DDP must sync
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+    model = prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    )
     loader = prepare_data_loader(
-        DataLoader(IndexedDataset(config["n"]), batch_size=16, shuffle=True, num_workers=config.get("num_workers", 0))
+        DataLoader(
+            IndexedDataset(config["n"]), batch_size=16, shuffle=True, num_workers=config.get("num_workers", 0)
+        )
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     ctx = train.get_context()
@@ -78,7 +82,9 @@ def checkpointed_epochs(config: dict) -> None:
     if ckpt is not None:
         with ckpt.as_directory() as d:
             state = torch.load(os.path.join(d, "state.pt"))
-        model.module.load_state_dict(state["model"]) if hasattr(model, "module") else model.load_state_dict(state["model"])
+        model.module.load_state_dict(state["model"]) if hasattr(model, "module") else model.load_state_dict(
+            state["model"]
+        )
         start = state["epoch"] + 1
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(start, config["epochs"]):

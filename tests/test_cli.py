@@ -44,7 +44,9 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
                 records[name] = json.load(f)
         assert f"open {records['mlflow']['address']}" in first.stdout  # the MLflow UI is already serving
 
-        second = _run(state, "sweep.sampler=tpe")  # adaptive: each trial's config proposed from results so far
+        second = _run(
+            state, "sweep.sampler=tpe"
+        )  # adaptive: each trial's config proposed from results so far
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert "(tpe sampler)" in second.stdout + second.stderr
         for name, record in records.items():

@@ -138,7 +138,9 @@ def test_fractional_gpus_let_one_rank_groups_share_a_worker(tmp_path):
         for t in threads:
             t.join(timeout=60)
         a, b = (results[i].metrics_history for i in range(2))
-        assert a[0]["t"] < b[-1]["t"] and b[0]["t"] < a[-1]["t"], "the two half-GPU groups should run together"
+        assert a[0]["t"] < b[-1]["t"] and b[0]["t"] < a[-1]["t"], (
+            "the two half-GPU groups should run together"
+        )
         with pytest.raises(train.InsufficientResourcesError):
             TorchTrainer(
                 report_forever,
@@ -306,9 +308,9 @@ def test_config_errors_say_what_to_fix():
     with pytest.raises(ValueError, match="positive number"):
         train.ScalingConfig(num_workers=1, resources_per_worker={"GPU": -1})
     assert train.ScalingConfig(num_workers=2, use_gpu=True).worker_resources == {"GPU": 1}
-    assert train.ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0.5}).worker_resources == {
-        "GPU": 0.5
-    }
+    assert train.ScalingConfig(
+        num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0.5}
+    ).worker_resources == {"GPU": 0.5}
     with pytest.raises(ValueError, match="'min' or 'max'"):
         train.CheckpointConfig(checkpoint_score_order="best")
     with pytest.raises(RuntimeError, match="inside a training function"):
@@ -346,7 +348,9 @@ def test_a_reservation_ends_on_the_scheduler_when_its_rank_tasks_finish_and_wake
     # All three GPUs are held: another group is busy right now...
     assert gpu3.run_on_scheduler(gang.reserve, "turnover-b", 2, {"GPU": 1.0}, [], 0.0) == ("busy", None)
     futures = [
-        gpu3.submit(_sleep_then_return, 0.5, key=key, workers=[address], allow_other_workers=False, pure=False)
+        gpu3.submit(
+            _sleep_then_return, 0.5, key=key, workers=[address], allow_other_workers=False, pure=False
+        )
         for key, address in zip(keys, addresses, strict=True)
     ]
     # ...and, asked to wait, gets the workers once the first group's ranks have returned (no release call).

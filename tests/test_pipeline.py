@@ -27,7 +27,11 @@ def _config(tmp_path, cluster, tracking_uri, **sections) -> PipelineConfig:
     base = {
         "state_dir": str(tmp_path / "state"),
         "dask": {"scheduler_address": cluster.scheduler.address},
-        "mlflow": {"tracking_uri": tracking_uri, "experiment_name": "e2e", "registered_model_name": "digits-e2e"},
+        "mlflow": {
+            "tracking_uri": tracking_uri,
+            "experiment_name": "e2e",
+            "registered_model_name": "digits-e2e",
+        },
     }
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value}
@@ -94,12 +98,16 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
 
     # Resource accounting: 2 ranks per trial; each child run, the parent and the leaderboard carry it.
     for child in children:
-        assert child.data.metrics["worker_seconds"] == pytest.approx(2 * child.data.metrics["group_seconds"], abs=1e-3)
+        assert child.data.metrics["worker_seconds"] == pytest.approx(
+            2 * child.data.metrics["group_seconds"], abs=1e-3
+        )
         assert child.data.metrics["gpu_seconds"] == 0
     assert parent.data.metrics["worker_seconds"] == pytest.approx(
         sum(c.data.metrics["worker_seconds"] for c in children), abs=1e-2
     )
-    assert summary["usage"]["worker_seconds"] == pytest.approx(parent.data.metrics["worker_seconds"], abs=1e-3)
+    assert summary["usage"]["worker_seconds"] == pytest.approx(
+        parent.data.metrics["worker_seconds"], abs=1e-3
+    )
     assert all(row["worker_s"] > 0 for row in summary["leaderboard"])
 
     # The registered model loads from a process that knows only the tracking URI.
@@ -179,9 +187,13 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
     assert results[1].usage.saved_worker_seconds == 0
     for quality in (2, 3):
         assert results[quality].usage.saved_epochs == 3
-        assert results[quality].usage.saved_worker_seconds == pytest.approx(3 * results[quality].train_time_s, rel=1e-3)
+        assert results[quality].usage.saved_worker_seconds == pytest.approx(
+            3 * results[quality].train_time_s, rel=1e-3
+        )
     totals = sweep.usage()
-    assert totals["worker_seconds"] == pytest.approx(sum(r.usage.worker_seconds for r in sweep.trials), abs=1e-3)
+    assert totals["worker_seconds"] == pytest.approx(
+        sum(r.usage.worker_seconds for r in sweep.trials), abs=1e-3
+    )
     assert totals["saved_worker_seconds"] > 0
     assert sweep.best().trial_id == results[1].trial_id and sweep.best().best == 1.0
 
@@ -189,8 +201,16 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
     for result in sweep.trials:
         rebuilt = TrialResult.from_mlflow(tracker.client, result.run_id, metric="val_accuracy", mode="max")
         assert rebuilt.status is result.status and isinstance(rebuilt.status, TrialStatus)
-        assert (rebuilt.trial_id, rebuilt.index, rebuilt.config) == (result.trial_id, result.index, result.config)
-        assert (rebuilt.epochs, rebuilt.best, rebuilt.best_epoch) == (result.epochs, result.best, result.best_epoch)
+        assert (rebuilt.trial_id, rebuilt.index, rebuilt.config) == (
+            result.trial_id,
+            result.index,
+            result.config,
+        )
+        assert (rebuilt.epochs, rebuilt.best, rebuilt.best_epoch) == (
+            result.epochs,
+            result.best,
+            result.best_epoch,
+        )
         assert rebuilt.best_checkpoint == result.best_checkpoint
         assert rebuilt.usage.saved_epochs == result.usage.saved_epochs
         assert rebuilt.usage.worker_seconds == pytest.approx(result.usage.worker_seconds, abs=1e-3)
@@ -202,7 +222,9 @@ def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
     with pytest.raises(ValueError, match="ranks_per_trial"):
         PipelineConfig.model_validate({"resources": {"ranks_per_trial": 2, "gpus_per_rank": 0.5}})
     with pytest.raises(ValueError, match="loguniform"):
-        PipelineConfig.model_validate({"sweep": {"search_space": {"lr": {"type": "loguniform", "low": 0, "high": 1}}}})
+        PipelineConfig.model_validate(
+            {"sweep": {"search_space": {"lr": {"type": "loguniform", "low": 0, "high": 1}}}}
+        )
     with pytest.raises(ValueError, match="max_t"):
         PipelineConfig.model_validate({"scheduler": {"max_t": 10}, "training": {"epochs": 2}})
     assert os.path.isabs(resolve_settings(PipelineConfig()).state_dir)

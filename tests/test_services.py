@@ -58,6 +58,127 @@ def test_the_stack_keeps_its_s3_secret_off_the_command_line_and_is_found_after_s
     assert spec.env["RCLONE_AUTH_KEY"] == '"KEYID,SECRETVALUE"'
     # stack.env sets SWEEPFLOW_HOME=<stack>/home and SWEEPFLOW_STACK_DIR=<stack>: `infra/stack down` after
     # `source stack.env` must find the stack itself, not <stack>/home/stack.
-    settings = Settings.from_env({"SWEEPFLOW_HOME": str(tmp_path / "home"), "SWEEPFLOW_STACK_DIR": str(tmp_path)})
+    settings = Settings.from_env(
+        {"SWEEPFLOW_HOME": str(tmp_path / "home"), "SWEEPFLOW_STACK_DIR": str(tmp_path)}
+    )
     assert stack.default_state_dir(settings.home, settings.stack_dir) == str(tmp_path)
     assert stack.default_state_dir(str(tmp_path / "h")) == str(tmp_path / "h" / "stack")
+
+
+def _exposed(tmp_path, **overrides):
+    from sweepflow.services import stack
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here")
+    fields = {
+        "host": "198.51.100.7",
+        "prefect_auth_string": "admin:S3CRET-AUTH",
+        "mlflow_auth": "mladmin:ML-S3CRET",
+        "tls_ca_file": str(ca),
+        "tls_cert": str(ca),
+        "tls_key": str(ca),
+    }
+    return stack.Exposure(**{**fields, **overrides})
+
+
+def test_the_stack_binds_loopback_by_default_and_its_internal_endpoints_always(tmp_path, monkeypatch):
+    from sweepflow.services import stack
+
+    monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)  # 198.51.100.7 is not ours
+
+    scheduler = stack.dask_scheduler_spec()
+    assert scheduler.argv[scheduler.argv.index("--host") + 1] == "127.0.0.1"
+    assert scheduler.address.startswith("tcp://127.0.0.1:")
+    exposed = _exposed(tmp_path)
+    scheduler = stack.dask_scheduler_spec(exposed, secret="k")
+    assert scheduler.argv[scheduler.argv.index("--host") + 1] == "198.51.100.7"
+    assert scheduler.address.startswith("tls://198.51.100.7:")
+    assert {"--tls-ca-file", "--tls-cert", "--tls-key"} <= set(scheduler.argv)
+    # Its HTTP server (dashboard, health, JSON: no authentication) stays on loopback.
+    assert scheduler.argv[scheduler.argv.index("--dashboard-address") + 1].startswith("127.0.0.1:")
+    env = {"SWEEPFLOW_HOME": str(tmp_path)}
+    worker = stack.dask_worker_spec(
+        0, scheduler.address, "http://127.0.0.1:1/x", env, None, exposed, secret="k"
+    )
+    assert worker.argv[worker.argv.index("--host") + 1] == "198.51.100.7"
+    assert worker.argv[worker.argv.index("--dashboard-address") + 1] == "127.0.0.1:0"
+    assert "--tls-key" in worker.argv
+    prefect_worker = stack.prefect_worker_spec(env, str(tmp_path))
+    assert prefect_worker.env["PREFECT_WORKER_WEBSERVER_HOST"] == "127.0.0.1"
+    s3 = stack.s3_spec(str(tmp_path), "K", "S", "198.51.100.7")
+    assert s3.argv[s3.argv.index("--addr") + 1].startswith("198.51.100.7:")
+    client = stack.dask_client_env(exposed)
+    assert client["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] == str(tmp_path / "ca.pem")
+
+
+def test_exposing_the_stack_is_refused_before_anything_starts_without_auth_and_tls(tmp_path, monkeypatch):
+    import pytest
+
+    from sweepflow.services import stack
+
+    stack.Exposure().check()  # loopback: nothing needed
+    with pytest.raises(ValueError, match="cannot listen there"):
+        _exposed(tmp_path).check()  # 198.51.100.7 (TEST-NET-2) is no address of this machine
+    monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)
+    _exposed(tmp_path).check()  # complete: accepted
+    with pytest.raises(ValueError, match="--prefect-auth-file"):
+        _exposed(tmp_path, prefect_auth_string=None).check()
+    with pytest.raises(ValueError, match="--mlflow-auth-file"):
+        _exposed(tmp_path, mlflow_auth=None).check()
+    with pytest.raises(ValueError, match="Dask TLS"):
+        _exposed(tmp_path, tls_ca_file=None, tls_cert=None, tls_key=None).check()
+    none = {"prefect_auth_string": None, "mlflow_auth": None, "tls_ca_file": None, "tls_cert": None}
+    _exposed(tmp_path, **none, tls_key=None, insecure=True).check()
+    with pytest.raises(ValueError, match="together"):
+        _exposed(tmp_path, tls_key=None).check()
+    with pytest.raises(ValueError, match="no such file"):
+        _exposed(tmp_path, tls_cert=str(tmp_path / "missing.pem")).check()
+    with pytest.raises(ValueError, match="wildcard"):
+        _exposed(tmp_path, host="0.0.0.0").check()
+    with pytest.raises(ValueError, match="USER:PASSWORD"):
+        _exposed(tmp_path, prefect_auth_string="nocolon").check()
+    # `sweepflow stack up` says so and exits 2, before starting anything.
+    from sweepflow.flows.cli import main
+
+    state = tmp_path / "never"
+    assert main(["stack", "up", "--state-dir", str(state), "--host", "198.51.100.7"]) == 2
+    assert not state.exists()
+
+
+def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_path, monkeypatch):
+    """`up` with Prefect's auth string and MLflow's admin, its services replaced by recorders: the servers' env
+    has them, stack.env (mode 0600) has the clients' settings, no argv, record key or other file has them."""
+    from sweepflow.services import stack
+
+    started: list[services.ServiceSpec] = []
+
+    def fake_ensure(state_dir, spec):
+        started.append(spec)
+        return spec.address or f"http://127.0.0.1:1/{spec.name}"
+
+    monkeypatch.setattr(services, "ensure", fake_ensure)
+    monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)
+    monkeypatch.setattr(stack, "_ensure_bucket", lambda env: None)
+    monkeypatch.setattr(stack, "scheduler_http", lambda state_dir, path: f"http://127.0.0.1:1{path}")
+    env = stack.up(str(tmp_path), workers=1, exposure=_exposed(tmp_path))
+    by_name = {spec.name: spec for spec in started}
+    assert by_name["prefect-server"].env["PREFECT_SERVER_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
+    assert by_name["prefect-worker"].env["PREFECT_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
+    assert env["PREFECT_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
+    assert stack.read_env(str(tmp_path))["PREFECT_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
+    assert os.stat(tmp_path / "stack.env").st_mode & 0o077 == 0
+    mlflow = by_name["mlflow"]
+    assert mlflow.argv[mlflow.argv.index("--app-name") + 1] == "basic-auth"
+    assert mlflow.env["MLFLOW_AUTH_ADMIN_PASSWORD"] == "ML-S3CRET"
+    with open(mlflow.env["MLFLOW_AUTH_CONFIG_PATH"]) as f:
+        assert "mlflow-auth.db" in f.read()
+    assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ("mladmin", "ML-S3CRET")
+    for secret in ("S3CRET-AUTH", "ML-S3CRET"):
+        for spec in started:
+            assert not any(secret in arg for arg in spec.argv), spec.name
+            assert secret not in str(spec.code_key)
+        for root, _, files in os.walk(tmp_path):
+            for name in files:
+                if name != "stack.env":
+                    with open(os.path.join(root, name), "rb") as f:
+                        assert secret.encode() not in f.read(), name

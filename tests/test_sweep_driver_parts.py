@@ -37,7 +37,9 @@ def test_list_samplers_ask_what_generate_plans_then_are_exhausted():
     asked = _ask_all(random)
     assert [n for n, _ in asked] == list(range(6))
     assert [c for _, c in asked] == RandomSampler(SPACE, seed=7).generate(3)  # same seed, same sequence
-    grid = make_sampler("grid", {"bs": {"type": "choice", "values": [16, 32]}, "k": 3}, num_samples=2, seed=0, mode="max")
+    grid = make_sampler(
+        "grid", {"bs": {"type": "choice", "values": [16, 32]}, "k": 3}, num_samples=2, seed=0, mode="max"
+    )
     assert isinstance(grid, GridSampler) and grid.total == 4
     assert [c for _, c in _ask_all(grid)] == [{"bs": 16, "k": 3}, {"bs": 32, "k": 3}] * 2
     grid.tell(0, 1.0)  # results are accepted and ignored by list samplers
@@ -97,7 +99,16 @@ def test_sweep_result_picks_the_best_reached_value_and_totals_the_resources():
     trials = (
         _trial(0, TrialStatus.COMPLETED, 0.80, ranks=2, gpus_per_rank=1, group_seconds=10.0),
         # stopped early, but it reached the best value: it is selectable (Ray: scope="all")
-        _trial(1, TrialStatus.STOPPED, 0.90, ranks=2, gpus_per_rank=1, group_seconds=4.0, saved_epochs=2, epoch_seconds=1.5),
+        _trial(
+            1,
+            TrialStatus.STOPPED,
+            0.90,
+            ranks=2,
+            gpus_per_rank=1,
+            group_seconds=4.0,
+            saved_epochs=2,
+            epoch_seconds=1.5,
+        ),
         _trial(2, TrialStatus.FAILED, 0.99, ranks=2, gpus_per_rank=1, group_seconds=1.0),
     )
     sweep = SweepResult(trials, metric="val_accuracy", mode="max")
@@ -116,7 +127,12 @@ def test_sweep_result_picks_the_best_reached_value_and_totals_the_resources():
 
 
 def test_best_of_skips_non_finite_values_and_names_the_epoch():
-    history = [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": float("nan")}, {"epoch": 3, "loss": 0.2}, {"epoch": 4}]
+    history = [
+        {"epoch": 1, "loss": 0.5},
+        {"epoch": 2, "loss": float("nan")},
+        {"epoch": 3, "loss": 0.2},
+        {"epoch": 4},
+    ]
     assert best_of(history, "loss", "min") == (0.2, 3)
     assert best_of(history, "loss", "max") == (0.5, 1)
     assert best_of([], "loss", "min") == (None, None)

@@ -100,7 +100,9 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
         assert flow_run.state.is_completed()
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-        task_runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        task_runs = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
     assert sorted(t.name.split("-")[0] for t in task_runs) == ["trial_0000", "trial_0001", "trial_0002"]
 
 
@@ -194,7 +196,9 @@ def test_distributed_trainable_creator_runs_ddp_trials_and_rank0_checkpoints(ser
     with open(os.path.join(best.checkpoint.value, "rank")) as f:
         assert f.read() == "0"  # rank 0's directory is the checkpoint; the others were thrown away
     with pytest.raises(ValueError, match="resources_per_trial=None"):
-        tune.run(DistributedTrainableCreator(ddp_classic, num_workers=2), config={}, resources_per_trial={"cpu": 1})
+        tune.run(
+            DistributedTrainableCreator(ddp_classic, num_workers=2), config={}, resources_per_trial={"cpu": 1}
+        )
 
 
 def test_optuna_search_proposes_configs_from_results(services):

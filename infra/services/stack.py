@@ -1,6 +1,7 @@
-"""The full sweepflow stack on one machine, every service on 127.0.0.1, all state under one directory.
+"""The full sweepflow stack on one machine, every service on 127.0.0.1 (``--host`` to expose it), all state
+under one directory.
 
-    sweepflow stack up [--workers N] [--state-dir DIR]   # or: infra/stack up
+    sweepflow stack up [--workers N] [--state-dir DIR] [--host HOST ...]   # or: infra/stack up
     sweepflow stack status | env | logs [SERVICE] | down
 
 Services (each a background process; see ``sweepflow.services.supervisor``), started in dependency order:
@@ -18,10 +19,27 @@ Services (each a background process; see ``sweepflow.services.supervisor``), sta
 
 ``<dir>/stack.env`` holds those settings as ``export`` lines (``sweepflow stack env``), so a shell, the
 Prefect worker, the Dask workers and ``sweepflow run`` are all configured once, the same way.
+
+Exposure (``Exposure``): the services that other machines need (S3, MLflow, Prefect API, Dask scheduler and
+workers) bind ``host``; health endpoints, the Dask dashboards and the Prefect worker's health server stay on
+127.0.0.1. Authentication is passed through: Prefect's API auth string (server env, and ``stack.env`` for its
+clients: never argv or logs), MLflow's basic-auth app (admin from the server's env, clients'
+``MLFLOW_TRACKING_USERNAME/PASSWORD`` in ``stack.env``) and ``--allowed-hosts``, Dask TLS (scheduler, workers,
+and the clients' Dask config in ``stack.env``). A host other than 127.0.0.1 without Prefect auth, MLflow auth
+and Dask TLS is refused before anything starts, unless ``insecure``.
+
+Each service's record carries a key of the settings it was started with (addresses of the services it uses,
+host, authentication): ``up`` restarts a dead service, and then also the services that depend on its (new)
+address, and leaves every live, matching service alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import hmac
+import ipaddress
+import json
 import os
 import secrets
 import shlex
@@ -44,7 +62,98 @@ S3, MLFLOW, PREFECT_SERVER, PREFECT_WORKER, DASK_SCHEDULER = (
     "dask-scheduler",
 )
 WORKER_PREFIX = "dask-worker-"
-HOST = "127.0.0.1"
+HOST = services.LOOPBACK  # the default bind address of every service
+# Internal endpoints (health checks, Dask dashboards, the Prefect worker's health server) stay here always.
+INTERNAL = services.LOOPBACK
+
+
+@dataclasses.dataclass(frozen=True)
+class Exposure:
+    """Where the stack's services listen and how they authenticate their clients (see the module doc)."""
+
+    host: str = HOST
+    prefect_auth_string: str | None = dataclasses.field(default=None, repr=False)  # "user:password"
+    mlflow_auth: str | None = dataclasses.field(default=None, repr=False)  # "user:password": basic-auth app
+    mlflow_allowed_hosts: str | None = None  # mlflow server --allowed-hosts (Host header check)
+    tls_ca_file: str | None = None  # Dask TLS: all three or none
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    insecure: bool = False  # accept a non-loopback host without Prefect auth / Dask TLS
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_ca_file is not None
+
+    def check(self) -> None:
+        """Refuse a configuration that cannot work or would expose the services unprotected (ValueError)."""
+        if self.host in ("", "0.0.0.0", "::", "*"):
+            raise ValueError(
+                f"--host {self.host!r} is a wildcard, but the stack also gives this address to its clients "
+                "(stack.env, Dask's advertised addresses): pass this machine's address that the other machines "
+                "reach, e.g. --host \"$(hostname -I | cut -d' ' -f1)\""
+            )
+        try:
+            services.free_port(self.host)
+        except OSError as exc:
+            raise ValueError(
+                f"--host {self.host}: cannot listen there ({exc.strerror}); give an address of this machine "
+                "(`hostname -I` lists them)"
+            ) from None
+        tls_files = {
+            "--tls-ca-file": self.tls_ca_file,
+            "--tls-cert": self.tls_cert,
+            "--tls-key": self.tls_key,
+        }
+        given = [flag for flag, path in tls_files.items() if path]
+        if given and len(given) != len(tls_files):
+            missing = sorted(set(tls_files) - set(given))
+            raise ValueError(
+                f"Dask TLS needs --tls-ca-file, --tls-cert and --tls-key together; add {missing}"
+            )
+        for flag, path in tls_files.items():
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{flag} {path}: no such file; give the PEM file's path")
+        for flag, value in [
+            ("--prefect-auth-file", self.prefect_auth_string),
+            ("--mlflow-auth-file", self.mlflow_auth),
+        ]:
+            if value is not None and ":" not in value:
+                raise ValueError(f"the {flag} file must hold USER:PASSWORD on its first line")
+        if not is_loopback(self.host) and not self.insecure:
+            missing = [
+                what
+                for what, ok in [
+                    ("--prefect-auth-file FILE (Prefect API basic auth)", self.prefect_auth_string),
+                    ("--mlflow-auth-file FILE (MLflow's basic-auth app)", self.mlflow_auth),
+                    ("--tls-ca-file/--tls-cert/--tls-key (Dask TLS)", self.tls),
+                ]
+                if not ok
+            ]
+            if missing:
+                raise ValueError(
+                    f"--host {self.host} makes the services reachable from other machines, but without "
+                    f"{' and '.join(missing)} anyone who reaches them can run code on this machine; add "
+                    "them (see README, 'Exposing the services'), or pass --insecure on a trusted network"
+                )
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it goes into a URL (IPv6 literals in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _key(secret: str, **parts: Any) -> str:
+    """A service's settings key (see the module doc). An HMAC under the state dir's S3 secret, because the
+    parts may include the Prefect auth string and the key is stored in the service's record."""
+    message = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:16]
 
 
 def default_state_dir(home: str, stack_dir: str | None = None) -> str:
@@ -110,8 +219,8 @@ def _write_env(state_dir: str, env: dict[str, str]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def s3_spec(state_dir: str, key: str, secret: str) -> ServiceSpec:
-    port = services.free_port(HOST)
+def s3_spec(state_dir: str, key: str, secret: str, host: str = HOST) -> ServiceSpec:
+    port = services.free_port(host)
     data = os.path.join(state_dir, "s3")
     os.makedirs(data, exist_ok=True)
     return ServiceSpec(
@@ -121,16 +230,17 @@ def s3_spec(state_dir: str, key: str, secret: str) -> ServiceSpec:
             "serve",
             "s3",
             "--addr",
-            f"{HOST}:{port}",
+            f"{_url_host(host)}:{port}",
             "--config",
             "/dev/null",  # no rclone.conf needed: the backend is the local directory below
             data,
         ],
-        health={"kind": "tcp", "address": f"{HOST}:{port}"},
-        address=f"http://{HOST}:{port}",
+        health={"kind": "tcp", "address": f"{_url_host(host)}:{port}"},
+        address=f"http://{_url_host(host)}:{port}",
         # The key pair goes through the environment, never argv (readable by every local user through `ps`):
         # rclone reads any flag from RCLONE_<FLAG>, a list flag's value as CSV, hence the quoted pair.
         env={"RCLONE_AUTH_KEY": f'"{key},{secret}"'},
+        code_key=_key(secret, host=host),
     )
 
 
@@ -146,27 +256,79 @@ def _ensure_bucket(s3_env: dict[str, str]) -> None:
         fs.mkdir(BUCKET)
 
 
-def dask_scheduler_spec() -> ServiceSpec:
-    port, http_port = services.free_port(HOST), services.free_port(HOST)
+def _tls_args(exposure: Exposure) -> list[str]:
+    if not exposure.tls:
+        return []
+    return ["--protocol", "tls", "--tls-ca-file", exposure.tls_ca_file, "--tls-cert", exposure.tls_cert,
+            "--tls-key", exposure.tls_key]  # fmt: skip
+
+
+def dask_client_env(exposure: Exposure) -> dict[str, str]:
+    """Dask configuration (``DASK_*`` variables) for clients of a TLS scheduler: the CA, and the certificate and
+    key they present (the workers' own; give clients their own pair in production)."""
+    if not exposure.tls:
+        return {}
+    return {
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": os.path.abspath(exposure.tls_ca_file),
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": os.path.abspath(exposure.tls_cert),
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": os.path.abspath(exposure.tls_key),
+    }
+
+
+def _mlflow_auth(state_dir: str, auth: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """MLflow's basic-auth app: (the server's env, its clients' env). The admin user is created from these on
+    the first start (MLflow ignores them once it exists); users live in ``<state_dir>/mlflow-auth.db``."""
+    if not auth:
+        return {}, {}
+    user, _, password = auth.partition(":")
+    config = os.path.join(state_dir, "mlflow-auth.ini")
+    fd = os.open(config + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:  # MLflow's basic_auth.ini with the user database under the state dir
+        f.write(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{os.path.join(state_dir, 'mlflow-auth.db')}\n"
+            f"admin_username = {user}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+    os.replace(config + ".tmp", config)
+    server = {"MLFLOW_AUTH_CONFIG_PATH": config, "MLFLOW_AUTH_ADMIN_USERNAME": user,
+              "MLFLOW_AUTH_ADMIN_PASSWORD": password}  # fmt: skip
+    return server, {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+
+
+def dask_scheduler_spec(exposure: Exposure = Exposure(), *, secret: str = "") -> ServiceSpec:
+    port, http_port = services.free_port(exposure.host), services.free_port(INTERNAL)
+    scheme = "tls" if exposure.tls else "tcp"
     return ServiceSpec(
         name=DASK_SCHEDULER,
         argv=[
             venv_executable("dask"),
             "scheduler",
             "--host",
-            HOST,
+            exposure.host,
             "--port",
             str(port),
+            *_tls_args(exposure),
+            # The HTTP server (health, JSON, dashboard) stays internal: it has no authentication.
             "--dashboard-address",
-            f"{HOST}:{http_port}",
+            f"{INTERNAL}:{http_port}",
         ],
-        health={"kind": "http", "url": f"http://{HOST}:{http_port}/health"},
-        address=f"tcp://{HOST}:{port}",
+        health={"kind": "http", "url": f"http://{INTERNAL}:{http_port}/health"},
+        address=f"{scheme}://{_url_host(exposure.host)}:{port}",
+        code_key=_key(secret, host=exposure.host, tls=_tls_args(exposure)),
     )
 
 
 def dask_worker_spec(
-    index: int, scheduler: str, identity_url: str, env: dict[str, str], gpu: int | None
+    index: int,
+    scheduler: str,
+    identity_url: str,
+    env: dict[str, str],
+    gpu: int | None,
+    exposure: Exposure = Exposure(),
+    *,
+    secret: str = "",
 ) -> ServiceSpec:
     name = f"{WORKER_PREFIX}{index}"
     worker_env = {
@@ -194,21 +356,25 @@ def dask_worker_spec(
             "ddp_runtime._preload",
             "--preload",
             WORKER_PRELOAD,
-            "--host",
-            HOST,
+            "--host",  # the worker's and its nanny's listen address
+            exposure.host,
+            *_tls_args(exposure),
             "--dashboard-address",
-            f"{HOST}:0",
+            f"{INTERNAL}:0",
             "--local-directory",
             os.path.join(env["SWEEPFLOW_HOME"], "dask-worker-space"),
         ],
         health={"kind": "dask_worker", "identity_url": identity_url, "name": name},
         address=name,
         env=worker_env,
+        code_key=_key(
+            secret, scheduler=scheduler, env=worker_env, host=exposure.host, tls=_tls_args(exposure)
+        ),
     )
 
 
-def prefect_worker_spec(env: dict[str, str], prefect_home: str) -> ServiceSpec:
-    port = services.free_port(HOST)
+def prefect_worker_spec(env: dict[str, str], prefect_home: str, *, secret: str = "") -> ServiceSpec:
+    port = services.free_port(INTERNAL)
     return ServiceSpec(
         name=PREFECT_WORKER,
         argv=[
@@ -223,25 +389,29 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str) -> ServiceSpec:
             "sweepflow-stack-worker",
             "--with-healthcheck",
         ],
-        health={"kind": "http", "url": f"http://{HOST}:{port}/health"},
+        health={"kind": "http", "url": f"http://{INTERNAL}:{port}/health"},
         address=WORK_POOL,
+        code_key=_key(secret, env=env),
         env={
             **env,
             "PREFECT_HOME": prefect_home,
-            "PREFECT_WORKER_WEBSERVER_HOST": HOST,
+            "PREFECT_WORKER_WEBSERVER_HOST": INTERNAL,  # its health server only: it needs no other listener
             "PREFECT_WORKER_WEBSERVER_PORT": str(port),
             "PREFECT_WORKER_QUERY_SECONDS": "2",  # pick up runs within ~2 s (default 10)
         },
     )
 
 
-def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
-    """Start (or reuse) every service; returns the settings clients need (also written to stack.env)."""
+def up(state_dir: str, *, workers: int = 2, exposure: Exposure = Exposure()) -> dict[str, str]:
+    """Start (or reuse) every service; returns the settings clients need (also written to stack.env).
+    Raises ValueError, before starting anything, for an ``exposure`` that ``Exposure.check`` refuses."""
+    exposure.check()
     state_dir = os.path.abspath(state_dir)
     os.makedirs(state_dir, exist_ok=True)
     key, secret = _credentials(state_dir)
+    host = exposure.host
 
-    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret))
+    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret, host))
     s3_env = _s3_env(endpoint, key, secret)
     _ensure_bucket(s3_env)
     storage = f"s3://{BUCKET}"
@@ -250,15 +420,35 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
         backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}",
         artifacts=f"{storage}/mlflow",
         proxy_artifacts=True,
+        host=host,
         env=s3_env,
+    )
+    allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
+    mlflow_auth_env, mlflow_client_env = _mlflow_auth(state_dir, exposure.mlflow_auth)
+    mlflow = dataclasses.replace(
+        mlflow,
+        argv=[*mlflow.argv, *allowed, *(["--app-name", "basic-auth"] if exposure.mlflow_auth else [])],
+        env={**mlflow.env, **mlflow_auth_env},
+        code_key=_key(secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env),
+    )
+    prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host)
+    auth = (
+        {"PREFECT_SERVER_API_AUTH_STRING": exposure.prefect_auth_string}
+        if exposure.prefect_auth_string
+        else {}
+    )
+    prefect_server = dataclasses.replace(
+        prefect_server,
+        env={**prefect_server.env, **auth},  # the environment, never argv: argv is readable through `ps`
+        code_key=_key(secret, host=host, auth=auth),
     )
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {
             name: pool.submit(services.ensure, state_dir, spec)
             for name, spec in [
                 (MLFLOW, mlflow),
-                (PREFECT_SERVER, prefect_server_spec(state_dir, name=PREFECT_SERVER)),
-                (DASK_SCHEDULER, dask_scheduler_spec()),
+                (PREFECT_SERVER, prefect_server),
+                (DASK_SCHEDULER, dask_scheduler_spec(exposure, secret=secret)),
             ]
         }
         addresses = {name: future.result() for name, future in futures.items()}
@@ -272,7 +462,11 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
         # So that `infra/stack down|status` after `source stack.env` finds this stack (not <SWEEPFLOW_HOME>/stack).
         "SWEEPFLOW_STACK_DIR": state_dir,
         **s3_env,
+        **dask_client_env(exposure),
+        **mlflow_client_env,
     }
+    if exposure.prefect_auth_string:
+        env["PREFECT_API_AUTH_STRING"] = exposure.prefect_auth_string  # stack.env is mode 0600
     os.makedirs(env["SWEEPFLOW_HOME"], exist_ok=True)
     _write_env(state_dir, env)
 
@@ -280,10 +474,15 @@ def up(state_dir: str, *, workers: int = 2) -> dict[str, str]:
     gpus = gpu_count()
     n_workers = gpus or workers
     specs = [
-        dask_worker_spec(i, env["DASK_SCHEDULER_ADDRESS"], identity_url, env, i if gpus else None)
+        dask_worker_spec(
+            i, env["DASK_SCHEDULER_ADDRESS"], identity_url, env, i if gpus else None, exposure, secret=secret
+        )
         for i in range(n_workers)
     ]
-    specs.append(prefect_worker_spec(env, os.path.join(state_dir, "prefect-worker")))
+    specs.append(prefect_worker_spec(env, os.path.join(state_dir, "prefect-worker"), secret=secret))
+    for name in service_names(state_dir):  # workers beyond this `up`'s count (an earlier --workers N)
+        if name.startswith(WORKER_PREFIX) and name not in {spec.name for spec in specs}:
+            services.stop(state_dir, name)
     with ThreadPoolExecutor(max_workers=len(specs)) as pool:
         for future in [pool.submit(services.ensure, state_dir, spec) for spec in specs]:
             future.result()
@@ -309,6 +508,7 @@ def service_names(state_dir: str) -> list[str]:
 
 
 def status(state_dir: str) -> dict[str, Any]:
+    """Each recorded service's address, or None if it is dead (its process gone) or not answering."""
     return {name: services.running(state_dir, name) for name in service_names(state_dir)}
 
 

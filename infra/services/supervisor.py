@@ -5,8 +5,16 @@ Used by ``sweepflow run`` (a local Prefect server, MLflow server and Dask cluste
 
 Each service is a process started in its own session (so it outlives the command that started it and can be
 stopped as a group), logging to ``<state_dir>/logs/<name>.log``. Once its health probe passes, a record
-``<state_dir>/services/<name>.json`` keeps its address, pid, log and probe, so any later command can tell
-whether it is still up without knowing how it was started.
+``<state_dir>/services/<name>.json`` keeps its address, pid (and the pid's start time), log and probe, so any
+later command can tell whether it is still up without knowing how it was started: up means the recorded process
+is alive (the same process, not a reused pid) *and* its probe passes.
+
+Stopping a service ends every process of it, including those that left its process group: each service
+starts with a unique ``SWEEPFLOW_SERVICE_ID`` in its environment, which its descendants inherit (a Prefect
+worker's flow-run processes start their own sessions; Dask workers and DataLoaders fork and spawn), so
+``stop`` finds, besides the recorded process group and session and the recorded pid's descendants, every
+process carrying that id, even one re-parented to init. (Only a process that both leaves the session and
+replaces its whole environment, then outlives its parent, could escape; that needs a cgroup to catch.)
 """
 
 from __future__ import annotations
@@ -22,17 +30,22 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil  # a dependency of distributed
 
 from sweepflow.tasks.compat import dask_identity_has_worker
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
+LOOPBACK = "127.0.0.1"  # every service binds here unless its caller asks for another address
+SERVICE_ID_ENV = "SWEEPFLOW_SERVICE_ID"  # inherited by all of a service's processes: see stop()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -171,10 +184,46 @@ def read_record(state_dir: str, name: str) -> dict[str, Any] | None:
         return None
 
 
-def running(state_dir: str, name: str) -> str | None:
-    """The service's address if its record exists and its probe passes."""
+def _started_at(pid: int) -> float | None:
+    """The process's start time (seconds since the epoch), None if there is no such live process."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process.create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _same_process(started: float | None, recorded_start: float | None) -> bool:
+    # create_time comes from the kernel's start time in clock ticks: equal for the same process, and a
+    # reused pid starts later. Records without it (older versions) only check that the pid exists.
+    return started is not None and (recorded_start is None or abs(started - recorded_start) < 0.05)
+
+
+def alive(record: Mapping[str, Any]) -> bool:
+    """Whether the record's process is still running (and is the process that was recorded)."""
+    return _same_process(_started_at(int(record["pid"])), record.get("started"))
+
+
+def describe(state_dir: str, name: str) -> tuple[str | None, str]:
+    """(address, "up") for a live service; (None, why) otherwise: not started, its process gone, or alive
+    but not answering its health check."""
     record = read_record(state_dir, name)
     if record is None:
+        return None, "not started"
+    if not alive(record):
+        return None, f"DOWN (its process {record['pid']} is gone)"
+    if not probe(record["health"]):
+        return None, f"DOWN (process {record['pid']} does not answer its health check)"
+    return record["address"], "up"
+
+
+def running(state_dir: str, name: str) -> str | None:
+    """The service's address if its record exists, its recorded process is alive and its probe passes;
+    None for a service that is dead (process gone), hung (alive but not answering) or not recorded."""
+    record = read_record(state_dir, name)
+    if record is None or not alive(record):
         return None
     return record["address"] if probe(record["health"]) else None
 
@@ -189,23 +238,25 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
         return address
     if read_record(state_dir, spec.name):
         stop(state_dir, spec.name)  # recorded but unhealthy: do not leave a half-dead process behind
-    os.makedirs(os.path.join(state_dir, "services"), exist_ok=True)
-    os.makedirs(os.path.join(state_dir, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(state_dir, "services"), mode=0o700, exist_ok=True)
+    os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
     if spec.ready_file and os.path.exists(spec.ready_file):
         os.remove(spec.ready_file)
     log = log_path(state_dir, spec.name)
+    service_id = uuid.uuid4().hex
     with open(log, "ab") as out:
         out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(spec.argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(
             list(spec.argv),
-            env={**os.environ, **spec.env},
+            env={**os.environ, **spec.env, SERVICE_ID_ENV: service_id},
             cwd=spec.cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: outlives this command, stopped as a group
         )
+    started = _started_at(proc.pid)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         address, health = spec.address, dict(spec.health)
@@ -219,6 +270,8 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
                     {
                         "address": address,
                         "pid": proc.pid,
+                        "started": started,
+                        "service_id": service_id,
                         "log": log,
                         "health": health,
                         "argv": list(spec.argv),
@@ -230,42 +283,105 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
         if proc.poll() is not None:
             break
         time.sleep(0.1)
-    _terminate_group(proc.pid)
+    terminate(proc.pid, started=started, service_id=service_id)
+    proc.wait()
     raise RuntimeError(
         f"the {spec.name} service did not become healthy within {START_TIMEOUT_S:.0f} s "
         f"(command: {' '.join(spec.argv)}). The end of its log ({log}):\n{tail(log)}"
     )
 
 
-def _terminate_group(pid: int) -> None:
-    """SIGTERM the process group, wait, then SIGKILL what is left."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
+def _leader_is_ours(pid: int, started: float | None) -> bool:
+    """Whether processes in process group / session ``pid`` belong to the recorded service. The kernel does
+    not hand out a pid again while a group or session of that number has members, so with the leader gone its
+    members are ours; with a live process of that pid, it must be the recorded one (not a reuse)."""
+    current = _started_at(pid)
+    return current is None or _same_process(current, started)
+
+
+def processes_of(
+    pid: int, *, started: float | None = None, service_id: str | None = None
+) -> list[psutil.Process]:
+    """Every live process of a service: its process group and session ``pid`` (it was started as their
+    leader), the processes carrying its ``SWEEPFLOW_SERVICE_ID`` (wherever they were re-parented), and all
+    their descendants. Never this process or its ancestors."""
+    spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    group_is_ours = _leader_is_ours(pid, started)
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["environ", "status"]):  # environ: None where access is denied
+        if process.pid in spared or process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        try:  # reap it if it is our child, so it does not linger as a zombie
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass  # not our child: its own parent (init) reaps it
-        time.sleep(0.1)
+            in_group = group_is_ours and pid in (os.getpgid(process.pid), os.getsid(process.pid))
+        except OSError:  # it exited meanwhile
+            continue
+        tagged = service_id is not None and (process.info["environ"] or {}).get(SERVICE_ID_ENV) == service_id
+        if in_group or tagged:
+            found[process.pid] = process
+    for process in list(found.values()):
+        try:
+            found.update((child.pid, child) for child in process.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return [p for pid_, p in sorted(found.items()) if pid_ not in spared]
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:  # reap it if it is our child (a service that failed to start), so it does not linger as a zombie
+        os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: its parent (or init) reaps it
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(processes: Sequence[psutil.Process], timeout: float) -> None:
+    """Wait until every process has exited (a zombie counts as exited) or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while not all(_gone(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _signal_all(processes: Sequence[psutil.Process], signum: int) -> None:
+    for process in processes:
+        try:
+            process.send_signal(signum)
+        except psutil.NoSuchProcess:
+            continue
+
+
+def terminate(pid: int, *, started: float | None = None, service_id: str | None = None) -> None:
+    """End every process of a service (see ``processes_of``): SIGTERM to its process group first (its
+    own orderly shutdown: a Dask nanny closes its worker, a server its workers), then SIGTERM to whatever of
+    it is left, wherever it went, and SIGKILL after ``STOP_TIMEOUT_S``; again until nothing of it is left."""
+    if _leader_is_ours(pid, started):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # the group is already gone; escaped processes are handled below
+        _wait_gone(processes_of(pid, started=started), STOP_TIMEOUT_S)
+    for signum in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
+        left = processes_of(pid, started=started, service_id=service_id)
+        if not left:
+            return
+        _signal_all(left, signum)
+        _wait_gone(left, STOP_TIMEOUT_S)
+    left = processes_of(pid, started=started, service_id=service_id)
+    if left:
+        raise RuntimeError(
+            f"could not stop processes {[p.pid for p in left]} of a service (pid {pid}) even with SIGKILL; "
+            "they are probably in uninterruptible I/O: check `ps -o pid,stat,cmd -p PID` and end them by hand"
+        )
 
 
 def stop(state_dir: str, name: str) -> bool:
-    """Stop a recorded service (its whole process group); False if there was no record."""
+    """Stop a recorded service, every process of it (see ``terminate``); False if there was no record."""
     record = read_record(state_dir, name)
     if record is None:
         return False
-    _terminate_group(int(record["pid"]))
+    terminate(int(record["pid"]), started=record.get("started"), service_id=record.get("service_id"))
     os.remove(_record_path(state_dir, name))
     return True
 

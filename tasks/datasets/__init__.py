@@ -22,7 +22,7 @@ environment (``cache_dir`` and ``staging_dir`` come from the entry point), and i
 ``load_split``.
 """
 
-from .config import DATASETS, PREPARED_FORMAT_VERSION, DataConfig, DatasetSpec
+from .config import DATASETS, PREPARED_FORMAT_VERSION, DataConfig, DataCredentials, DatasetSpec
 from .errors import (
     ChecksumMismatchError,
     DatasetConfigError,
@@ -42,6 +42,7 @@ __all__ = [
     "SPLITS",
     "ChecksumMismatchError",
     "DataConfig",
+    "DataCredentials",
     "DatasetConfigError",
     "DatasetError",
     "DatasetFetchError",

@@ -30,9 +30,9 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from .errors import DatasetConfigError
-from .uris import endpoint_url, protocol, redact
+from .uris import endpoint_url, protocol, redact, split_userinfo
 
-__all__ = ["DATASETS", "PREPARED_FORMAT_VERSION", "DataConfig", "DatasetName", "DatasetSpec"]
+__all__ = ["DATASETS", "PREPARED_FORMAT_VERSION", "DataConfig", "DataCredentials", "DatasetName", "DatasetSpec"]
 
 #: Bump when the prepared files' layout or the preparation logic changes: it is part of the fingerprint,
 #: so old prepared directories are simply no longer found (and can be deleted) instead of being misread.
@@ -185,6 +185,20 @@ if set(get_args(DatasetName)) != set(DATASETS):  # pragma: no cover - a registry
 _READ_ONLY_PROTOCOLS = frozenset({"http", "https", "github", "git", "zip", "tar", "libarchive", "reference"})
 
 
+@dataclass(frozen=True, repr=False)
+class DataCredentials:
+    """What ``DataConfig.without_credentials`` took out of a config (``repr`` shows none of it)."""
+
+    public_source: str | None = None  # the source as the public config has it
+    source: str | None = None  # ... and with its user:password@
+    storage_options: dict[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_storage_options: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return "DataCredentials(<hidden>)"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -208,13 +222,13 @@ def _remote_cache_dir(cache_dir: str, scheme: str) -> str:
     """A remote ``cache_dir`` checked (writable, shared, no credentials) and without a trailing slash."""
     if scheme not in fsspec.available_protocols():
         raise DatasetConfigError(
-            f"DataConfig.cache_dir: unsupported scheme {scheme!r} in {cache_dir!r}; use a local "
+            f"DataConfig.cache_dir: unsupported scheme {scheme!r} in {redact(cache_dir)!r}; use a local "
             "directory or a writable fsspec URI such as s3://bucket/prefix"
         )
     if scheme in _READ_ONLY_PROTOCOLS:
         raise DatasetConfigError(
             f"DataConfig.cache_dir: {scheme}:// is read-only, but the cache is written to "
-            f"(got {cache_dir!r}); use a local directory or a writable store such as s3://bucket/prefix, "
+            f"(got {redact(cache_dir)!r}); use a local directory or a writable store such as s3://bucket/prefix, "
             "and put a read-only mirror in `source` instead"
         )
     if redact(cache_dir) != cache_dir:
@@ -489,6 +503,36 @@ class DataConfig(BaseModel):
         ``cache_dir``) does not validate; a valid one comes back equal.
         """
         return cls.from_dict(value.to_dict() if isinstance(value, DataConfig) else value)
+
+    def without_credentials(self) -> tuple[DataConfig, DataCredentials]:
+        """This config with no credential left in it (``source`` without its ``user:password@``, neither storage
+        option), for where it is stored or shown (a Prefect flow parameter); and what was taken out, which
+        ``with_credentials`` puts back in the process that does the work."""
+        public = self.model_copy(
+            update={
+                "source": split_userinfo(self.source)[0] if self.source else None,
+                "storage_options": None,
+                "cache_storage_options": None,
+            }
+        )
+        secrets = DataCredentials(
+            public_source=public.source,
+            source=self.source,
+            storage_options=self.storage_options,
+            cache_dir=self.cache_dir,
+            cache_storage_options=self.cache_storage_options,
+        )
+        return public, secrets
+
+    def with_credentials(self, secrets: DataCredentials) -> DataConfig:
+        """This config with what ``without_credentials`` took out put back, where it still applies: the source's
+        credentials and options to the same source, the cache's options to the same cache directory."""
+        update: dict[str, Any] = {}
+        if secrets.source is not None and self.source == secrets.public_source:
+            update.update(source=secrets.source, storage_options=secrets.storage_options)
+        if secrets.cache_storage_options is not None and self.cache_dir == secrets.cache_dir:
+            update["cache_storage_options"] = secrets.cache_storage_options
+        return self.model_copy(update=update) if update else self
 
     def cache_identity(self) -> dict[str, Any]:
         """The fields that determine the prepared result, without credentials.

@@ -68,12 +68,12 @@ def _classify_fetch_error(exc: BaseException, filename: str, url: str) -> Datase
         permanent = True
     if permanent:
         return DatasetSourceError(
-            f"{filename!r} could not be read from {redact(url)}: {exc!r}. Check that `source` points at the "
+            f"{filename!r} could not be read from {redact(url)}: {redact(repr(exc))}. Check that `source` points at the "
             "directory holding the dataset's files (with the official file names) and that storage_options "
             "grant read access."
         )
     return DatasetFetchError(
-        f"could not download {filename!r} from {redact(url)}: {exc!r}. This looks transient (network, "
+        f"could not download {filename!r} from {redact(url)}: {redact(repr(exc))}. This looks transient (network, "
         "timeout or server error): retry, or use a mirror via DataConfig(source=...)."
     )
 

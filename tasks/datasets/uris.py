@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import fsspec
 
@@ -16,14 +17,29 @@ def protocol(uri: str) -> str | None:
     return uri.split("://", 1)[0].lower()
 
 
-def redact(uri: str) -> str:
-    """``uri`` without any ``user:password@`` part, for messages, metadata and cache keys."""
+#: The ``user:password@`` of a URI (anywhere in a text): everything between ``scheme://`` and the last ``@``
+#: before the path.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` (a URI, or a message that contains URIs) with every ``user:password@`` replaced by ``***@``, for
+    messages, metadata and cache keys. The one redaction: everything shown or stored goes through it."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def split_userinfo(uri: str) -> tuple[str, str | None, str | None]:
+    """``uri`` without its ``user:password@`` part, and the (percent-decoded) user and password, or Nones: to
+    carry the credentials apart from the location (e.g. as MLFLOW_TRACKING_USERNAME / _PASSWORD)."""
     if "://" not in uri:
-        return uri
+        return uri, None, None
     parts = urlsplit(uri)
     if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+        return uri, None, None
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    return bare, user, password
 
 
 def join(base: str, name: str) -> str:

@@ -57,33 +57,6 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
-def check_tracking_server(tracking_uri: str, *, timeout_s: float = 5.0) -> None:
-    """An HTTP(S) tracking server must answer its health check within ``timeout_s`` (MLflow's own client would
-    retry for minutes). Raises ``ConnectionError`` naming the address (credentials removed) and what to check;
-    other stores (sqlite:, file:, databricks) are not checked here."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    import urllib.error
-    import urllib.request
-
-    parts = urlparse(tracking_uri)
-    url = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path.rstrip('/')}/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            if response.status == 200:
-                return
-            reason = f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        reason = f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        reason = str(getattr(exc, "reason", exc))
-    raise ConnectionError(
-        f"the MLflow tracking server {redact(tracking_uri)} did not answer its health check within {timeout_s:g} s "
-        f"({reason}): check mlflow.tracking_uri / MLFLOW_TRACKING_URI, that the server is running, and that this "
-        "machine can reach it"
-    )
-
-
 def public_params(params: dict[str, Any]) -> dict[str, Any]:
     """Params everyone who can read the experiment may see: credentials in URIs (``user:token@``) removed, and
     storage options (keys, secrets, tokens) left out entirely."""

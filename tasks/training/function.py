@@ -5,9 +5,37 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_checks(
+    *, validate: Callable[[Mapping[str, Any]], None] | None = None, reports: Iterable[str] | None = None
+) -> Callable[[F], F]:
+    """Declare, beside a training function, what can be checked before a sweep starts::
+
+        def validate(config): ...          # raise ValueError/TypeError naming the key and the fix
+
+        @with_checks(validate=validate, reports=("epoch", "val_loss", "val_accuracy"))
+        def train_fn(config): ...
+
+    ``validate(config)`` is called (in the flow process, before any trial) on every config the sweep will
+    give the function; ``reports`` lets the sweep refuse a selection or scheduler metric the function never
+    reports. Both are optional attributes of the function (``fn.validate``, ``fn.reports``); the function
+    itself is unchanged, so it still runs under plain ``TorchTrainer``.
+    """
+
+    def mark(fn: F) -> F:
+        if validate is not None:
+            fn.validate = validate  # type: ignore[attr-defined]
+        if reports is not None:
+            fn.reports = tuple(reports)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 def import_train_fn(path: str) -> Callable[..., Any]:

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 import ddp_runtime
 from ddp_runtime.torch import prepare_data_loader, prepare_model
 from sweepflow.tasks.datasets import load_meta, load_split
+from sweepflow.tasks.training.function import with_checks
 from sweepflow.tasks.training.models import build_model, model_hparams
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -143,9 +144,17 @@ def make_optimizer(config: Mapping[str, Any], params: Iterable[nn.Parameter]) ->
     raise ValueError(f"unknown optimizer {name!r}; use one of: {', '.join(OPTIMIZERS)}")
 
 
+def validate_config(config: Mapping[str, Any]) -> None:
+    """Everything ``train_image_classifier`` checks on its first line, run before a sweep starts (the prepared
+    data path is filled in later by the pipeline, so a stand-in is used when it is missing)."""
+    cfg = _with_defaults({"data_path": "<the prepared dataset>", **config})
+    model_hparams(cfg["model"], cfg)
+
+
 # ------------------------------------------------------------------------------------------- the training
 
 
+@with_checks(validate=validate_config, reports=("epoch", "train_loss", "val_loss", "val_accuracy"))
 def train_image_classifier(config: dict[str, Any]) -> None:
     """Train ``config['model']`` on ``config['data_path']`` on this rank; see the module docstring for keys.
 

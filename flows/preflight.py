@@ -1,0 +1,189 @@
+"""The pipeline's pre-flight: every mistake that can be found before work is found here, in seconds.
+
+``check_pipeline(cfg, ...)`` runs at the entry point (the CLI, before any service, run or trial starts) and
+again as the flow's first step (a deployment's flow run with bad parameters then fails before it creates
+anything). It raises ``PreflightError`` (``sweepflow.tasks.checks``): one sentence naming the field, the
+value (credentials removed) and the fix. The CLI prints it and exits 2.
+
+What is checked, in the order a user would fix it (README, "What sweepflow checks before it starts"):
+the state directory; MLflow (tracking URI scheme, the server answering, the registered model name, the
+champion metric); the Prefect API; the Dask scheduler and whether one trial fits its workers (or the local
+cluster the run will start); S3 storage and the data cache; the data source; and the training function
+(imports, is callable, takes 0 or 1 arguments, accepts every config the sweep will give it, reports the
+metrics the sweep selects and schedules by).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from sweepflow.flows.config import PipelineConfig
+from sweepflow.tasks.checks import (
+    PreflightError,
+    check_dask_scheduler,
+    check_http_source,
+    check_local_resources,
+    check_prefect_api,
+    check_registered_model_name,
+    check_reported_metrics,
+    check_s3,
+    check_tracking_server,
+    check_tracking_uri_scheme,
+    check_writable_dir,
+    load_train_fn,
+    validate_train_configs,
+)
+from sweepflow.tasks.datasets.uris import protocol
+
+__all__ = ["PreflightError", "check_pipeline"]
+
+#: The test metrics ``evaluate_best`` reports (``sweepflow.tasks.training.evaluate``): the champion metric's choices.
+_CHAMPION_METRIC = re.compile(r"test_(loss|accuracy|accuracy_class_\d+)")
+
+
+def check_pipeline(cfg: PipelineConfig, *, prefect_api_url: str | None = None, imports: bool = True) -> None:
+    """Check ``cfg`` (resolved: ``resolve_settings``) before any work. ``prefect_api_url``: a Prefect API the
+    run will use but did not start (checked to answer). ``imports=False`` skips the checks that import the
+    training code, torch or MLflow (seconds in a cold process): the CLI's thin front process leaves them to
+    the warm process that runs the flow, which checks everything before it starts the flow."""
+    if cfg.state_dir:
+        check_writable_dir(cfg.state_dir, field="state_dir")
+    _check_mlflow(cfg)
+    if prefect_api_url:
+        check_prefect_api(prefect_api_url)
+    _check_cluster(cfg)
+    _check_storage(cfg)
+    _check_data_source(cfg)
+    if imports:
+        check_registered_model_name(cfg.mlflow.registered_model_name)
+        _check_training(cfg)
+
+
+def _check_mlflow(cfg: PipelineConfig) -> None:
+    uri = cfg.mlflow.tracking_uri
+    if uri:
+        check_tracking_uri_scheme(uri)
+        check_tracking_server(uri)
+    if not cfg.mlflow.experiment_name.strip():
+        raise PreflightError(
+            "mlflow.experiment_name",
+            cfg.mlflow.experiment_name,
+            "is empty",
+            "name the experiment, e.g. sweepflow",
+        )
+    if not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
+        raise PreflightError(
+            "selection.champion_metric",
+            cfg.selection.champion_metric,
+            "the test-set evaluation reports test_loss, test_accuracy and test_accuracy_class_<i> only",
+            "use test_accuracy (mode max) or test_loss (mode min)",
+        )
+
+
+def _check_cluster(cfg: PipelineConfig) -> None:
+    resources = cfg.resources
+    if cfg.dask.scheduler_address:
+        import ddp_runtime as train
+        from ddp_runtime.cluster import groups_that_fit
+
+        client = check_dask_scheduler(cfg.dask.scheduler_address)
+        try:
+            scaling = train.ScalingConfig(
+                num_workers=resources.ranks_per_trial,
+                use_gpu=resources.use_gpu,
+                resources_per_worker=resources.resources_per_rank() or None,
+            )
+            try:
+                groups_that_fit(client, scaling, what="resources")
+            except train.InsufficientResourcesError:
+                workers = client.scheduler_info(n_workers=-1).get("workers", {})
+                offered = sorted({str(w.get("resources") or {}) for w in workers.values()})
+                raise PreflightError(
+                    "resources.ranks_per_trial",
+                    resources.ranks_per_trial,
+                    f"the Dask cluster at {cfg.dask.scheduler_address} cannot hold one trial: it has {len(workers)} "
+                    f"worker(s) offering {offered or 'nothing'}, each trial needs {scaling.num_workers} with "
+                    f"{scaling.worker_resources or 'a free thread'}",
+                    "lower resources.ranks_per_trial / gpus_per_rank / cpus_per_rank, or add workers that declare "
+                    "those resources (dask worker --resources GPU=1)",
+                ) from None
+        finally:
+            client.close()
+        return
+    from sweepflow.services.stack import gpu_count
+
+    cores = os.cpu_count() or 1
+    n_workers = cfg.dask.n_workers or cores
+    check_local_resources(
+        ranks_per_trial=resources.ranks_per_trial,
+        n_workers=n_workers,
+        gpus_per_rank=resources.gpus_per_rank,
+        gpus=gpu_count() if resources.use_gpu else 0,
+        cpus_per_rank=resources.cpus_per_rank,
+        cpus_per_worker=float(max(1, cores // n_workers)),
+    )
+
+
+def _check_storage(cfg: PipelineConfig) -> None:
+    if cfg.storage and protocol(cfg.storage) == "s3":
+        check_s3(cfg.storage, field="storage")
+    if (
+        cfg.data.cache_dir
+        and protocol(cfg.data.cache_dir) == "s3"
+        and cfg.data.cache_dir != f"{cfg.storage}/datasets"
+    ):
+        check_s3(cfg.data.cache_dir, field="data.cache_dir", storage_options=cfg.data.cache_storage_options)
+    destination = cfg.mlflow.artifacts_destination
+    if destination and protocol(destination) == "s3" and destination != f"{cfg.storage}/mlflow":
+        check_s3(destination, field="mlflow.artifacts_destination")
+
+
+def _check_data_source(cfg: PipelineConfig) -> None:
+    """A configured mirror must answer, unless the raw files are already in a local cache (then it is unused)."""
+    data = cfg.data
+    if not data.source or not data.spec.remote:
+        return
+    if data.cache_dir and protocol(data.cache_dir) in (None, "file"):
+        raw = os.path.join(data.cache_dir, "raw", data.spec.name)
+        if all(os.path.exists(os.path.join(raw, name)) for name in data.spec.filenames):
+            return
+    scheme = protocol(data.source)
+    if scheme == "s3":
+        check_s3(data.source, field="data.source", storage_options=data.storage_options)
+    elif scheme in ("http", "https"):
+        check_http_source(data.source, data.spec.filenames[0], field="data.source")
+    elif scheme in (None, "file") and not os.path.isdir(data.source.removeprefix("file://")):
+        raise PreflightError(
+            "data.source",
+            data.source,
+            "is not a directory on this machine",
+            "point it at the dataset's directory",
+        )
+
+
+def _check_training(cfg: PipelineConfig) -> None:
+    from sweepflow.tasks.sweep.samplers import make_sampler
+    from sweepflow.tasks.sweep.space import parse_space
+
+    fn = load_train_fn(cfg.training.train_fn)
+    base = {**cfg.training.base_config, "model": cfg.training.model, "epochs": cfg.training.epochs}
+    sampler = make_sampler(
+        cfg.sweep.sampler,
+        parse_space(cfg.sweep.search_space),
+        num_samples=cfg.sweep.num_samples,
+        seed=cfg.sweep.seed,
+        mode=cfg.selection.mode,
+    )
+    # The seeded list samplers give exactly the trials the sweep will run; TPE's later trials depend on
+    # results, so its first (random start-up) trial stands for them.
+    count = 1 if cfg.sweep.sampler == "tpe" else sampler.total
+    validate_train_configs(fn, [base], field="training.base_config")
+    validate_train_configs(
+        fn, [{**base, **sampler.ask()[1]} for _ in range(count)], field="sweep.search_space"
+    )
+    wanted: dict[str, Any] = {"selection.metric": cfg.selection.metric}
+    if cfg.scheduler.type == "asha":
+        wanted["scheduler.metric"] = cfg.scheduler.metric
+    check_reported_metrics(fn, wanted)

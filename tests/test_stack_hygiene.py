@@ -1,0 +1,548 @@
+"""Stack hygiene with real processes: `stop`/`down` leave no process of a service behind, whatever came before
+(a crash, a SIGKILL, a second `up`, a deployment run whose processes left the service's session), `status`
+tells a dead or hung service from a live one, `up`/`start` restart only the dead ones, and every service listens
+on 127.0.0.1 only.
+
+"No process behind" is checked independently of the supervisor's own bookkeeping: at start the tests snapshot
+each service's process tree, process group and session (psutil), plus the pids that escaped processes report
+themselves (a process that started its own session and whose parent exited, so init adopted it); after the
+stop every one of those (pid + start time) must be gone, and no process anywhere may still carry a stopped
+service's SWEEPFLOW_SERVICE_ID in /proc/<pid>/environ.
+
+Three levels, cheapest first: the supervisor with small Python services (a second or two per case); the local
+services of `sweepflow server start/stop` (one start for the module); the whole stack with one Dask worker
+(one `up` for the module, plus a Prefect deployment run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from sweepflow.services import supervisor as services
+
+BIN = os.path.dirname(sys.executable)
+LOOPBACK = "127.0.0.1"
+
+# A process that escapes its service's process group and session and is adopted by init: `escape PIDFILE` starts
+# a child in a new session, which forks a grandchild and exits at once; the grandchild writes its pid and sleeps
+# (ignoring SIGTERM with `--stubborn`, so only SIGKILL ends it). `serve PORT TRIGGER_DIR` is a service: it starts
+# one escaped process and one plain child, answers HTTP on PORT, exits by itself when TRIGGER_DIR/crash appears
+# and stops answering (but keeps running) when TRIGGER_DIR/hang appears.
+HELPER = textwrap.dedent(
+    """
+    import http.server, os, signal, subprocess, sys, threading, time
+
+    def escape(pidfile, stubborn=False):
+        argv = [sys.executable, __file__, "grandchild", pidfile] + (["--stubborn"] if stubborn else [])
+        subprocess.run(argv, start_new_session=True, check=True)
+
+    def grandchild(pidfile, stubborn):
+        if os.fork():
+            os._exit(0)  # the parent exits: init adopts the grandchild
+        if stubborn:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pidfile + ".tmp", pidfile)
+        time.sleep(3600)
+
+    def serve(port, trigger_dir):
+        escape(os.path.join(trigger_dir, f"escaped-{os.getpid()}.pid"), stubborn=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        server = http.server.HTTPServer(("127.0.0.1", int(port)), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        while True:
+            if os.path.exists(os.path.join(trigger_dir, "crash")):
+                sys.exit(3)  # a crash: exits by itself, its child and the escaped process stay
+            if os.path.exists(os.path.join(trigger_dir, "hang")):
+                server.shutdown()
+                server.server_close()
+            time.sleep(0.05)
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "escape":
+            escape(sys.argv[2], "--stubborn" in sys.argv)
+        elif sys.argv[1] == "grandchild":
+            grandchild(sys.argv[2], "--stubborn" in sys.argv)
+        else:
+            serve(sys.argv[2], sys.argv[3])
+    """
+)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _identity(process: psutil.Process) -> tuple[int, float] | None:
+    try:
+        return process.pid, process.create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _tree(pid: int) -> set[tuple[int, float]]:
+    """The process, its descendants, and every process in its process group or session (pid, start time)."""
+    found: set[tuple[int, float]] = set()
+    for process in psutil.process_iter():
+        try:
+            if pid in (os.getpgid(process.pid), os.getsid(process.pid)):
+                found.add(_identity(process))
+        except OSError:
+            continue
+    try:
+        root = psutil.Process(pid)
+        found.update(_identity(p) for p in [root, *root.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        pass
+    return {i for i in found if i is not None}
+
+
+def _escaped(directory: str) -> set[tuple[int, float]]:
+    """The escaped processes that reported their pids in ``directory``."""
+    found = set()
+    for name in os.listdir(directory):
+        if name.endswith(".pid"):
+            with open(os.path.join(directory, name)) as f:
+                try:
+                    found.add(_identity(psutil.Process(int(f.read()))))
+                except psutil.NoSuchProcess:
+                    continue
+    return {i for i in found if i is not None}
+
+
+def _still_alive(identities: set[tuple[int, float]]) -> list[str]:
+    alive = []
+    for pid, started in identities:
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{pid} {' '.join(process.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _carrying(service_ids: set[str]) -> list[str]:
+    """Processes whose /proc environ carries one of these SWEEPFLOW_SERVICE_IDs (read straight from /proc)."""
+    wanted = {f"{services.SERVICE_ID_ENV}={sid}".encode() for sid in service_ids}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                variables = set(f.read().split(b"\0"))
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rpartition(")")[2].split()[0] == "Z"
+        except OSError:
+            continue
+        if variables & wanted and not zombie:
+            found.append(entry)
+    return found
+
+
+def _record_pids(state: str) -> dict[str, int]:
+    return {name: services.read_record(state, name)["pid"] for name in services.recorded(state)}
+
+
+def _code_keys(state: str) -> dict[str, str | None]:
+    return {name: services.read_record(state, name).get("code_key") for name in services.recorded(state)}
+
+
+def _service_ids(state: str) -> set[str]:
+    return {services.read_record(state, name)["service_id"] for name in services.recorded(state)}
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket and bound UDP socket of these processes."""
+    sockets = []
+    for pid in pids:
+        try:
+            connections = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        for c in connections:
+            if c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr):  # SOCK_DGRAM
+                sockets.append((pid, c.laddr.ip, c.laddr.port))
+    return sockets
+
+
+def _assert_only_loopback(identities: set[tuple[int, float]]) -> None:
+    sockets = _listening({pid for pid, _ in identities})
+    assert sockets, "the services listen nowhere: the check itself is broken"
+    exposed = [s for s in sockets if s[1] != LOOPBACK]
+    assert not exposed, f"sockets not on {LOOPBACK}: {exposed}"
+
+
+def _wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# ------------------------------------------------------------------------------ the supervisor, small services
+
+
+@pytest.fixture
+def helper(tmp_path, monkeypatch):
+    """A spec factory for the HELPER service, its state dir, and its trigger dir."""
+    script = tmp_path / "helper.py"
+    script.write_text(HELPER)
+    triggers = tmp_path / "triggers"
+    triggers.mkdir()
+    state = str(tmp_path / "state")
+    monkeypatch.setattr(services, "STOP_TIMEOUT_S", 2.0)  # the stubborn escaped process needs the SIGKILL
+
+    def spec() -> services.ServiceSpec:
+        port = services.free_port()
+        return services.ServiceSpec(
+            name="svc",
+            argv=[sys.executable, str(script), "serve", str(port), str(triggers)],
+            health={"kind": "http", "url": f"http://{LOOPBACK}:{port}/"},
+            address=f"{LOOPBACK}:{port}",
+        )
+
+    ids: set[str] = set()
+    yield spec, state, str(triggers), ids
+    services.stop(state, "svc")  # whatever a failed test left
+    assert not _carrying(ids), "a helper service's process outlived the test"
+
+
+def _start(spec, state, triggers, ids) -> set[tuple[int, float]]:
+    address = services.ensure(state, spec())
+    record = services.read_record(state, "svc")
+    ids.add(record["service_id"])
+    # The escaped process reports itself; the plain child exists once the service answers.
+    _wait_for(lambda: len(_escaped(triggers)) >= len(ids), 10, "the escaped process")
+    assert services.running(state, "svc") == address
+    return _tree(record["pid"]) | _escaped(triggers)
+
+
+def test_a_crashed_service_shows_down_and_start_replaces_it_and_its_leftovers(helper):
+    spec, state, triggers, ids = helper
+    first = _start(spec, state, triggers, ids)
+    assert len(first) >= 3  # the service, its child, the escaped grandchild
+    open(os.path.join(triggers, "crash"), "w").close()
+    pid = services.read_record(state, "svc")["pid"]
+    _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 10, "the crash")
+    os.remove(os.path.join(triggers, "crash"))
+
+    assert services.running(state, "svc") is None
+    assert services.describe(state, "svc")[1].startswith("DOWN (its process")
+    second = _start(spec, state, triggers, ids)  # `up` again: replaces the dead one ...
+    assert not _still_alive(first), (
+        "the crashed service's child and escaped process must go when it is replaced"
+    )
+    services.stop(state, "svc")  # ... and `stop` leaves nothing of either
+    assert not _still_alive(second) and not _carrying(ids)
+
+
+def test_a_service_killed_with_sigkill_shows_down_and_stop_leaves_nothing(helper):
+    spec, state, triggers, ids = helper
+    first = _start(spec, state, triggers, ids)
+    os.kill(services.read_record(state, "svc")["pid"], signal.SIGKILL)
+    # Its child and its escaped process still run, and the HTTP port is free: only the pid says it is dead.
+    _wait_for(lambda: services.running(state, "svc") is None, 10, "status to see the SIGKILL")
+    assert services.describe(state, "svc")[0] is None
+    assert services.stop(state, "svc")
+    assert not _still_alive(first) and not _carrying(ids)
+
+
+def test_a_live_service_that_does_not_answer_is_down_and_start_restarts_it(helper):
+    spec, state, triggers, ids = helper
+    first = _start(spec, state, triggers, ids)
+    open(os.path.join(triggers, "hang"), "w").close()
+    _wait_for(lambda: services.running(state, "svc") is None, 10, "status to see the hang")
+    assert "does not answer" in services.describe(state, "svc")[1]
+    os.remove(os.path.join(triggers, "hang"))
+    second = _start(spec, state, triggers, ids)
+    assert not _still_alive(first)
+    services.stop(state, "svc")
+    assert not _still_alive(second) and not _carrying(ids)
+
+
+def test_start_twice_reuses_the_live_service_and_starts_nothing_more(helper):
+    spec, state, triggers, ids = helper
+    first = _start(spec, state, triggers, ids)
+    record = services.read_record(state, "svc")
+    second = _start(spec, state, triggers, ids)
+    assert services.read_record(state, "svc") == record
+    assert second == first, "a second start must not start anything"
+    services.stop(state, "svc")
+    assert not _still_alive(first) and not _carrying(ids)
+
+
+def test_stop_spares_a_process_that_reused_a_dead_services_pid_and_group(tmp_path):
+    """A record whose pid now belongs to another process (pid reuse) must not get that process killed."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        state = str(tmp_path)
+        os.makedirs(os.path.join(state, "services"))
+        with open(os.path.join(state, "services", "gone.json"), "w") as f:
+            json.dump({"pid": other.pid, "started": psutil.Process(other.pid).create_time() - 100,
+                       "service_id": "not-this-one", "address": "x", "health": {"kind": "tcp",
+                       "address": f"{LOOPBACK}:1"}}, f)  # fmt: skip
+        assert services.describe(state, "gone")[1].startswith("DOWN (its process")
+        assert services.stop(state, "gone")
+        assert other.poll() is None, "stop killed a process that only reused the service's pid"
+    finally:
+        other.kill()
+        other.wait()
+
+
+# ----------------------------------------------------------------------- `sweepflow server start/stop`
+
+
+def _sweepflow(*argv: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [os.path.join(BIN, "sweepflow"), *argv], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _clean_env(tmp_path) -> dict[str, str]:
+    prefixes = ("PREFECT_", "MLFLOW_", "DASK_", "AWS_", "SWEEPFLOW_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env["PREFECT_HOME"] = str(tmp_path / "client-prefect-home")
+    env["SWEEPFLOW_HOME"] = str(tmp_path / "home")
+    return env
+
+
+class Seen:
+    """Every process and service id a module's services ever had, for the final check."""
+
+    def __init__(self, state: str):
+        self.state = state
+        self.processes: set[tuple[int, float]] = set()
+        self.ids: set[str] = set()
+
+    def snapshot(self) -> set[tuple[int, float]]:
+        now = set()
+        for pid in _record_pids(self.state).values():
+            now |= _tree(pid)
+        self.processes |= now
+        self.ids |= _service_ids(self.state)
+        return now
+
+
+@pytest.fixture(scope="module")
+def local_services(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("server")
+    state = str(tmp_path / "state")
+    env = _clean_env(tmp_path)
+    seen = Seen(state)
+    try:
+        started = _sweepflow("server", "start", "--state-dir", state, env=env)
+        assert started.returncode == 0, started.stdout + started.stderr
+        seen.snapshot()
+        yield state, env, seen
+    finally:
+        stopped = _sweepflow("server", "stop", "--state-dir", state, env=env, timeout=120)
+        print(stopped.stdout, stopped.stderr)
+    seen.snapshot()
+    assert not _still_alive(seen.processes) and not _carrying(seen.ids), (
+        "`sweepflow server stop` left processes"
+    )
+
+
+@pytest.mark.subprocess
+@pytest.mark.prefect
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+class TestServer:
+    def test_every_listening_socket_of_the_local_services_is_on_loopback(self, local_services):
+        state, _, seen = local_services
+        _assert_only_loopback(seen.snapshot())
+
+    def test_start_twice_starts_nothing_more(self, local_services):
+        state, env, seen = local_services
+        seen.snapshot()
+        pids, keys = _record_pids(state), _code_keys(state)
+        trees = {name: _tree(pid) for name, pid in pids.items()}
+        again = _sweepflow("server", "start", "--state-dir", state, env=env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        # The Dask cluster is replaced when our source files changed in between (an edit while this runs):
+        # that is the rule, so only services whose code key is unchanged must be the very same processes.
+        same = [name for name, key in _code_keys(state).items() if key == keys[name]]
+        assert {"prefect", "mlflow"} <= set(same)
+        assert {n: _record_pids(state)[n] for n in same} == {n: pids[n] for n in same}
+        assert {n: _tree(pids[n]) for n in same} == {n: trees[n] for n in same}
+        seen.snapshot()
+
+    def test_a_killed_service_shows_down_and_start_restarts_only_it(self, local_services):
+        state, env, seen = local_services
+        pids = _record_pids(state)
+        killed = seen.snapshot() & _tree(pids["mlflow"])
+        os.kill(pids["mlflow"], signal.SIGKILL)  # its uvicorn child keeps the port and answers /health
+        status = _sweepflow("server", "status", "--state-dir", state, env=env, timeout=60)
+        assert status.returncode == 1
+        assert f"mlflow: DOWN (its process {pids['mlflow']} is gone)" in status.stdout, status.stdout
+        again = _sweepflow("server", "start", "--state-dir", state, env=env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        now = _record_pids(state)
+        assert now["mlflow"] != pids["mlflow"]
+        assert {k: now[k] for k in ("prefect", "dask")} == {k: pids[k] for k in ("prefect", "dask")}
+        assert not _still_alive(killed), "the killed MLflow server's children must go when it is replaced"
+        seen.snapshot()
+
+    def test_stop_leaves_no_process_behind(self, local_services):
+        state, env, seen = local_services
+        seen.snapshot()
+        stopped = _sweepflow("server", "stop", "--state-dir", state, env=env, timeout=120)
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+        assert not _still_alive(seen.processes) and not _carrying(seen.ids)
+        status = _sweepflow("server", "status", "--state-dir", state, env=env, timeout=60)
+        assert status.returncode == 1 and "not started" in status.stdout
+
+
+# ----------------------------------------------------------------------------------- the whole stack
+
+FLOW = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from prefect import flow
+
+    @flow
+    def hog(helper: str, pidfile: str):
+        # A flow-run process (its own session, from the worker) that starts a process which escapes again.
+        subprocess.run([sys.executable, helper, "escape", pidfile], check=True)
+        time.sleep(600)
+    """
+)
+
+DEPLOY = textwrap.dedent(
+    """
+    import sys
+    from prefect import flow
+    flow.from_source(source=sys.argv[1], entrypoint="hog.py:hog").deploy(
+        name="hog", work_pool_name="sweepflow-process", build=False, push=False, print_next_steps=False
+    )
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("stack")
+    state = str(tmp_path / "state")
+    env = _clean_env(tmp_path)
+    seen = Seen(state)
+    try:
+        up = _sweepflow("stack", "up", "--state-dir", state, "--workers", "1", env=env, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        seen.snapshot()
+        from sweepflow.services.stack import read_env
+
+        yield state, env, {**env, **read_env(state)}, seen, tmp_path
+    finally:
+        down = _sweepflow("stack", "down", "--state-dir", state, env=env, timeout=300)
+        print(down.stdout, down.stderr)
+    seen.snapshot()
+    assert not _still_alive(seen.processes) and not _carrying(seen.ids), (
+        "`sweepflow stack down` left processes"
+    )
+
+
+@pytest.mark.subprocess
+@pytest.mark.stack
+@pytest.mark.prefect
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+@pytest.mark.s3
+class TestStack:
+    def test_every_listening_socket_of_the_stack_is_on_loopback(self, stack):
+        state, _, _, seen, _ = stack
+        names = set(_record_pids(state))
+        assert {
+            "s3",
+            "mlflow",
+            "prefect-server",
+            "prefect-worker",
+            "dask-scheduler",
+            "dask-worker-0",
+        } <= names
+        _assert_only_loopback(seen.snapshot())
+
+    def test_up_twice_starts_nothing_more(self, stack):
+        state, env, _, seen, _ = stack
+        before, pids = seen.snapshot(), _record_pids(state)
+        again = _sweepflow("stack", "up", "--state-dir", state, "--workers", "1", env=env, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert _record_pids(state) == pids
+        assert seen.snapshot() == before
+
+    def test_a_killed_worker_shows_down_and_up_restarts_only_it(self, stack):
+        state, env, _, seen, _ = stack
+        pids = _record_pids(state)
+        killed = seen.snapshot() & _tree(pids["dask-worker-0"])
+        os.kill(pids["dask-worker-0"], signal.SIGKILL)  # the nanny; its worker process is left behind
+        status = _sweepflow("stack", "status", "--state-dir", state, env=env, timeout=60)
+        assert status.returncode == 1
+        worker_line = next(line for line in status.stdout.splitlines() if line.startswith("dask-worker-0"))
+        assert "DOWN" in worker_line, status.stdout
+        again = _sweepflow("stack", "up", "--state-dir", state, "--workers", "1", env=env, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        now = _record_pids(state)
+        assert now["dask-worker-0"] != pids["dask-worker-0"]
+        assert {k: v for k, v in now.items() if k != "dask-worker-0"} == {
+            k: v for k, v in pids.items() if k != "dask-worker-0"
+        }
+        assert not _still_alive(killed), "the killed worker's processes must go when it is replaced"
+        seen.snapshot()
+
+    def test_down_after_a_deployment_run_leaves_no_process_behind(self, stack):
+        state, env, stack_env, seen, tmp_path = stack
+        (tmp_path / "flow").mkdir()
+        (tmp_path / "flow" / "hog.py").write_text(FLOW)
+        helper = tmp_path / "helper.py"
+        helper.write_text(HELPER)
+        escaped = tmp_path / "escaped"
+        escaped.mkdir()
+        deploy = subprocess.run(
+            [sys.executable, "-c", DEPLOY, str(tmp_path / "flow")],
+            env=stack_env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        params = json.dumps({"helper": str(helper), "pidfile": str(escaped / "flow.pid")})
+        run = subprocess.run(
+            [os.path.join(BIN, "prefect"), "deployment", "run", "hog/hog", "--params", params],
+            env=stack_env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        # A Dask task that leaves a process behind the same way (DataLoader workers, torch subprocesses).
+        from distributed import Client
+
+        with Client(stack_env["DASK_SCHEDULER_ADDRESS"], timeout=60) as client:
+            argv = [sys.executable, str(helper), "escape", str(escaped / "dask.pid")]
+            assert client.submit(subprocess.call, argv, pure=False).result(timeout=60) == 0
+        _wait_for(lambda: len(_escaped(str(escaped))) == 2, 240, "the flow run's escaped process")
+
+        flow_runs = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "prefect.engine" in " ".join(p.info["cmdline"] or [])
+        ]
+        worker = psutil.Process(_record_pids(state)["prefect-worker"])
+        assert any(os.getsid(p.pid) != worker.pid for p in flow_runs), (
+            "expected a flow run in its own session"
+        )
+        seen.snapshot()
+        seen.processes |= {i for p in flow_runs if (i := _identity(p))} | _escaped(str(escaped))
+
+        down = _sweepflow("stack", "down", "--state-dir", state, env=env, timeout=300)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not _still_alive(seen.processes), "`stack down` left processes"
+        assert not _carrying(seen.ids)
+        status = _sweepflow("stack", "status", "--state-dir", state, env=env, timeout=60)
+        assert "no stack services recorded" in status.stdout
