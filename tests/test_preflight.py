@@ -267,7 +267,15 @@ def _flow_run_count() -> int:
 @pytest.mark.dask
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_each_mistake_is_refused_in_seconds_with_one_sentence_and_nothing_created(
-    case, monkeypatch, tmp_path, capsys, prefect_harness, s3_endpoint, file_server, small_cluster, warm_imports
+    case,
+    monkeypatch,
+    tmp_path,
+    capsys,
+    prefect_harness,
+    s3_endpoint,
+    file_server,
+    small_cluster,
+    warm_imports,
 ):
     name, overrides, env, expected = case
     fill = {"closed": free_port(), "http": file_server, "scheduler": small_cluster}
@@ -391,3 +399,33 @@ def test_an_undeclared_metric_stops_the_sweep_at_its_first_report_with_exit_2(
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(children) < 6, "trials went on starting after the first report showed the mistake"
     assert all(r.info.status in ("FAILED", "KILLED") for r in runs), [r.info.status for r in runs]
+
+
+def test_a_flow_run_with_bad_parameters_fails_at_its_first_step_and_starts_nothing(
+    monkeypatch, tmp_path, prefect_harness, warm_imports
+):
+    """As a deployment's flow run does: the parameters pass Prefect's schema, the pre-flight refuses them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, LogFilter
+    from prefect.logging.handlers import APILogHandler
+
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.pipeline import training_pipeline
+
+    for key in ("MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS", "SWEEPFLOW_STORAGE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    config = PipelineConfig.model_validate({"training": {"model": "resnet50"}})
+    started = time.monotonic()
+    state = training_pipeline(config=config, return_state=True)
+    took = time.monotonic() - started
+    assert state.is_failed()
+    assert "unknown model 'resnet50'" in state.message and "training.base_config" in state.message
+    assert took < 30, f"{took:.1f} s"
+    APILogHandler().flush()  # send the queued logs now
+    with get_client(sync_client=True) as client:
+        run_id = state.state_details.flow_run_id
+        assert client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [run_id]})) == []
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [run_id]}))
+    assert any("unknown model 'resnet50'" in log.message for log in logs), [log.message[:200] for log in logs]
+    assert not (tmp_path / "home" / "mlflow.db").exists() and not (tmp_path / "home" / "data").exists()

@@ -171,3 +171,25 @@ def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(stac
     fresh_env = {**_clean_env(tmp_path), "MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]}
     loaded = _run([sys.executable, "-c", script], fresh_env, 300)
     assert loaded.stdout.strip().endswith("(3, 10)")
+
+    # ---- A deployment run with bad parameters fails at its first step, says why, and starts nothing.
+    bad = json.dumps(
+        {"config": {"training": {"model": "resnet50"}, "mlflow": {"registered_model_name": MODEL}}}
+    )
+    refused = subprocess.run([*run, bad], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0, refused.stdout[-3000:]
+    with SyncPrefectClient(api) as prefect_client:
+        flow_runs = prefect_client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [default.id]}), sort=FlowRunSort.START_TIME_ASC
+        )
+        failed = flow_runs[-1]
+        assert failed.state_type.value == "FAILED"
+        assert "unknown model 'resnet50'" in failed.state.message, failed.state.message
+        assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [failed.id]})) == []
+        from prefect.client.schemas.filters import LogFilter
+
+        logs = prefect_client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [failed.id]}))
+    assert any("unknown model 'resnet50'" in log.message for log in logs)
+    assert len(client.search_runs([experiment.experiment_id])) == len(runs), (
+        "the refused run created MLflow runs"
+    )
