@@ -228,7 +228,9 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         return cls(
-            home=os.path.abspath(os.path.expanduser(env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))),
+            home=os.path.abspath(
+                os.path.expanduser(env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))
+            ),
             storage=(env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None,
             tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
             scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
@@ -245,10 +247,14 @@ def resolve_settings(
     settings = settings or Settings.from_env(env)
     state_dir = os.path.abspath(os.path.expanduser(config.state_dir or settings.home))
     tracking_uri = (
-        config.mlflow.tracking_uri or settings.tracking_uri or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
+        config.mlflow.tracking_uri
+        or settings.tracking_uri
+        or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
     )
     storage = (config.storage or "").rstrip("/") or settings.storage
-    cache_dir = config.data.cache_dir or (f"{storage}/datasets" if storage else os.path.join(state_dir, "data"))
+    cache_dir = config.data.cache_dir or (
+        f"{storage}/datasets" if storage else os.path.join(state_dir, "data")
+    )
     artifacts_destination = config.mlflow.artifacts_destination or (f"{storage}/mlflow" if storage else None)
     scheduler_address = config.dask.scheduler_address or settings.scheduler_address
     return config.model_copy(
@@ -258,7 +264,8 @@ def resolve_settings(
             "data": config.data.model_copy(
                 update={
                     "cache_dir": cache_dir,
-                    "staging_dir": config.data.staging_dir or os.path.join(state_dir, "data", "remote-staging"),
+                    "staging_dir": config.data.staging_dir
+                    or os.path.join(state_dir, "data", "remote-staging"),
                 }
             ),
             "mlflow": config.mlflow.model_copy(
@@ -306,7 +313,9 @@ def _refuse_credentials(values: Mapping[str, str | None]) -> None:
     for name, value in values.items():
         if value and redact(value) != value:
             fix = _NO_CREDENTIALS[name.split(" ", 1)[0]]
-            raise ValueError(f"{name}={redact(value)!r} holds credentials, which it cannot carry safely; {fix}")
+            raise ValueError(
+                f"{name}={redact(value)!r} holds credentials, which it cannot carry safely; {fix}"
+            )
 
 
 def split_credentials(config: PipelineConfig, settings: Settings) -> tuple[PipelineConfig, Credentials]:

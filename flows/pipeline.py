@@ -70,7 +70,9 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
                     f"no trial reported {cfg.selection.metric} ({len(sweep.failed)} of {len(sweep.trials)} "
                     "failed); see the MLflow child runs' sweepflow.error tags"
                 )
-            tracker.set_tags(parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id})
+            tracker.set_tags(
+                parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id}
+            )
             evaluation = evaluate_best(best.best_checkpoint, prepared.path, tracker, parent, client)
             stages.lap("evaluate_s")
             registration = register_best(
@@ -122,7 +124,11 @@ def build_sweep(
     fits = groups_that_fit(client, scaling, what="resources.ranks_per_trial / gpus_per_rank / cpus_per_rank")
     space = parse_space(cfg.sweep.search_space)
     sampler = make_sampler(
-        cfg.sweep.sampler, space, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed, mode=cfg.selection.mode
+        cfg.sweep.sampler,
+        space,
+        num_samples=cfg.sweep.num_samples,
+        seed=cfg.sweep.seed,
+        mode=cfg.selection.mode,
     )
     template = TrialTemplate(
         train_fn=cfg.training.train_fn,
@@ -214,7 +220,9 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     if best is not None:
         metrics[f"best_{cfg.selection.metric}"] = best.best
     tracker.log_metrics(parent, metrics, step=0)
-    tracker.set_tags(parent, {"sweepflow.failed_trials": ",".join(t.trial_id for t in sweep.failed) or "none"})
+    tracker.set_tags(
+        parent, {"sweepflow.failed_trials": ",".join(t.trial_id for t in sweep.failed) or "none"}
+    )
     return board
 
 
@@ -245,7 +253,11 @@ class _StageTimer:
 
 
 def _log_outcome(
-    logger: Any, cfg: PipelineConfig, best: TrialResult, evaluation: dict[str, Any], registration: dict[str, Any]
+    logger: Any,
+    cfg: PipelineConfig,
+    best: TrialResult,
+    evaluation: dict[str, Any],
+    registration: dict[str, Any],
 ) -> None:
     logger.info(
         "best trial %s: %s=%.4f (epoch %s); test %s=%.4f; registered %s v%s%s",

@@ -22,7 +22,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +33,7 @@ import pytest
 
 from ddp_runtime.cluster import local_cluster
 from sweepflow.flows import cli
+from sweepflow.services.local import WORKER_PRELOAD
 
 TRACKING_USER, TRACKING_PASSWORD = "trk-user-5f1c", "trk-pass-Q9zX31wq"
 DATA_USER, DATA_PASSWORD = "data-user-b52e", "data-pass-Hk40pLmz"
@@ -59,27 +60,45 @@ IDX_FILES = (
 )
 
 
-def leaks(text: str | bytes, where: str) -> list[str]:
-    """``where`` for each secret found in ``text``."""
+def leaks(text: str | bytes, where: str, secrets: Sequence[str] = SECRETS) -> list[str]:
+    """``where`` for each of ``secrets`` found in ``text``."""
     data = text if isinstance(text, bytes) else text.encode()
-    return [f"{secret!r} in {where}" for secret in SECRETS if secret.encode() in data]
+    return [
+        f"secret #{i} of {len(secrets)} in {where}"
+        for i, secret in enumerate(secrets)
+        if secret.encode() in data
+    ]
 
 
-def file_leaks(root: str | Path) -> list[str]:
+def file_leaks(
+    root: str | Path, secrets: Sequence[str] = SECRETS, *, skip: Collection[str] = ()
+) -> list[str]:
+    """Each of ``secrets`` in each file under ``root`` but the paths in ``skip`` (files that hold them on purpose)."""
     found = []
     for directory, _, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
-            if os.path.isfile(path) and not os.path.islink(path):
+            if os.path.isfile(path) and not os.path.islink(path) and path not in skip:
                 with open(path, "rb") as f:
-                    found += leaks(f.read(), path)
+                    found += leaks(f.read(), path, secrets)
     return found
 
 
-def process_args_leaks() -> list[str]:
-    """``ps -eo args``: every process's command line, readable by every local user."""
+def process_args_leaks(secrets: Sequence[str] = SECRETS) -> list[str]:
+    """Each of ``secrets`` in ``ps -eo args``: every process's command line, readable by every local user."""
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30, check=True).stdout
-    return [f"{leak}: {line[:200]}" for line in out.splitlines() for leak in leaks(line, "ps -eo args")]
+    return [
+        f"{leak}: {redact_secrets(line[:300], secrets)}"
+        for line in out.splitlines()
+        for leak in leaks(line, "ps -eo args", secrets)
+    ]
+
+
+def redact_secrets(text: str, secrets: Sequence[str]) -> str:
+    """``text`` fit for a failure message: the secrets found in it replaced."""
+    for secret in secrets:
+        text = text.replace(secret, "<SECRET>")
+    return text
 
 
 # --------------------------------------------------------------------------------------- a mirror that needs auth
@@ -280,7 +299,7 @@ def test_no_secret_reaches_mlflow_prefect_logs_files_or_command_lines(
     config_file.write_text(json.dumps(config))  # JSON is YAML
     summary_file = tmp_path / "summary.json"
     try:
-        with local_cluster(n_workers=1) as dask_client:
+        with local_cluster(n_workers=1, preload=[WORKER_PRELOAD]) as dask_client:
             code = cli.main(
                 [
                     "run",

@@ -193,3 +193,12 @@ def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(stac
     assert len(client.search_runs([experiment.experiment_id])) == len(runs), (
         "the refused run created MLflow runs"
     )
+
+    # ---- Secrets (see tests/test_secrets.py): while everything is up, the stack's S3 secret is on no command line
+    # (`ps` shows them to every user) and in no file of the stack's state but the two that keep it (mode 0600).
+    from test_secrets import file_leaks, process_args_leaks
+
+    secret = [env["AWS_SECRET_ACCESS_KEY"]]
+    assert not process_args_leaks(secret)
+    kept = {os.path.join(state, "stack.env"), os.path.join(state, "s3-credentials")}
+    assert not file_leaks(state, secret, skip=kept)

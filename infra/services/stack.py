@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import importlib.util
 import ipaddress
 import json
 import os
@@ -119,6 +120,11 @@ class Exposure:
         ]:
             if value is not None and ":" not in value:
                 raise ValueError(f"the {flag} file must hold USER:PASSWORD on its first line")
+        if self.mlflow_auth and not installed("flask_wtf"):
+            raise ValueError(
+                "MLflow's basic-auth app (--mlflow-auth-file) needs Flask-WTF, which is not installed: "
+                "install it with `.venv/bin/python -m pip install 'mlflow[auth]'`"
+            )
         if not is_loopback(self.host) and not self.insecure:
             missing = [
                 what
@@ -135,6 +141,10 @@ class Exposure:
                     f"{' and '.join(missing)} anyone who reaches them can run code on this machine; add "
                     "them (see README, 'Exposing the services'), or pass --insecure on a trusted network"
                 )
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def is_loopback(host: str) -> bool:
@@ -292,8 +302,15 @@ def _mlflow_auth(state_dir: str, auth: str | None) -> tuple[dict[str, str], dict
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         )
     os.replace(config + ".tmp", config)
+    key_file = os.path.join(state_dir, "mlflow-flask-secret")  # its CSRF key: generated once, kept (0600)
+    if not os.path.exists(key_file):
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    with open(key_file) as f:
+        flask_key = f.read().strip()
     server = {"MLFLOW_AUTH_CONFIG_PATH": config, "MLFLOW_AUTH_ADMIN_USERNAME": user,
-              "MLFLOW_AUTH_ADMIN_PASSWORD": password}  # fmt: skip
+              "MLFLOW_AUTH_ADMIN_PASSWORD": password, "MLFLOW_FLASK_SERVER_SECRET_KEY": flask_key}  # fmt: skip
     return server, {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
 
 

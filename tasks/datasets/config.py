@@ -32,7 +32,14 @@ from pydantic_core import ErrorDetails
 from .errors import DatasetConfigError
 from .uris import endpoint_url, protocol, redact, split_userinfo
 
-__all__ = ["DATASETS", "PREPARED_FORMAT_VERSION", "DataConfig", "DataCredentials", "DatasetName", "DatasetSpec"]
+__all__ = [
+    "DATASETS",
+    "PREPARED_FORMAT_VERSION",
+    "DataConfig",
+    "DataCredentials",
+    "DatasetName",
+    "DatasetSpec",
+]
 
 #: Bump when the prepared files' layout or the preparation logic changes: it is part of the fingerprint,
 #: so old prepared directories are simply no longer found (and can be deleted) instead of being misread.

@@ -26,7 +26,11 @@ def split_tracking_credentials(tracking_uri: str) -> tuple[str, dict[str, str]]:
     if not tracking_uri.startswith(("http://", "https://")):
         return tracking_uri, {}
     bare, user, password = split_userinfo(tracking_uri)
-    env = {name: value for name, value in zip(TRACKING_AUTH_ENV, (user, password), strict=True) if value is not None}
+    env = {
+        name: value
+        for name, value in zip(TRACKING_AUTH_ENV, (user, password), strict=True)
+        if value is not None
+    }
     return bare, env
 
 
