@@ -195,36 +195,43 @@ class ServiceUnreachable(PreflightError, ConnectionError):
     """A service named in the configuration did not answer within the check's bound."""
 
 
+def _check_health(url: str, *, field: str, value: str, what: str, fix: str, timeout_s: float) -> None:
+    problem = http_problem(url.rstrip("/") + "/health", timeout_s=timeout_s)
+    if problem:
+        raise ServiceUnreachable(
+            field, value, f"{what} did not answer its health check within {timeout_s:g} s ({problem})", fix
+        )
+
+
 def check_tracking_server(
     tracking_uri: str, *, field: str = "mlflow.tracking_uri", timeout_s: float = REACH_TIMEOUT_S
 ) -> None:
     """An HTTP(S) tracking server must answer its health check within ``timeout_s`` (MLflow's own client would
     retry for minutes). Other stores (sqlite:, file:, databricks) are not checked here."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    problem = http_problem(tracking_uri.rstrip("/") + "/health", timeout_s=timeout_s)
-    if problem:
-        raise ServiceUnreachable(
-            field,
+    if tracking_uri.startswith(("http://", "https://")):
+        _check_health(
             tracking_uri,
-            f"the MLflow tracking server did not answer its health check within {timeout_s:g} s ({problem})",
-            "check mlflow.tracking_uri / MLFLOW_TRACKING_URI, that the server is running, and that this machine "
-            "can reach it",
+            field=field,
+            value=tracking_uri,
+            what="the MLflow tracking server",
+            fix="check mlflow.tracking_uri / MLFLOW_TRACKING_URI, that the server is running, and that this "
+            "machine can reach it",
+            timeout_s=timeout_s,
         )
 
 
 def check_prefect_api(
     api_url: str, *, field: str = "PREFECT_API_URL", timeout_s: float = REACH_TIMEOUT_S
 ) -> None:
-    problem = http_problem(api_url.rstrip("/") + "/health", timeout_s=timeout_s)
-    if problem:
-        raise ServiceUnreachable(
-            field,
-            api_url,
-            f"the Prefect API did not answer its health check within {timeout_s:g} s ({problem})",
-            "start the server (`prefect server start`, or `sweepflow server start`), fix PREFECT_API_URL, or unset "
-            "it to let `sweepflow run` start a local server",
-        )
+    _check_health(
+        api_url,
+        field=field,
+        value=api_url,
+        what="the Prefect API",
+        fix="start the server (`prefect server start`, or `sweepflow server start`), fix PREFECT_API_URL, or "
+        "unset it to let `sweepflow run` start a local server",
+        timeout_s=timeout_s,
+    )
 
 
 def check_dask_scheduler(

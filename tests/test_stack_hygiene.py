@@ -335,6 +335,11 @@ class Seen:
         self.ids |= _service_ids(self.state)
         return now
 
+    def assert_all_gone(self, command: str) -> None:
+        """After ``command`` stopped the services: none of their processes, and no process carrying their id."""
+        self.snapshot()
+        assert not _still_alive(self.processes) and not _carrying(self.ids), f"`{command}` left processes"
+
 
 @pytest.fixture(scope="module")
 def local_services(tmp_path_factory):
@@ -350,10 +355,7 @@ def local_services(tmp_path_factory):
     finally:
         stopped = _sweepflow("server", "stop", "--state-dir", state, env=env, timeout=120)
         print(stopped.stdout, stopped.stderr)
-    seen.snapshot()
-    assert not _still_alive(seen.processes) and not _carrying(seen.ids), (
-        "`sweepflow server stop` left processes"
-    )
+    seen.assert_all_gone("sweepflow server stop")
 
 
 @pytest.mark.subprocess
@@ -448,10 +450,7 @@ def stack(tmp_path_factory):
     finally:
         down = _sweepflow("stack", "down", "--state-dir", state, env=env, timeout=300)
         print(down.stdout, down.stderr)
-    seen.snapshot()
-    assert not _still_alive(seen.processes) and not _carrying(seen.ids), (
-        "`sweepflow stack down` left processes"
-    )
+    seen.assert_all_gone("sweepflow stack down")
 
 
 @pytest.mark.subprocess
