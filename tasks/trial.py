@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 import uuid
@@ -149,7 +150,9 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
     finally:
         slot.release()
     return replace(
-        result, slot_wait_s=slot_wait_s, phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s}
+        result,
+        slot_wait_s=slot_wait_s,
+        phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s},
     )
 
 
@@ -193,9 +196,22 @@ def _wait_for_slot(spec: TrialSpec, rt: SweepRuntime, writer: RunWriter) -> tupl
 class _TrialRun:
     """One trial's DDP group, from its first report to its MLflow run's end."""
 
-    def __init__(self, spec: TrialSpec, rt: SweepRuntime, writer: RunWriter, slot: _Slot, logger: Any) -> None:
+    def __init__(
+        self, spec: TrialSpec, rt: SweepRuntime, writer: RunWriter, slot: _Slot, logger: Any
+    ) -> None:
         self.spec, self.rt, self.writer, self.slot, self.logger = spec, rt, writer, slot, logger
-        self.reached_max_t = False  # the scheduler stopped it at max_t: complete, not pruned (Ray: TERMINATED)
+        self.reached_max_t = (
+            False  # the scheduler stopped it at max_t: complete, not pruned (Ray: TERMINATED)
+        )
+        self.diverged: str | None = None  # why the trial was stopped as FAILED at a non-finite report
+
+    def _non_finite(self, metrics: dict[str, Any]) -> str | None:
+        """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
+        for name in (self.spec.selection_metric, getattr(self.rt.scheduler, "metric", None)):
+            value = metrics.get(name) if name else None
+            if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
+                return f"{name}={value} at report {metrics['training_iteration']}"
+        return None
 
     def on_report(self, metrics: dict[str, Any]) -> bool:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
@@ -204,6 +220,11 @@ class _TrialRun:
             self._check_metrics(metrics)
         step = int(metrics.get("epoch", metrics["training_iteration"]))
         self.writer.log(metrics, step=step)
+        self.diverged = self._non_finite(metrics)
+        if self.diverged:  # the loss diverged: FAILED now, and never shown to the scheduler (no promotion)
+            self.logger.error("%s: stopping as failed: non-finite %s", spec.name, self.diverged)
+            self.slot.release()
+            return True
         if self.rt.aborted:
             self.logger.warning("%s: stopping at report %s (%s)", spec.name, step, self.rt.aborted)
             self.slot.release()
@@ -236,7 +257,9 @@ class _TrialRun:
     def train(self, artifact_uri: str) -> TrialResult:
         spec, rt, writer = self.spec, self.rt, self.writer
         storage = direct_storage_uri(artifact_uri, rt.artifacts_destination)
-        proxied = storage is None  # the tracking server stores artifacts: stage checkpoints, upload at the end
+        proxied = (
+            storage is None
+        )  # the tracking server stores artifacts: stage checkpoints, upload at the end
         if proxied:
             storage = os.path.join(rt.staging_dir, writer.run_id)
         rt.scheduler.on_trial_add(spec.trial_id)
@@ -256,7 +279,7 @@ class _TrialRun:
         result = self._result(fit, error)
         if result.status is TrialStatus.FAILED:
             rt.scheduler.on_trial_error(spec.trial_id)
-            self.logger.error("%s failed: %s", spec.name, error)
+            self.logger.error("%s failed: %s", spec.name, result.error)
         else:
             rt.scheduler.on_trial_complete(spec.trial_id, fit.metrics)
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
@@ -267,7 +290,9 @@ class _TrialRun:
         rt.progress.update(spec.trial_id, metrics=fit.metrics, status=result.status)
         phases = {
             "group_overhead": round(fit_s - fit.train_time_s, 4),  # reserve, launch, rendezvous, teardown
-            "mlflow_end": round(time.perf_counter() - fit_started - fit_s, 4),  # queued: written in the background
+            "mlflow_end": round(
+                time.perf_counter() - fit_started - fit_s, 4
+            ),  # queued: written in the background
         }
         return replace(result, phases_s=phases)
 
@@ -298,6 +323,10 @@ class _TrialRun:
 
     def _result(self, fit: train.Result, error: BaseException | None) -> TrialResult:
         spec = self.spec
+        if error is None and self.diverged:
+            error = ValueError(
+                f"the training diverged: non-finite {self.diverged}; lower the learning rate or clip gradients"
+            )
         if error is not None:
             status = TrialStatus.FAILED
         elif fit.stopped_early and not self.reached_max_t:

@@ -304,3 +304,32 @@ def test_a_failed_trial_restarts_from_its_checkpoint_dir_with_max_failures(servi
     # epochs 1, 2 from the first attempt, then epoch 3 from the restart, which started at epoch 2's checkpoint
     assert [h["resumed_from"] for h in trial.metric_history] == [0.0, 0.0, 2.0]
     assert trial.result.restarts == 1
+
+
+def diverging_trainable(config, checkpoint_dir=None):
+    """The loss of quality 0 becomes NaN at its second report (a diverged run); the others train normally."""
+    for epoch in range(1, 5):
+        loss = float("nan") if config["quality"] == 0.0 and epoch >= 2 else config["quality"] / epoch
+        tune.report(loss=loss)
+
+
+def test_a_non_finite_loss_fails_its_trial_at_that_report_and_the_sweep_goes_on(services):
+    analysis = tune.run(
+        diverging_trainable,
+        config={"quality": tune.grid_search([0.0, 1.0, 2.0])},
+        scheduler=ASHAScheduler(metric="loss", mode="min", max_t=4, grace_period=4),
+        max_concurrent_trials=1,
+        raise_on_failed_trial=False,
+        verbose=0,
+    )
+    by_quality = {t.config["quality"]: t for t in analysis.trials}
+    diverged = by_quality[0.0]
+    assert (
+        diverged.status == "ERROR" and diverged.last_result["training_iteration"] == 2
+    )  # stopped at that report
+    assert "non-finite loss=nan at report 2" in diverged.error_msg
+    assert [by_quality[q].status for q in (1.0, 2.0)] == ["TERMINATED", "TERMINATED"]
+    assert analysis.get_best_trial("loss", "min", "last").config["quality"] == 1.0
+    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    run = next(c for c in children if c.data.params["quality"] == "0.0")
+    assert run.info.status == "FAILED" and "diverged" in run.data.tags["sweepflow.error"]
