@@ -9,7 +9,7 @@ Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
 from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime.checkpoint import Checkpoint
 from ddp_runtime.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
-from ddp_runtime.result import RankError, Result, TrainingFailedError
+from ddp_runtime.result import RankError, RankHangError, Result, TrainingFailedError
 from ddp_runtime.session import StopTraining, TrainContext, get_checkpoint, get_context, report
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "FailureConfig",
     "InsufficientResourcesError",
     "RankError",
+    "RankHangError",
     "Result",
     "RunConfig",
     "ScalingConfig",

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
+import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -27,7 +30,12 @@ if TYPE_CHECKING:  # imported inside the functions that run on workers: drivers 
     import torch
 
 STOP, CONTINUE = "stop", "continue"
+STARTED = {"started": True}  # rank 0's first message on the report queue: the group is set up
 _VERDICT_POLL_S = 1.0  # while waiting for a verdict, how often rank 0 checks that its driver still wants it
+
+# The thread running each rank task in this worker process, by task key: when a group stops making progress,
+# the driver asks for those threads' stacks (``rank_stacks``) to tell the hung rank from the ones waiting for it.
+_RANK_THREADS: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,9 @@ class _Rank0Link:
         def open_queues() -> None:
             try:
                 self._queues["reports"] = Queue(reports_queue_name(spec.channel), client=client)
+                # Rank 0 is in the training function, so every rank has joined the process group: the
+                # driver's clock for TorchConfig.hang_timeout_s starts here, set-up time excluded.
+                self._queues["reports"].put(STARTED)
                 self._queues["verdicts"] = Queue(verdicts_queue_name(spec.channel), client=client)
             except BaseException as exc:  # noqa: BLE001 - raised by the first report, in the rank's thread
                 self._queues["error"] = exc
@@ -201,7 +212,10 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
     import torch
     import torch.distributed as dist
 
-    worker_address = get_worker().address
+    worker = get_worker()
+    worker_address = worker.address
+    task_key = str(worker.get_current_task())
+    _RANK_THREADS[task_key] = threading.get_ident()
     initialised = False
     link: _Rank0Link | None = None
     outcome: dict[str, Any] = {"rank": spec.world_rank, "worker": worker_address}
@@ -248,9 +262,70 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         )
     finally:
         outcome["ended_at"] = time.time()
+        _RANK_THREADS.pop(task_key, None)
         _install(None)
         if link is not None:
             link.close()
         if initialised:
             dist.destroy_process_group()
     return outcome
+
+
+# ------------------------------------------------------------------------------------------- hung-rank stacks
+
+# Frames where a rank waits for its peers: torch.distributed's collectives, DDP (its forward may broadcast
+# buffers), autograd (a DDP backward waits there for the gradient all-reduce) and our report barrier.
+_WAITING_FILES = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel|autograd)[/\\]")
+_SESSION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session.py")
+
+
+def _zone_of(path: str, function: str) -> str:
+    """``waiting`` (where a rank waits for its peers), ``library`` (torch, Dask, ddp_runtime, the standard
+    library) or ``user`` (everything else: the training function and the packages it calls)."""
+    import distributed
+    import torch
+
+    if _WAITING_FILES.search(path) or (path == _SESSION_FILE and function == "report"):
+        return "waiting"
+    runtime = [os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, distributed)]
+    if any(path.startswith(d) for d in (*runtime, os.path.dirname(_SESSION_FILE) + os.sep)):
+        return "library"
+    paths = sysconfig.get_paths()
+    # On a system-wide Python the installed packages live inside the standard library's directory.
+    installed = (paths["purelib"] + os.sep, paths["platlib"] + os.sep)
+    if path.startswith(paths["stdlib"] + os.sep) and not path.startswith(installed):
+        return "library"
+    return "user"
+
+
+def rank_stacks(keys: list[str], dask_worker: Any = None) -> dict[str, list[tuple[str, int, str, str, str]]]:
+    """Run on a worker (``client.run``): the current Python stack of each of these rank tasks running here.
+
+    Each stack is a list of ``(file, line, function, source, zone)``, innermost frame last, starting at the
+    training function (or at ``run_rank`` while the rank is still setting up); ``zone`` is ``waiting`` for
+    frames where a rank waits for its peers (a collective, DDP, autograd, ``report``), ``library`` for the
+    rest of torch, Dask, ddp_runtime and the standard library, else ``user``.
+    """
+    frames = sys._current_frames()  # documented in sys; the only way to see another thread's stack
+    stacks: dict[str, list[tuple[str, int, str, str, str]]] = {}
+    for key in keys:
+        frame = frames.get(_RANK_THREADS.get(key, -1))
+        if frame is None:
+            continue  # not running here (finished, or never started)
+        summary = traceback.extract_stack(frame)
+        # Drop Dask's thread-pool frames above run_rank, and run_rank's own once the user's function runs.
+        names = [(f.filename == __file__, f.name) for f in summary]
+        start = names.index((True, "run_rank")) if (True, "run_rank") in names else 0
+        if (True, "_call") in names:
+            start = names.index((True, "_call")) + 1
+        stacks[key] = [
+            (
+                f.filename,
+                f.lineno or 0,
+                f.name,
+                (f.line or "").strip(),
+                _zone_of(os.path.abspath(f.filename), f.name),
+            )
+            for f in summary[start:]
+        ]
+    return stacks

@@ -3,18 +3,30 @@
 A checkpoint is committed by a marker file written last (``.sweepflow_checkpoint.json``, holding the metrics
 it was reported with). Readers only list committed checkpoints, so a crash mid-upload never exposes a
 half-written one. On local disk the directory is additionally staged under a temporary name and renamed.
+
+Remote storage may be away for a while (an endpoint restarting, a network blip): each step of writing a
+checkpoint (clearing a leftover, each file, the marker) is retried with backoff for up to
+``DDP_RUNTIME_STORAGE_RETRY_S`` seconds (default 120; read by the process that writes, i.e. the Dask
+worker), then ``StorageUnavailableError`` names the endpoint; the checkpoint is then not committed, so the
+previous one stays the latest. Every step is a whole-object PUT or DELETE, so repeating one is harmless.
+s3fs retries throttling and dropped reads itself, and botocore a refused connection for a few seconds (5
+attempts), but neither waits out an endpoint that is down for longer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
+import random
+import re
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +35,61 @@ from fsspec.implementations.local import LocalFileSystem
 
 MARKER = ".sweepflow_checkpoint.json"
 _PREFIX = "checkpoint_"
+
+#: How long (seconds) remote storage may stay unreachable while a checkpoint is written (env overrides).
+STORAGE_RETRY_ENV = "DDP_RUNTIME_STORAGE_RETRY_S"
+DEFAULT_STORAGE_RETRY_S = 120.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 10.0
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+
+log = logging.getLogger(__name__)
+
+
+class StorageUnavailableError(OSError):
+    """Remote checkpoint storage did not answer for longer than ``DDP_RUNTIME_STORAGE_RETRY_S``."""
+
+
+def _storage_retry_s(value: float | None) -> float:
+    if value is None:
+        raw = os.environ.get(STORAGE_RETRY_ENV, "").strip()
+        if not raw:
+            return DEFAULT_STORAGE_RETRY_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"{STORAGE_RETRY_ENV}={raw!r} is not a number: set it to the seconds checkpoint storage may stay "
+                f"unreachable before a checkpoint write fails (default {DEFAULT_STORAGE_RETRY_S:g})"
+            ) from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"the storage retry bound must be seconds >= 0, got {value!r} ({STORAGE_RETRY_ENV})")
+    return float(value)
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean "the endpoint did not answer", not "it refused": worth another attempt."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]  # sockets; asyncio and fsspec timeouts
+    with contextlib.suppress(ImportError):  # comes with s3fs: without it there is no S3 endpoint to wait for
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
+        found += [BotoConnectionError, HTTPClientError]  # refused/reset/closed connection, read timeout
+    with contextlib.suppress(ImportError):  # s3fs's, gcsfs's and adlfs's HTTP client
+        from aiohttp import ClientConnectionError, ClientPayloadError
+
+        found += [ClientConnectionError, ClientPayloadError]
+    return tuple(found)
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError):
+        return False  # the endpoint answered: no such bucket, access denied
+    return isinstance(exc, _network_errors())
+
+
+def _redact(text: str) -> str:
+    """``text`` with any ``user:password@`` of a URL in it replaced: messages never carry credentials."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
 
 
 def _filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -126,8 +193,16 @@ class StoredCheckpoint:
 class RunStorage:
     """The run directory ``storage_path/name`` and the checkpoints in it."""
 
-    def __init__(self, storage_path: str, name: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        storage_path: str,
+        name: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry_s: float | None = None,
+    ) -> None:
         self.storage_options = dict(storage_options or {})
+        self._retry_s = retry_s  # None: $DDP_RUNTIME_STORAGE_RETRY_S when a write needs it, else 120 s
         self.fs, root = _filesystem(storage_path, self.storage_options)
         self.root = f"{root.rstrip('/')}/{name}"
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -152,16 +227,67 @@ class RunStorage:
                 shutil.rmtree(final)
             os.rename(staging, final)
         else:
-            if self.fs.exists(final):
-                self.fs.rm(final, recursive=True)
+            retry = self._retrying(f"writing checkpoint {index} to {self._uri(final)}")
+            # A leftover of an attempt that failed before its marker: remove it so no stale file stays in.
+            retry(lambda: self.fs.rm(final, recursive=True) if self.fs.exists(final) else None)
             for dirpath, _, filenames in os.walk(local_dir):
                 for filename in filenames:
                     src = os.path.join(dirpath, filename)
                     rel = os.path.relpath(src, local_dir).replace(os.sep, "/")
-                    self.fs.put_file(src, f"{final}/{rel}")
-            with self.fs.open(f"{final}/{MARKER}", "w") as f:  # the commit point: written last
-                f.write(marker)
+                    retry(lambda src=src, rel=rel: self.fs.put_file(src, f"{final}/{rel}"))
+            # The commit point, written last and in one PUT: a checkpoint without it is never listed.
+            retry(lambda: self.fs.pipe_file(f"{final}/{MARKER}", marker.encode()))
         return Checkpoint(self._uri(final), storage_options=self.storage_options)
+
+    def endpoint(self) -> str:
+        """Where the storage is served from, for messages (credentials removed)."""
+        protocol = self.uri.split("://")[0] if "://" in self.uri else "file"
+        opts = self.storage_options
+        url = (opts.get("client_kwargs") or {}).get("endpoint_url") or opts.get("endpoint_url")
+        if not url and protocol in ("s3", "s3a"):  # botocore's own settings, as s3fs uses them
+            url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return _redact(str(url)) if url else f"{protocol}:// (its default endpoint)"
+
+    def _retrying(self, what: str) -> Callable[[Callable[[], Any]], Any]:
+        """A runner for the steps of one write: each step is retried while the endpoint does not answer, all of
+        them within one bound that starts at the write's first failure."""
+        budget = _storage_retry_s(self._retry_s)
+        state: dict[str, float] = {}
+
+        def run(step: Callable[[], Any]) -> Any:
+            delay = _BACKOFF_FIRST_S
+            while True:
+                try:
+                    return step()
+                except Exception as exc:
+                    if not _is_unreachable(exc):
+                        raise
+                    now = time.monotonic()
+                    first = state.setdefault("first_failure", now)
+                    state["tries"] = state.get("tries", 0) + 1
+                    waited = now - first
+                    if state["tries"] == 1:
+                        log.warning(
+                            "%s: storage endpoint %s unreachable (%s); retrying for up to %.0f s",
+                            what,
+                            self.endpoint(),
+                            _redact(f"{type(exc).__name__}: {exc}")[:200],
+                            budget,
+                        )
+                    if waited >= budget:
+                        raise StorageUnavailableError(
+                            f"{what} failed: the storage endpoint {self.endpoint()} did not answer for "
+                            f"{waited:.0f} s ({int(state['tries'])} failed attempt(s); last error: "
+                            f"{_redact(f'{type(exc).__name__}: {exc}')[:300]}). The checkpoint is not committed: "
+                            "the previous one stays the latest. Check that the endpoint is up and reachable from "
+                            f"the Dask workers; to wait longer for it, raise {STORAGE_RETRY_ENV} (now {budget:g} s) "
+                            "in the workers' environment"
+                        ) from exc
+                    self.fs.invalidate_cache()  # what a failed step listed may be stale
+                    time.sleep(min(delay * random.uniform(0.8, 1.2), budget - waited))
+                    delay = min(delay * 2, _BACKOFF_MAX_S)
+
+        return run
 
     def list_committed(self) -> list[StoredCheckpoint]:
         """Committed checkpoints of the run, oldest first (uncommitted leftovers are ignored)."""

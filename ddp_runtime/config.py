@@ -132,19 +132,32 @@ class TorchConfig:
     ``backend`` defaults to ``nccl`` with GPUs and ``gloo`` without. ``timeout_s`` bounds process-group
     start-up and every collective. ``teardown_timeout_s`` is how long the driver waits for the surviving ranks
     of a failed group to exit on their own before it restarts the group's Dask workers.
+
+    ``hang_timeout_s`` (default None: no bound) is the longest the group may go without progress: from rank 0
+    entering the training function (every rank has joined the process group by then; set-up before it is
+    bounded by the two timeouts above) to its first report, and between two reports. Past it, the driver
+    takes every rank's Python stack, fails the attempt with a ``RankHangError`` naming the rank that hung and
+    the line it is at (the ranks waiting for it in a collective or ``report`` are told apart from it), and
+    restarts the group's Dask workers as for a failed group (a hung thread cannot be stopped otherwise, so
+    even a 1-rank group's worker is restarted). A hang counts as a failure for ``FailureConfig``. Set it above
+    the slowest epoch, the first included (on a fresh worker it pays DDP's first-use imports, ~10 s on a
+    small machine).
     """
 
     backend: Literal["nccl", "gloo"] | None = None
     timeout_s: float = 300.0
     rendezvous_timeout_s: float = 60.0
     teardown_timeout_s: float = 1.0
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "nccl", "gloo"):
             raise ValueError(
                 f"TorchConfig.backend must be 'nccl', 'gloo' or None (automatic), got {self.backend!r}"
             )
-        for name in ("timeout_s", "rendezvous_timeout_s", "teardown_timeout_s"):
+        for name in ("timeout_s", "rendezvous_timeout_s", "teardown_timeout_s", "hang_timeout_s"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value <= 0:
+            if name == "hang_timeout_s" and value is None:
+                continue  # no bound on a group's time without progress
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"TorchConfig.{name} must be a positive number of seconds, got {value!r}")

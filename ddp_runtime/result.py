@@ -19,6 +19,24 @@ class RankError(RuntimeError):
         super().__init__(f"{where} (Dask worker {worker}) failed: {message}\n{traceback_text}".rstrip())
 
 
+class RankHangError(RankError):
+    """A rank stopped making progress (``TorchConfig.hang_timeout_s``, or its peers' collective timed out).
+
+    ``rank``/``worker`` name the (first) rank found hung, ``summary`` says where it is and what the other ranks
+    were doing, ``traceback_text`` holds the hung rank(s)' Python stacks as taken from their workers.
+    """
+
+    def __init__(self, rank: int | None, worker: str | None, summary: str, traceback_text: str = "") -> None:
+        self.rank = rank
+        self.worker = worker
+        self.summary = summary
+        self.traceback_text = traceback_text
+        RuntimeError.__init__(self, f"{summary}\n{traceback_text}".rstrip())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable although __init__ takes more than the message
+        return (type(self), (self.rank, self.worker, self.summary, self.traceback_text))
+
+
 @dataclass
 class Result:
     metrics: dict[str, Any] | None

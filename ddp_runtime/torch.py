@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -29,8 +30,10 @@ from ddp_runtime import _compat
 from ddp_runtime import _gang as gang
 from ddp_runtime._worker import (
     CONTINUE,
+    STARTED,
     STOP,
     RankSpec,
+    rank_stacks,
     rendezvous_variable_name,
     reports_queue_name,
     run_rank,
@@ -39,7 +42,7 @@ from ddp_runtime._worker import (
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
 from ddp_runtime.cluster import local_cluster
 from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig
-from ddp_runtime.result import RankError, Result, TrainingFailedError
+from ddp_runtime.result import RankError, RankHangError, Result, TrainingFailedError
 from ddp_runtime.session import get_context
 
 if TYPE_CHECKING:
@@ -58,6 +61,7 @@ _WORKER_RESTART_GRACE_S = (
     120.0  # how long killed workers may take to come back before "too few workers" is final
 )
 _RESERVE_WAIT_S = 2.0  # longest single wait for workers inside the scheduler before asking again
+_STACKS_TIMEOUT_S = 10.0  # how long the driver waits for a stuck group's stacks (a worker may not answer)
 _restarting_until: dict[str, float] = {}  # scheduler address -> until when its workers may be restarting
 
 
@@ -227,6 +231,9 @@ class _GroupRun:
         self.train_time_s = 0.0
         self.held_s = 0.0  # from the reservation to its release
         self.rank0_window: tuple[str, float, float] | None = None  # worker, entered, left the function
+        # Stacks of the ranks still running when a failed group was torn down (by rank), taken before their
+        # workers were killed; "why" when they could not be taken.
+        self.stuck_stacks: dict[int, list[tuple[str, int, str, str, str]]] = {}
 
     def run(self) -> _GroupRun:
         # The report channel first: opening it costs scheduler round trips, better spent before workers free
@@ -331,8 +338,14 @@ class _GroupRun:
             self._watch(futures, addresses, reports, verdicts)
         finally:
             outcomes = self._teardown(futures, addresses)
+        if isinstance(self.error, RankHangError):
+            return  # named from the ranks' stacks when the hang was found
         if isinstance(self.error, RankError) and self.error.traceback_text:
             self.error = self._root_cause(outcomes)
+            # The earliest error is often a rank whose collective timed out waiting for a peer that never came
+            # (TorchConfig.timeout_s): the cause is then that peer, still running somewhere else.
+            if self.stuck_stacks and _COLLECTIVE_FRAME.search(self.error.traceback_text):
+                self.error = self._blame_stuck_rank(self.error, addresses) or self.error
 
     @staticmethod
     def _root_cause(outcomes: list[dict[str, Any]]) -> RankError:
@@ -363,13 +376,21 @@ class _GroupRun:
         self, futures: list[Future], addresses: list[str], inbox: queue.Queue[dict[str, Any]], verdicts: Queue
     ) -> None:
         next_liveness = time.monotonic() + _LIVENESS_EVERY_S
+        hang_timeout_s = self.trainer.torch_config.hang_timeout_s
+        # When the group last made progress: rank 0 entering the training function, then each report. Set-up
+        # before that (rendezvous, process group) is bounded by TorchConfig's rendezvous and collective timeouts.
+        last_progress: float | None = None
         while True:
             try:
                 message = inbox.get(timeout=_POLL_S)
             except queue.Empty:
                 message = None
+            if message == STARTED:
+                last_progress = time.monotonic()
+                continue
             if message is not None and message is not _WAKE:
                 verdicts.put(self._on_report(message))
+                last_progress = time.monotonic()
                 continue  # drain reports before looking at futures: a finished rank 0 may have queued some
             outcomes = [self._outcome(f) for f in futures if f.done()]
             if any(o["status"] == "error" for o in outcomes):
@@ -389,6 +410,13 @@ class _GroupRun:
                     )
                     return
                 next_liveness = time.monotonic() + _LIVENESS_EVERY_S
+            if hang_timeout_s is not None and last_progress is not None:
+                silent_s = time.monotonic() - last_progress
+                if silent_s > hang_timeout_s:
+                    self.error = self._hang_error(futures, addresses, silent_s)
+                    if self.error is not None:
+                        return
+                    last_progress = time.monotonic()  # every rank ended meanwhile: the loop sees that next
 
     def _outcome(self, future: Future) -> dict[str, Any]:
         if future.status == "finished":
@@ -399,6 +427,95 @@ class _GroupRun:
         exc = future.exception()
         text = "".join(traceback.format_exception(type(exc), exc, future.traceback()))
         return {"rank": rank, "status": "error", "message": f"{type(exc).__name__}: {exc}", "traceback": text}
+
+    def _stacks(self, futures: list[Future], addresses: list[str], ranks: list[int]) -> dict[int, Any]:
+        """The current Python stack of each of these ranks that is still running, by rank, read on its worker;
+        a rank whose worker did not answer (within ``_STACKS_TIMEOUT_S``: its event loop may be stuck too)
+        maps to the reason, a string."""
+        running = {
+            str(futures[rank].key): (rank, addresses[rank]) for rank in ranks if not futures[rank].done()
+        }
+        if not running:
+            return {}
+        answer: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                answer["stacks"] = self.client.run(
+                    rank_stacks,
+                    list(running),
+                    workers=sorted({a for _, a in running.values()}),
+                    on_error="return",
+                )
+            except BaseException as exc:  # noqa: BLE001 - told to the user as why the stacks are missing
+                answer["error"] = exc
+
+        # In a thread, so a worker that never answers delays the verdict by _STACKS_TIMEOUT_S, not forever.
+        asking = threading.Thread(target=ask, name=f"{self.channel}-stacks", daemon=True)
+        asking.start()
+        asking.join(_STACKS_TIMEOUT_S)
+        found: dict[int, Any] = {}
+        for key, (rank, address) in running.items():
+            reply = answer.get("stacks", {}).get(address, answer.get("error"))
+            if isinstance(reply, dict):
+                found[rank] = reply.get(key, "it ended while its stack was being read")
+            elif reply is not None:  # the exception that worker (or the call) raised
+                found[rank] = f"its worker could not be asked for its stack ({type(reply).__name__}: {reply})"
+            else:
+                found[rank] = (
+                    f"its worker did not answer within {_STACKS_TIMEOUT_S:g} s when asked for its stack"
+                )
+        return found
+
+    def _hang_error(
+        self, futures: list[Future], addresses: list[str], silent_s: float
+    ) -> RankHangError | None:
+        """TorchConfig.hang_timeout_s ran out: name the rank(s) that hung, from every running rank's stack
+        (None if every rank ended meanwhile: no hang then)."""
+        stacks = self._stacks(futures, addresses, list(range(len(futures))))
+        if not stacks:
+            return None
+        finished = [rank for rank, f in enumerate(futures) if f.done()]
+        hung, waiting = _split_hung(stacks, len(futures))
+        timeout_s = self.trainer.torch_config.hang_timeout_s
+        others = []
+        if waiting:
+            verb = "waits" if len(waiting) == 1 else "wait"
+            others.append(f"{_ranks(waiting)} {verb} for it in a collective or report()")
+        if finished:
+            others.append(f"{_ranks(finished)} already returned")
+        return _hung_ranks_error(
+            hung,
+            stacks,
+            addresses,
+            problem=f"no report for {silent_s:.0f} s",
+            others=others,
+            cause=f"TorchConfig.hang_timeout_s={timeout_s:g}",
+            or_else="raise TorchConfig.hang_timeout_s if an epoch (set-up included) legitimately takes longer",
+        )
+
+    def _blame_stuck_rank(self, root: RankError, addresses: list[str]) -> RankHangError | None:
+        """``root`` failed in a collective; if ranks still running at teardown were outside any collective,
+        they are the cause: name them (None when every stuck rank was itself waiting for a peer)."""
+        hung, waiting = _split_hung(self.stuck_stacks, len(addresses))
+        hung = [rank for rank in hung if isinstance(self.stuck_stacks.get(rank), list)]
+        if not hung or len(addresses) == 1:
+            return None
+        first_line = str(root).split("\n", 1)[0]
+        others = [f"rank {root.rank} failed waiting for it in a collective ({first_line})"]
+        if waiting:
+            others.append(
+                f"{_ranks(waiting)} {'was' if len(waiting) == 1 else 'were'} still waiting for it too"
+            )
+        return _hung_ranks_error(
+            hung,
+            self.stuck_stacks,
+            addresses,
+            problem="its peers' collective timed out",
+            others=others,
+            cause=f"TorchConfig.timeout_s={self.trainer.torch_config.timeout_s:g}",
+            or_else="raise TorchConfig.timeout_s if a rank legitimately works that long between two collectives",
+        )
 
     def _on_report(self, message: dict[str, Any]) -> str:
         metrics = dict(message["metrics"])
@@ -432,7 +549,9 @@ class _GroupRun:
         exits, and a process that held a broken communicator is not safe to reuse. So after a short grace
         (``teardown_timeout_s``: time for ranks whose peer process died to notice and exit), the Dask workers
         of the failed group are killed (their nannies start fresh processes), as Ray kills a failed group's
-        actors. A rank whose worker already died is not waited for: its task is pinned to that worker.
+        actors. A rank whose worker already died is not waited for: its task is pinned to that worker. A rank
+        that does not end at all (hung) holds its worker's thread for good, so even a 1-rank group's worker is
+        restarted then.
         """
         if self.error is None and all(f.done() for f in futures):
             gone: set[str] = set()  # every rank returned: nothing to wait for or to kill
@@ -451,8 +570,20 @@ class _GroupRun:
         if rank0 is not None:
             self.train_time_s = rank0["ended_at"] - rank0["started_at"]
             self.rank0_window = (rank0["worker"], rank0["started_at"], rank0["ended_at"])
-        if self.error is not None and len(futures) > 1 and live:
-            doomed = [a for _, a in live]
+        # A multi-rank group's processes are all unsafe to reuse; a rank that did not end (hung) holds its
+        # worker's thread for good, even alone: both kinds of worker are restarted.
+        stuck = [a for f, a in live if not f.done()]
+        doomed = [a for _, a in live] if len(futures) > 1 else stuck
+        if (
+            self.error is not None
+            and stuck
+            and len(futures) > 1
+            and not isinstance(self.error, RankHangError)
+        ):
+            # Where the ranks that did not end are, read before their workers die: the cause of a collective
+            # that timed out is the peer that never joined it.
+            self.stuck_stacks = self._stacks(futures, addresses, [addresses.index(a) for a in stuck])
+        if self.error is not None and doomed:
             log.warning("group %s failed: restarting its Dask workers %s", self.group_id, doomed)
             # Kill the processes and let their nannies start fresh ones in the background; waiting here only
             # until the scheduler has dropped them, so no other group is placed on a dying worker.
@@ -600,3 +731,78 @@ def prepare_data_loader(
     if move_to_device:
         return _DeviceDataLoader(loader, ctx.get_device())  # type: ignore[return-value]
     return loader
+
+
+# ------------------------------------------------------------------------------------------------- hung ranks
+
+# In a rank's traceback: it failed inside a collective.
+_COLLECTIVE_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+def _split_hung(stacks: dict[int, Any], world_size: int) -> tuple[list[int], list[int]]:
+    """(hung, waiting) among the ranks with a stack entry: a rank with a frame where ranks wait for their
+    peers (a collective, DDP, report) is waiting; the others hung. Every rank waiting (mismatched
+    collectives), or a 1-rank group: all of them are named."""
+    waiting = [
+        rank
+        for rank, stack in sorted(stacks.items())
+        if world_size > 1 and isinstance(stack, list) and any(frame[4] == "waiting" for frame in stack)
+    ]
+    hung = [rank for rank in sorted(stacks) if rank not in waiting]
+    return (hung, waiting) if hung else (waiting, [])
+
+
+def _where(stack: Any) -> str:
+    """Where a rank is: its innermost frame in the user's code (and the innermost frame, when that is deeper)."""
+    if not isinstance(stack, list) or not stack:
+        return f"at an unknown line: {stack or 'no Python frame'}"
+    user = [frame for frame in stack if frame[4] == "user"]
+    frame = user[-1] if user else stack[-1]
+    text = f"at {os.path.basename(frame[0])}:{frame[1]} in {frame[2]} ({frame[3]})"
+    inner = stack[-1]
+    if inner is not frame:
+        text += f", inside {os.path.basename(inner[0])}:{inner[1]} in {inner[2]} ({inner[3]})"
+    return text
+
+
+def _format_stack(rank: int, stack: Any) -> str:
+    if not isinstance(stack, list):
+        return f"rank {rank}: no stack ({stack})"
+    lines = [f"rank {rank}'s stack (most recent call last):"]
+    for filename, lineno, name, source, _zone in stack:
+        lines.append(f'  File "{filename}", line {lineno}, in {name}')
+        if source:
+            lines.append(f"    {source}")
+    return "\n".join(lines)
+
+
+def _hung_ranks_error(
+    hung: list[int],
+    stacks: dict[int, Any],
+    addresses: list[str],
+    *,
+    problem: str,
+    others: list[str],
+    cause: str,
+    or_else: str,
+) -> RankHangError:
+    if len(hung) == 1:
+        rank = hung[0]
+        head = (
+            f"rank {rank} (Dask worker {addresses[rank]}) hung: {problem}; it is {_where(stacks.get(rank))}"
+        )
+    else:
+        places = "; ".join(f"rank {r} (Dask worker {addresses[r]}) is {_where(stacks.get(r))}" for r in hung)
+        head = f"{_ranks(hung)} hung: {problem}; {places}"
+    if others:
+        head += " while " + " and ".join(others)
+    summary = (
+        f"{head}; the group was torn down and its Dask workers restarted ({cause}). Find why that line blocks "
+        f"(every rank must make the same collectives and report() calls, in the same order), or {or_else}"
+    )
+    traceback_text = "\n".join(_format_stack(rank, stacks.get(rank)) for rank in hung)
+    return RankHangError(hung[0], addresses[hung[0]], summary, traceback_text)

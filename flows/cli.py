@@ -1,6 +1,6 @@
 """``sweepflow`` command line: run the pipeline, manage the local Prefect server.
 
-sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server]
+sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server] [--resume PARENT_RUN_ID]
 sweepflow server start|stop|status
 sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see infra/services/stack.py)
 """
@@ -117,7 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     front = not args.no_server and not args.in_process
     try:
         check_pipeline(
-            resolve_settings(config, settings), prefect_api_url=settings.prefect_api_url, imports=not front
+            resolve_settings(config, settings),
+            prefect_api_url=settings.prefect_api_url,
+            imports=not front,
+            resume_from=args.resume,
         )
     except PreflightError as exc:
         return _refuse(exc, args)
@@ -144,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t_import = time.time()
     credentials.install()  # for the flow, in this process only
     try:
-        summary = training_pipeline(config=config)
+        summary = training_pipeline(config=config, resume_from=args.resume)
     except MetricNotReported as exc:  # found at the first report: the sweep stopped at once
         return _refuse(exc, args)
     t_end = time.time()
@@ -335,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run)",
     )
     run.add_argument("--summary-json", help="write the run summary to this file")
+    run.add_argument(
+        "--resume",
+        metavar="PARENT_RUN_ID",
+        help="continue an interrupted run (its MLflow parent run id, printed as 'parent run ...') with the same "
+        "settings: ended trials are kept, running ones continue from their checkpoints",
+    )
     run.add_argument(
         "--in-process",
         action="store_true",

@@ -114,6 +114,19 @@ class TrainingSettings(_Section):
         default_factory=lambda: {"optimizer": "adam"},
         description="Fixed train_loop_config entries; sampled hyperparameters override them",
     )
+    max_failures: int = Field(
+        0,
+        ge=-1,
+        description="group restarts from the latest checkpoint per trial (Ray FailureConfig.max_failures); "
+        "-1: unlimited",
+    )
+    hang_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Longest a trial's DDP group may go without a report (set-up and first epoch included) "
+        "before it is torn down as hung, naming the hung rank (ddp_runtime TorchConfig.hang_timeout_s); "
+        "counts as a failure for max_failures. Default: no bound",
+    )
 
     @field_validator("train_fn")
     @classmethod

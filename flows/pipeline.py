@@ -7,6 +7,7 @@ and owns the paired set-up and tear-down of the run's resources (the MLflow pare
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -29,6 +30,16 @@ from sweepflow.tasks.download import download_dataset
 from sweepflow.tasks.finalize import evaluate_best, register_best
 from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
+from sweepflow.tasks.sweep.resume import (
+    RESUME_KEY_ARTIFACT,
+    TAG_RESUME_KEY,
+    TAG_RESUMES,
+    PriorSweep,
+    digest,
+    find_interrupted_parent,
+    load_prior_sweep,
+    resume_key,
+)
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
@@ -42,17 +53,32 @@ from sweepflow.tasks.tracking.runs import (
 
 
 @flow(name="training-pipeline", log_prints=True)
-def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 - pydantic default
-    """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model."""
+def training_pipeline(
+    config: PipelineConfig = PipelineConfig(),  # noqa: B008 - pydantic default
+    resume_from: str | None = None,
+) -> dict[str, Any]:
+    """Download data, sweep hyperparameters with DDP trials and ASHA, evaluate and register the best model.
+
+    ``resume_from``: the MLflow parent run of an interrupted pipeline with the same settings; its ended trials
+    are read back, its running ones continue from their checkpoints, the rest start. A Prefect retry of this
+    flow run resumes the sweep its earlier attempt left unfinished."""
     cfg = resolve_settings(config, Settings.from_env())  # a deployment's flow run is an entry point too
     cfg = with_credentials(cfg)  # the CLI's, held in this process: never in Prefect's stored parameters
-    check_pipeline(cfg)  # bad parameters fail here, in seconds, before any run, download or trial exists
+    if resume_from is None and (flow_run.get_run_count() or 1) > 1:
+        resume_from = find_interrupted_parent(run_tracker(cfg), str(flow_run.get_id()))
+    # Bad parameters fail here, in seconds, before any run, download or trial exists.
+    check_pipeline(cfg, resume_from=resume_from)
     logger = get_run_logger()
     stages = _StageTimer()
     prepared = PreparedDataset.from_dict(download_dataset(cfg.data))
     stages.lap("data_s")
     tracker = run_tracker(cfg)
-    with parent_run(tracker, cfg, prepared) as parent:
+    with parent_run(tracker, cfg, prepared, resume_from=resume_from) as parent:
+        logger.info(
+            "MLflow parent run %s (if this run is interrupted: sweepflow run --resume %s, same settings)",
+            parent,
+            parent,
+        )
         stages.lap("mlflow_setup_s")
         with cluster_client(
             cfg.dask.scheduler_address,
@@ -61,7 +87,16 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
             preload=[WORKER_PRELOAD],
         ) as client:
             stages.lap("dask_start_s")
-            sweep = build_sweep(cfg, prepared, client, tracker, parent).run()
+            prior = None
+            if resume_from:
+                prior = load_prior_sweep(tracker, parent, metric=cfg.selection.metric, mode=cfg.selection.mode)
+                logger.info(
+                    "resuming pipeline run %s: %d trial(s) ended (read back), %d continue from their checkpoints",
+                    parent,
+                    len(prior.ended),
+                    len(prior.interrupted),
+                )
+            sweep = build_sweep(cfg, prepared, client, tracker, parent, prior=prior).run()
             stages.lap("sweep_s")
             board = record_sweep(sweep, tracker, parent, cfg)
             best = sweep.best()
@@ -112,10 +147,17 @@ def training_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, An
 
 
 def build_sweep(
-    cfg: PipelineConfig, prepared: PreparedDataset, client: Client, tracker: RunTracker, parent_run_id: str
+    cfg: PipelineConfig,
+    prepared: PreparedDataset,
+    client: Client,
+    tracker: RunTracker,
+    parent_run_id: str,
+    *,
+    prior: PriorSweep | None = None,
 ) -> Sweep:
-    """The configured sweep over ``prepared`` on ``client``'s cluster, its trials nested under the parent run.
-    Fails at once if the cluster can never hold one trial."""
+    """The configured sweep over ``prepared`` on ``client``'s cluster, its trials nested under the parent run
+    (``prior``: the trials of the interrupted sweep it resumes). Fails at once if the cluster can never hold
+    one trial."""
     scaling = train.ScalingConfig(
         num_workers=cfg.resources.ranks_per_trial,
         use_gpu=cfg.resources.use_gpu,
@@ -146,6 +188,8 @@ def build_sweep(
         max_reports=cfg.scheduler.max_t if cfg.scheduler.type == "asha" else cfg.training.epochs,
         seed=cfg.sweep.seed,
         varying_names=tuple(space.varying_names),
+        max_failures=cfg.training.max_failures,
+        hang_timeout_s=cfg.training.hang_timeout_s,
     )
     concurrency = cfg.sweep.max_concurrent_trials or fits
     log = get_run_logger().info
@@ -164,6 +208,7 @@ def build_sweep(
         staging_dir=os.path.join(cfg.state_dir, "staging"),
         time_budget_s=cfg.sweep.time_budget_s,
         artifacts_destination=cfg.mlflow.artifacts_destination,
+        prior=prior,
         log=log,
     )
 
@@ -178,18 +223,32 @@ def run_tracker(cfg: PipelineConfig) -> RunTracker:
 
 
 @contextlib.contextmanager
-def parent_run(tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDataset) -> Iterator[str]:
-    """The pipeline's MLflow parent run: FINISHED if the block completes, FAILED if it raises."""
-    parent = tracker.start_run(
-        f"pipeline-{flow_run.get_name() or 'local'}",
-        params=public_params(flatten("", cfg.model_dump(exclude={"state_dir"}))),
-        tags={
-            "sweepflow.data_checksum": prepared.checksum,
-            "sweepflow.dataset": prepared.name,
-            "sweepflow.code_version": code_version(),
-            "prefect.flow_run_id": str(flow_run.get_id() or ""),
-        },
-    )
+def parent_run(
+    tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDataset, *, resume_from: str | None = None
+) -> Iterator[str]:
+    """The pipeline's MLflow parent run: FINISHED if the block completes, FAILED if it raises. With
+    ``resume_from``, that (interrupted) run is reopened instead of a new one started."""
+    key = resume_key(cfg.model_dump())
+    if resume_from:
+        parent = _reopen(tracker, resume_from, prepared)
+    else:
+        parent = tracker.start_run(
+            f"pipeline-{flow_run.get_name() or 'local'}",
+            params=public_params(flatten("", cfg.model_dump(exclude={"state_dir"}))),
+            tags={
+                "sweepflow.data_checksum": prepared.checksum,
+                "sweepflow.dataset": prepared.name,
+                "sweepflow.code_version": code_version(),
+                "prefect.flow_run_id": str(flow_run.get_id() or ""),
+                TAG_RESUME_KEY: digest(key),
+            },
+        )
+        # The settings a resume must share, in full: a refused resume names what differs.
+        tmp = os.path.join(cfg.state_dir, "tmp", parent)
+        os.makedirs(tmp, exist_ok=True)
+        with open(os.path.join(tmp, os.path.basename(RESUME_KEY_ARTIFACT)), "w") as f:
+            json.dump(key, f, indent=1, sort_keys=True)
+        tracker.log_artifact(parent, f.name, os.path.dirname(RESUME_KEY_ARTIFACT))
     status = "FAILED"
     try:
         if cfg.mlflow.artifacts_destination:
@@ -200,6 +259,27 @@ def parent_run(tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDatas
         status = "FINISHED"
     finally:
         tracker.end_run(parent, status)
+
+
+def _reopen(tracker: RunTracker, parent: str, prepared: PreparedDataset) -> str:
+    """The interrupted parent run, RUNNING again and its resumes counted; the data must be what it trained on."""
+    run = tracker.client.get_run(parent)
+    trained_on = run.data.tags.get("sweepflow.data_checksum")
+    if trained_on != prepared.checksum:
+        raise RuntimeError(
+            f"resume: the data changed since pipeline run {parent} started (checksum {trained_on}, now "
+            f"{prepared.checksum}); its trials cannot be continued on other data. Restore the data source, or "
+            "start a new run"
+        )
+    tracker.set_status(parent, "RUNNING")
+    tracker.set_tags(
+        parent,
+        {
+            TAG_RESUMES: int(run.data.tags.get(TAG_RESUMES, 0)) + 1,
+            "prefect.flow_run_id": str(flow_run.get_id() or ""),
+        },
+    )
+    return parent
 
 
 def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig) -> Any:

@@ -43,11 +43,18 @@ __all__ = ["PreflightError", "check_pipeline"]
 _CHAMPION_METRIC = re.compile(r"test_(loss|accuracy|accuracy_class_\d+)")
 
 
-def check_pipeline(cfg: PipelineConfig, *, prefect_api_url: str | None = None, imports: bool = True) -> None:
+def check_pipeline(
+    cfg: PipelineConfig,
+    *,
+    prefect_api_url: str | None = None,
+    imports: bool = True,
+    resume_from: str | None = None,
+) -> None:
     """Check ``cfg`` (resolved: ``resolve_settings``) before any work. ``prefect_api_url``: a Prefect API the
     run will use but did not start (checked to answer). ``imports=False`` skips the checks that import the
     training code, torch or MLflow (seconds in a cold process): the CLI's thin front process leaves them to
-    the warm process that runs the flow, which checks everything before it starts the flow."""
+    the warm process that runs the flow, which checks everything before it starts the flow. ``resume_from``:
+    the parent run of the interrupted pipeline to resume (it must be one, with the same settings)."""
     if cfg.state_dir:
         check_writable_dir(cfg.state_dir, field="state_dir")
     _check_mlflow(cfg)
@@ -59,6 +66,8 @@ def check_pipeline(cfg: PipelineConfig, *, prefect_api_url: str | None = None, i
     if imports:
         check_registered_model_name(cfg.mlflow.registered_model_name)
         _check_training(cfg)
+        if resume_from:
+            _check_resume(cfg, resume_from)
 
 
 def _check_mlflow(cfg: PipelineConfig) -> None:
@@ -80,6 +89,18 @@ def _check_mlflow(cfg: PipelineConfig) -> None:
             "the test-set evaluation reports test_loss, test_accuracy and test_accuracy_class_<i> only",
             "use test_accuracy (mode max) or test_loss (mode min)",
         )
+
+
+def _check_resume(cfg: PipelineConfig, resume_from: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from sweepflow.tasks.sweep.resume import check_resumable, resume_key
+
+    client = MlflowClient(cfg.mlflow.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.mlflow.experiment_name)  # None: the run cannot be in it
+    check_resumable(
+        client, experiment.experiment_id if experiment else None, resume_from, resume_key(cfg.model_dump())
+    )
 
 
 def _check_cluster(cfg: PipelineConfig) -> None:

@@ -26,6 +26,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 import ddp_runtime as train
+from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
 from ddp_runtime.torch import TorchTrainer
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import (
@@ -36,6 +37,7 @@ from sweepflow.tasks.sweep.results import (
     TrialResult,
     TrialStatus,
 )
+from sweepflow.tasks.sweep.resume import TAG_RESUMES, ResumeFrom, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots, _Slot
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
@@ -66,6 +68,8 @@ class TrialSpec:
     selection_mode: str
     max_reports: int  # the scheduler's max_t: a stop there means the trial is complete
     max_failures: int = 0
+    hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
+    resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
 
     @property
     def gpus_per_rank(self) -> float:
@@ -158,7 +162,14 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
 
 def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
-    the run (params, metrics, tags, status, end) goes through its background writer, in order."""
+    the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
+    trial reopens its run instead, and counts the resume."""
+    if spec.resume is not None:
+        writer = RunWriter(rt.tracker, spec.resume.run_id)
+        rt.writers.append(writer)
+        writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1})
+        writer.set_status("RUNNING")
+        return writer, spec.resume.artifact_uri
     run_id, artifact_uri = rt.tracker.create_run(
         spec.name,
         parent_run_id=rt.parent_run_id,
@@ -204,6 +215,8 @@ class _TrialRun:
             False  # the scheduler stopped it at max_t: complete, not pruned (Ray: TERMINATED)
         )
         self.diverged: str | None = None  # why the trial was stopped as FAILED at a non-finite report
+        # A resumed trial: the reports its checkpoint covers (this group's reports are numbered after them).
+        self.covered: list[dict[str, Any]] = []
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -216,7 +229,8 @@ class _TrialRun:
     def on_report(self, metrics: dict[str, Any]) -> bool:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
         spec = self.spec
-        if metrics["training_iteration"] == 1:
+        metrics["training_iteration"] += len(self.covered)
+        if metrics["training_iteration"] == len(self.covered) + 1:
             self._check_metrics(metrics)
         step = int(metrics.get("epoch", metrics["training_iteration"]))
         self.writer.log(metrics, step=step)
@@ -263,10 +277,11 @@ class _TrialRun:
         if proxied:
             storage = os.path.join(rt.staging_dir, writer.run_id)
         rt.scheduler.on_trial_add(spec.trial_id)
+        resume_from = self._resume_point(storage) if spec.resume is not None else None
         rt.progress.update(spec.trial_id)
         fit_started = time.perf_counter()
         try:
-            fit = self._trainer(storage).fit()
+            fit = self._trainer(storage, resume_from).fit()
             error = None
         except train.TrainingFailedError as exc:
             fit, error = exc.result, exc.result.error
@@ -296,7 +311,34 @@ class _TrialRun:
         }
         return replace(result, phases_s=phases)
 
-    def _trainer(self, storage: str) -> TorchTrainer:
+    def _resume_point(self, storage: str) -> train.Checkpoint | None:
+        """Where a resumed trial continues: its latest committed checkpoint. The reports up to it are kept
+        (``covered``) and told to the scheduler again; a report whose checkpoint was committed but which never
+        reached MLflow (the process died before its write) is logged now. Without a checkpoint the trial starts
+        over in its run."""
+        spec, resume = self.spec, self.spec.resume
+        assert resume is not None
+        committed = RunStorage(storage, "checkpoints", self.rt.storage_options).list_committed()
+        if not committed:
+            self.logger.warning("%s: no committed checkpoint; it starts over", spec.name)
+            return None
+        latest = committed[-1]
+        self.covered = _reports_up_to(latest, list(resume.history))
+        if len(self.covered) > len(resume.history):
+            missing = self.covered[-1]
+            self.writer.log(missing, step=int(missing.get("epoch", missing["training_iteration"])))
+        for report in self.covered:
+            if all(name in report for name in scheduler_keys(self.rt.scheduler)):
+                self.rt.scheduler.on_trial_result(spec.trial_id, report)  # its verdicts were given before
+        self.logger.info(
+            "%s: continues from its checkpoint after report %d (%s)",
+            spec.name,
+            len(self.covered),
+            latest.checkpoint.path,
+        )
+        return latest.checkpoint
+
+    def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
         spec = self.spec
         return TorchTrainer(
             TrainFunction(spec.train_fn),
@@ -317,8 +359,10 @@ class _TrialRun:
                 ),
                 failure_config=train.FailureConfig(max_failures=spec.max_failures),
             ),
+            torch_config=train.TorchConfig(hang_timeout_s=spec.hang_timeout_s),
             client=self.rt.client,
             on_report=self.on_report,
+            resume_from_checkpoint=resume_from,
         )
 
     def _result(self, fit: train.Result, error: BaseException | None) -> TrialResult:
@@ -333,17 +377,22 @@ class _TrialRun:
             status = TrialStatus.STOPPED
         else:
             status = TrialStatus.COMPLETED
-        epochs = len(fit.metrics_history)
+        offset = len(self.covered)
+        history = [
+            *self.covered,
+            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
+        ]
+        epochs = len(history)
         usage = ResourceUsage(
             ranks=spec.num_ranks,
             gpus_per_rank=spec.gpus_per_rank,
             group_seconds=fit.held_s,
             # What early stopping spared: the epochs up to max_t this trial did not train, at its own pace.
             saved_epochs=max(spec.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
-            epoch_seconds=fit.train_time_s / epochs if epochs else 0.0,
+            epoch_seconds=fit.train_time_s / len(fit.metrics_history) if fit.metrics_history else 0.0,
         )
         return TrialResult.from_history(
-            fit.metrics_history,
+            history,
             metric=spec.selection_metric,
             mode=spec.selection_mode,
             **spec.identity(),
@@ -359,3 +408,23 @@ class _TrialRun:
             usage=usage,
             restarts=fit.num_failures if error is None else max(fit.num_failures - 1, 0),
         )
+
+
+def _reports_up_to(latest: StoredCheckpoint, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reports a resumed trial keeps: those up to the one its latest checkpoint was reported with (found by
+    its metrics, which the checkpoint's marker holds). When that report is not in the history (the dead
+    process never wrote it), it is appended, numbered after the last."""
+    numeric = {
+        k: float(v)
+        for k, v in latest.metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k != "training_iteration"
+    }
+    for i in range(len(history) - 1, -1, -1):
+        report = history[i]
+        if numeric and all(
+            isinstance(report.get(k), int | float) and math.isclose(report[k], v, rel_tol=1e-9, abs_tol=1e-12)
+            for k, v in numeric.items()
+            if math.isfinite(v)
+        ):
+            return history[: i + 1]
+    return [*history, {**latest.metrics, "training_iteration": len(history) + 1}]

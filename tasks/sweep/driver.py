@@ -22,6 +22,7 @@ from distributed import Client
 
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+from sweepflow.tasks.sweep.resume import PriorSweep, ResumeFrom, replay
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
@@ -47,8 +48,9 @@ class TrialTemplate:
     seed: int | None = 0  # trial i trains with config["seed"] = seed + i (None: no seed entry)
     varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
     max_failures: int = 0
+    hang_timeout_s: float | None = None  # ddp_runtime TorchConfig.hang_timeout_s of every trial's group
 
-    def trial(self, index: int, params: dict[str, Any]) -> TrialSpec:
+    def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> TrialSpec:
         trial_id = f"trial_{index:04d}"
         shown = [name for name in self.varying_names if name in params]
         return TrialSpec(
@@ -69,6 +71,8 @@ class TrialTemplate:
             selection_mode=self.selection_mode,
             max_reports=self.max_reports,
             max_failures=self.max_failures,
+            hang_timeout_s=self.hang_timeout_s,
+            resume=resume,
         )
 
 
@@ -89,8 +93,10 @@ class Sweep:
         staging_dir: str,
         time_budget_s: float | None = None,
         artifacts_destination: str | None = None,
+        prior: PriorSweep | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
+        """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``)."""
         if getattr(sampler, "total", None) is None:
             raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
         if concurrency < 1:
@@ -105,6 +111,7 @@ class Sweep:
         self.staging_dir = staging_dir
         self.time_budget_s = time_budget_s
         self.artifacts_destination = artifacts_destination
+        self.prior = prior
         self.log = log
 
     def run(self) -> SweepResult:
@@ -152,8 +159,16 @@ class Sweep:
         submitted = 0
         while True:
             while submitted < self.sampler.total and self._room_for_one_more(submitted, runtime) and not runtime.aborted:
-                number, params = self.sampler.ask()
-                spec = self.template.trial(submitted, params)
+                prior = self.prior.trials.get(submitted) if self.prior else None
+                if prior is not None and prior.result is not None:  # it ended before the sweep died
+                    finished.append(self._read_back(prior.result, runtime))
+                    submitted += 1
+                    continue
+                if prior is not None:  # it was running: same config, same run, from its checkpoint
+                    number, params = self.sampler.ask_known(prior.config), prior.config
+                else:
+                    number, params = self.sampler.ask()
+                spec = self.template.trial(submitted, params, prior.resume_from() if prior else None)
                 future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
                 future.add_done_callback(events.put)
                 in_flight[future] = (number, time.perf_counter())
@@ -175,6 +190,16 @@ class Sweep:
         if not_started:
             self.log(f"time budget spent: {not_started} trial(s) not started")
         return finished, not_started
+
+    def _read_back(self, result: TrialResult, runtime: SweepRuntime) -> TrialResult:
+        """An ended trial of the resumed sweep: not trained again. The sampler and the scheduler learn its
+        result as they did the first time, and its turn to start is over."""
+        number = self.sampler.ask_known(result.config)
+        self.sampler.tell(number, result.best if result.status.selectable else None)
+        replay(runtime.scheduler, result)
+        runtime.slots.forfeit(result.index)
+        runtime.progress.update(result.trial_id, metrics={self.template.selection_metric: result.best}, status=result.status)
+        return result
 
     def _room_for_one_more(self, submitted: int, runtime: SweepRuntime) -> bool:
         """Start with one trial more than the slots; afterwards keep exactly one trial waiting for a slot."""

@@ -67,6 +67,13 @@ class Sampler(ABC):
     def tell(self, number: int, value: float | None) -> None:  # noqa: B027 - optional for list samplers
         """The trial's result: the best value its selection metric reached, or None if it failed."""
 
+    def ask_known(self, config: dict[str, Any]) -> int:
+        """The next trial is ``config``, which a resumed sweep's trial already ran with; returns its number
+        for ``tell``. List samplers regenerate the same list from the seed, so this is the config they would
+        propose; TPE records it as its next proposal."""
+        number, _ = self.ask()
+        return number
+
 
 class _ListSampler(Sampler):
     """A sampler whose configs are a list made up front (by ``generate``)."""
@@ -276,6 +283,28 @@ class TPESampler(Sampler):
             else:
                 config[name] = _plain(value)
         return trial.number, config
+
+    def ask_known(self, config: dict[str, Any]) -> int:
+        """Propose ``config`` (a resumed sweep's trial) as the next trial, in Optuna's own terms."""
+        internal: dict[str, Any] = {}
+        for name, dom in self.space.params:
+            value = config.get(name)
+            if isinstance(dom, Constant) or name not in config:
+                continue
+            if isinstance(dom, QRandInt):
+                internal[name] = int(value) // dom.q
+            elif isinstance(dom, Pow2):
+                internal[name] = int(value).bit_length() - 1
+            elif isinstance(dom, Choice):
+                matches = [i for i, v in enumerate(dom.values) if _plain(v) == value]
+                if not matches:
+                    raise ValueError(f"{name}={value!r} is not one of the choices {dom.values}")
+                internal[name] = matches[0]
+            else:
+                internal[name] = value
+        self._study.enqueue_trial(internal, skip_if_exists=False)
+        number, _ = self.ask()
+        return number
 
     def tell(self, number: int, value: float | None) -> None:
         """The trial's result (its best metric value), or None if it failed."""

@@ -3,26 +3,92 @@
 Everything goes through ``MlflowClient`` with explicit run ids (no global "active run"), because trials are
 driven from several threads of the flow process at once; each run is written by exactly one thread. Metric
 writes are batched: one ``log_batch`` per report.
+
+The tracking server may be away for a while (a restart, a network blip) while trials train: every call of
+``RunTracker`` retries a failure that can pass (connection refused or reset, timeout, HTTP 408/429/5xx) with
+backoff, for up to ``SWEEPFLOW_MLFLOW_RETRY_S`` seconds (default 120), then raises
+``TrackingServerUnavailable`` naming the server. A retry cannot write anything twice: a metric batch that may
+have landed is read back and only what is missing is sent again, and a run whose creation may have landed is
+found by its creation id instead of being created again. MLflow's HTTP client retries on its own first (each
+call: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, with backoff ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``, default
+2: up to ~4 minutes for a server that refuses connections, re-sending POSTs too); set it lower to make
+``SWEEPFLOW_MLFLOW_RETRY_S`` the bound. Its re-sent metric batches do not duplicate metrics: they carry the same
+timestamps, and the server's SQL store skips a metric identical in (key, step, timestamp, value).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
+import math
 import os
 import queue
+import random
 import threading
 import time
-from typing import Any
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, RunTag, ViewType
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from sweepflow.tasks.compat import update_run_status
 from sweepflow.tasks.datasets.uris import redact
 
 PARENT_TAG = "mlflow.parentRunId"
+#: A unique id set on every run at its creation: a retried creation finds the run instead of making a second one.
+CREATE_ID_TAG = "sweepflow.create_id"
 _MAX_PARAM_LEN = 6000
+
+#: How long (seconds) the tracking server may stay unreachable before a write fails; env overrides the default.
+RETRY_ENV = "SWEEPFLOW_MLFLOW_RETRY_S"
+DEFAULT_RETRY_S = 120.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 10.0
+#: HTTP statuses a later attempt can get past: timeout, rate limit, server error or restart, gateway errors.
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class TrackingServerUnavailable(RuntimeError):
+    """The tracking server did not answer for longer than the retry bound (``SWEEPFLOW_MLFLOW_RETRY_S``)."""
+
+
+def retry_budget_s(value: float | None = None) -> float:
+    """The retry bound: ``value``, else ``$SWEEPFLOW_MLFLOW_RETRY_S``, else 120 s."""
+    if value is None:
+        raw = os.environ.get(RETRY_ENV, "").strip()
+        if not raw:
+            return DEFAULT_RETRY_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"{RETRY_ENV}={raw!r} is not a number: set it to the seconds the MLflow tracking server may stay "
+                f"unreachable before a write fails (default {DEFAULT_RETRY_S:g})"
+            ) from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"the MLflow retry bound must be a number of seconds >= 0, got {value!r} ({RETRY_ENV})"
+        )
+    return float(value)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether another attempt may succeed: the server was unreachable, timed out, or answered 408/429/5xx.
+    A refused request (no such run, invalid value, permission) is not retried."""
+    import requests
+
+    if isinstance(exc, MlflowException):
+        # Transport failures come out of MLflow's HTTP client as INTERNAL_ERROR (HTTP 500) with the cause in
+        # the message; the server's own refusals carry their 4xx code.
+        return exc.get_http_status_code() in _TRANSIENT_STATUS
+    return isinstance(exc, ConnectionError | TimeoutError | requests.ConnectionError | requests.Timeout)
 
 
 def _param_value(value: Any) -> str:
@@ -68,19 +134,110 @@ def public_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class RunTracker:
-    """Creates and writes the runs of one experiment."""
+    """Creates and writes the runs of one experiment; every call retries a passing failure (see the module doc).
 
-    def __init__(self, tracking_uri: str, experiment_name: str, *, artifact_root: str | None = None) -> None:
+    ``retry_s``: how long the tracking server may stay unreachable before a call raises
+    ``TrackingServerUnavailable`` (default ``$SWEEPFLOW_MLFLOW_RETRY_S``, else 120 s). Once a call has given up,
+    later calls try once, without waiting, until the server answers again: a sweep whose server is gone fails
+    within one bound, not one bound per pending write.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_name: str,
+        *,
+        artifact_root: str | None = None,
+        retry_s: float | None = None,
+    ) -> None:
         self.tracking_uri = tracking_uri
+        self.retry_s = retry_budget_s(retry_s)
         self.client = MlflowClient(tracking_uri)
-        experiment = self.client.get_experiment_by_name(experiment_name)
-        if experiment is None:
-            self.experiment_id = self.client.create_experiment(
-                experiment_name, artifact_location=artifact_root
-            )
-        else:
-            self.experiment_id = experiment.experiment_id
+        self._given_up = threading.Event()  # a call exhausted the bound and the server has not answered since
+        #: What the retries did, for logs and tests: "retries" (attempts after a failure), "already_logged"
+        #: (metrics and params a retry found written and did not send again), "found_created" (run creations
+        #: a retry found done).
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._stats_lock = threading.Lock()
+        self.experiment_id = self._call(
+            f"opening experiment {experiment_name!r}",
+            lambda _: self._experiment(experiment_name, artifact_root),
+        )
 
+    def _experiment(self, name: str, artifact_root: str | None) -> str:
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifact_root)
+        except MlflowException as exc:
+            # Another pipeline (or an earlier attempt of this call) created it in between: use that one.
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    # ---- retries
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[what] += n
+
+    def _call(self, what: str, attempt: Callable[[bool], T]) -> T:
+        """``attempt(retrying)`` until it succeeds, fails for good, or the server stayed away past the bound.
+        ``retrying`` is True after a failed attempt, which may have reached the server before it failed."""
+        budget = 0.0 if self._given_up.is_set() else self.retry_s
+        first_failure: float | None = None
+        tries = 0
+        delay = _BACKOFF_FIRST_S
+        while True:
+            tries += 1
+            try:
+                result = attempt(first_failure is not None)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                    log.warning(
+                        "%s: MLflow tracking server %s unreachable (%s); retrying for up to %.0f s",
+                        what,
+                        redact(self.tracking_uri),
+                        redact(str(exc))[:200],
+                        budget,
+                    )
+                waited = now - first_failure
+                if waited >= budget:
+                    self._given_up.set()
+                    how_long = (
+                        f"did not answer for {waited:.0f} s ({tries} attempt(s)"
+                        if budget
+                        else f"is still unreachable (an earlier call waited {self.retry_s:g} s for it"
+                    )
+                    raise TrackingServerUnavailable(
+                        f"{what} failed: the MLflow tracking server at {redact(self.tracking_uri)} {how_long}; "
+                        f"last error: {redact(str(exc))[:300]}). Check that the server is up and reachable from "
+                        "the flow's machine (its URL, network, proxy), then resume the pipeline run; to wait "
+                        f"longer for the server, raise {RETRY_ENV} (now {self.retry_s:g} s)"
+                    ) from exc
+                # Jitter, so the writers of many trials do not come back at the same instant.
+                time.sleep(min(delay * random.uniform(0.8, 1.2), budget - waited))
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+                self._count("retries")
+                continue
+            if first_failure is not None or self._given_up.is_set():
+                self._given_up.clear()
+                after = (
+                    f" after {time.monotonic() - first_failure:.1f} s" if first_failure is not None else ""
+                )
+                log.warning(
+                    "%s: MLflow tracking server %s answered again%s", what, redact(self.tracking_uri), after
+                )
+            return result
+
+    # ---- runs
     def start_run(
         self,
         run_name: str,
@@ -101,28 +258,87 @@ class RunTracker:
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
-        return run.info.run_id, run.info.artifact_uri
+        create_id = uuid.uuid4().hex
+        all_tags[CREATE_ID_TAG] = create_id
+
+        def attempt(retrying: bool) -> tuple[str, str]:
+            if retrying:  # the failed attempt may have created the run: find it rather than make a second one
+                found = self.client.search_runs(
+                    [self.experiment_id],
+                    filter_string=f"tags.`{CREATE_ID_TAG}` = '{create_id}'",
+                    run_view_type=ViewType.ACTIVE_ONLY,
+                )
+                if found:
+                    self._count("found_created")
+                    return found[0].info.run_id, found[0].info.artifact_uri
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+            return run.info.run_id, run.info.artifact_uri
+
+        return self._call(f"creating MLflow run {run_name!r}", attempt)
+
+    def log_batch(
+        self,
+        run_id: str,
+        *,
+        metrics: Sequence[Metric] = (),
+        params: Sequence[Param] = (),
+        tags: Sequence[RunTag] = (),
+    ) -> None:
+        """``log_batch`` in MLflow's batch limits (1000 metrics, 100 params, 100 tags per request), retried.
+        A retry re-sends only the metrics and params the server does not hold yet (tags are overwritten, so
+        re-sending them is harmless)."""
+        metrics, params, tags = list(metrics), list(params), list(tags)
+        while metrics or params or tags:
+            chunk = (metrics[:1000], params[:100], tags[:100])
+            del metrics[:1000], params[:100], tags[:100]
+            self._call(
+                f"writing MLflow run {run_id}",
+                lambda retrying, chunk=chunk: self._log_batch_once(run_id, *chunk, retrying=retrying),
+            )
+
+    def _log_batch_once(
+        self, run_id: str, metrics: list[Metric], params: list[Param], tags: list[RunTag], *, retrying: bool
+    ) -> None:
+        if retrying:
+            metrics, params = self._not_yet_logged(run_id, metrics, params)
+        if metrics or params or tags:
+            self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+
+    def _not_yet_logged(
+        self, run_id: str, metrics: list[Metric], params: list[Param]
+    ) -> tuple[list[Metric], list[Param]]:
+        """The metrics and params of a batch that an earlier, failed attempt did not write after all."""
+
+        def identity(key: str, step: int, timestamp: int, value: float) -> tuple[Any, ...]:
+            return (key, step, timestamp, "nan" if math.isnan(value) else value)
+
+        logged = set()
+        for key in {m.key for m in metrics}:
+            for m in self.client.get_metric_history(run_id, key):
+                logged.add(identity(m.key, m.step, m.timestamp, m.value))
+        missing = [m for m in metrics if identity(m.key, m.step, m.timestamp, m.value) not in logged]
+        sent_params = params
+        if params:
+            present = self.client.get_run(run_id).data.params
+            sent_params = [p for p in params if present.get(p.key) != p.value]
+        self._count("already_logged", len(metrics) - len(missing) + len(params) - len(sent_params))
+        return missing, sent_params
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
-        items = param_items(params)
-        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
-            self.client.log_batch(run_id, params=items[i : i + 100])
+        self.log_batch(run_id, params=param_items(params))
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> None:
-        batch = metric_batch(metrics, step, int(time.time() * 1000))
-        if batch:
-            self.client.log_batch(run_id, metrics=batch)
+        self.log_batch(run_id, metrics=metric_batch(metrics, step, int(time.time() * 1000)))
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=tag_items(tags))
+        self.log_batch(run_id, tags=tag_items(tags))
 
     def set_status(self, run_id: str, status: str) -> None:
         """SCHEDULED (queued for a slot) or RUNNING."""
         self._update_run_info(run_id, status, end_time=None)
 
     def delete_run(self, run_id: str) -> None:
-        self.client.delete_run(run_id)
+        self._call(f"deleting MLflow run {run_id}", lambda _: self.client.delete_run(run_id))
 
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, KILLED (early-stopped) or FAILED."""
@@ -130,16 +346,29 @@ class RunTracker:
 
     def _update_run_info(self, run_id: str, status: str, end_time: int | None) -> None:
         # One UpdateRun request (MlflowClient.set_terminated/update_run fetch the whole run first): see compat.
-        update_run_status(self.client, run_id, status, end_time)
+        # Setting the same status and end time again is harmless, so a retry needs no read-back.
+        self._call(
+            f"setting MLflow run {run_id} to {status}",
+            lambda _: update_run_status(self.client, run_id, status, end_time),
+        )
 
     def artifact_uri(self, run_id: str) -> str:
-        return self.client.get_run(run_id).info.artifact_uri
+        return self._call(
+            f"reading MLflow run {run_id}", lambda _: self.client.get_run(run_id).info.artifact_uri
+        )
 
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        # An upload that is repeated overwrites the same files.
         if os.path.isdir(local_path):
-            self.client.log_artifacts(run_id, local_path, artifact_path)
+            self._call(
+                f"uploading artifacts to MLflow run {run_id}",
+                lambda _: self.client.log_artifacts(run_id, local_path, artifact_path),
+            )
         else:
-            self.client.log_artifact(run_id, local_path, artifact_path)
+            self._call(
+                f"uploading an artifact to MLflow run {run_id}",
+                lambda _: self.client.log_artifact(run_id, local_path, artifact_path),
+            )
 
 
 def direct_storage_uri(artifact_uri: str, artifacts_destination: str | None = None) -> str | None:
@@ -183,6 +412,10 @@ class RunWriter:
     flight, goes out together as one ``log_batch``. Still one writer per run. ``finish(status)`` queues the run's end and returns; the
     sweep joins every writer (``join()``) before it closes the parent run, and ``join`` raises what a
     background write raised, so nothing is dropped silently.
+
+    Each write is retried by the tracker while the server is away (``RunTracker``: up to its ``retry_s``,
+    without writing anything twice); the trial keeps training meanwhile and its reports queue up here. A write
+    that fails for good stops the writer: nothing after it is sent, and ``join`` raises the failure.
     """
 
     _STOP = object()
@@ -227,6 +460,8 @@ class RunWriter:
     def join(self) -> None:
         """Wait until everything queued is written; raise what a background write raised."""
         self._thread.join()
+        if isinstance(self._error, TrackingServerUnavailable):  # its message names the run and the server
+            raise TrackingServerUnavailable(str(self._error)) from self._error
         if self._error is not None:
             raise RuntimeError(f"writing MLflow run {self.run_id} failed: {self._error}") from self._error
 
@@ -243,10 +478,13 @@ class RunWriter:
                     items.append(self._queue.get(timeout=timeout))
                 except queue.Empty:
                     break
-            try:
-                self._write(items)
-            except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the sweep's thread
-                self._error = self._error or exc
+            if self._error is None:
+                try:
+                    self._write(items)
+                except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the sweep's thread
+                    self._error = exc
+            # After a failed write nothing more is sent: a later write would land without the lost one before
+            # it, and the run stays as it was (RUNNING), so the pipeline run can be resumed. join() raises.
             if any(item is self._STOP for item in items):
                 return
 
@@ -260,11 +498,10 @@ class RunWriter:
         status: str | None = None
 
         def flush() -> None:
-            while params or metrics or tags:  # MLflow caps a batch at 100 params, 100 tags, 1000 metrics
-                tracker.client.log_batch(
-                    self.run_id, metrics=metrics[:1000], params=params[:100], tags=tags[:100]
-                )
-                del metrics[:1000], params[:100], tags[:100]
+            tracker.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)  # retried, chunked
+            metrics.clear()
+            params.clear()
+            tags.clear()
 
         for item in items:
             kind, value = item if isinstance(item, tuple) else (None, None)

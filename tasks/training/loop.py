@@ -210,9 +210,6 @@ def train_image_classifier(config: dict[str, Any]) -> None:
     train_loader = prepare_data_loader(train_loader)  # shards the train split with a DistributedSampler
     val_loader = prepare_data_loader(val_loader, add_dist_sampler=False)  # already this rank's share
 
-    # Seeds differ per rank from here on, so dropout masks are independent across ranks. (With several ranks
-    # the data order comes from the DistributedSampler and set_epoch; with one, from this seed.)
-    torch.manual_seed(cfg["seed"] + 1 + rank)
 
     checkpoint_meta = {
         "model": cfg["model"],
@@ -226,6 +223,10 @@ def train_image_classifier(config: dict[str, Any]) -> None:
     for epoch in range(start_epoch, cfg["epochs"] + 1):
         if world_size > 1:
             train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, identical across ranks
+        # Seeded per epoch and rank: dropout masks differ across ranks, and an epoch draws the same numbers
+        # (data order with one rank, dropout) whether the run went straight through or resumed from the
+        # previous epoch's checkpoint, so a resumed trial ends where an uninterrupted one would.
+        torch.manual_seed(hash((cfg["seed"], rank, epoch)) % 2**63)
 
         # Train: sums, not means, so the epoch loss can be combined exactly across ranks below.
         model.train()

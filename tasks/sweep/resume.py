@@ -1,0 +1,217 @@
+"""Resuming an interrupted sweep from MLflow and storage alone: no pickled driver state.
+
+A pipeline's parent run records what its trials depend on (``resume_key``: every setting that changes which
+trials run or what they compute, digested into a tag). Each trial's child run records its number, its sampled
+config and, once it ends, its status and summary (``results.py``); its checkpoints are committed in storage.
+That is enough to pick up where a dead flow process stopped:
+
+- trials that ended (completed, stopped early, failed) are read back (``TrialResult.from_mlflow``), not run;
+- trials that were running continue in the same child run from their latest committed checkpoint;
+- trials never started start; the sampler regenerates them in the same order (TPE is re-told the results).
+
+    prior = load_prior_sweep(tracker, parent_run_id, metric="val_loss", mode="min")
+    prior.trials[3].result        # a TrialResult if trial 3 ended, else None (it continues)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sweepflow.tasks.sweep.results import (
+    TAG_CONFIG,
+    TAG_STATUS,
+    TAG_TRIAL_INDEX,
+    TrialResult,
+    TrialStatus,
+)
+from sweepflow.tasks.tracking.runs import PARENT_TAG, RunTracker
+
+TAG_RESUME_KEY = "sweepflow.resume_key"  # digest of the settings a resumed run must share
+TAG_RESUMES = "sweepflow.resumes"  # how many times the run (parent or trial) was picked up again
+RESUME_KEY_ARTIFACT = "sweepflow/resume_key.json"  # the settings themselves, to name what differs
+
+# The settings that decide which trials run and what they compute. Where the trials run (Dask, MLflow
+# addresses, state dir), how many run at once and the time budget may change between the two runs.
+_SWEEP_IRRELEVANT = {"max_concurrent_trials", "time_budget_s"}
+
+
+@dataclass(frozen=True)
+class ResumeFrom:
+    """Where a trial that was running when its sweep died continues (plain data: part of its task's spec)."""
+
+    run_id: str
+    artifact_uri: str
+    history: tuple[dict[str, Any], ...]  # the reports its child run holds, in order
+    resumes: int  # times it was picked up before
+
+
+@dataclass(frozen=True)
+class PriorTrial:
+    index: int
+    run_id: str
+    artifact_uri: str
+    config: dict[str, Any]
+    result: TrialResult | None  # it ended: read back, not trained again
+    history: tuple[dict[str, Any], ...] = ()
+    resumes: int = 0
+
+    def resume_from(self) -> ResumeFrom:
+        return ResumeFrom(self.run_id, self.artifact_uri, self.history, self.resumes)
+
+
+@dataclass(frozen=True)
+class PriorSweep:
+    parent_run_id: str
+    trials: dict[int, PriorTrial]  # by trial number
+
+    @property
+    def ended(self) -> list[PriorTrial]:
+        return [t for t in self.trials.values() if t.result is not None]
+
+    @property
+    def interrupted(self) -> list[PriorTrial]:
+        return [t for t in self.trials.values() if t.result is None]
+
+
+def resume_key(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat settings a resumed run must share with the interrupted one, from a pipeline config dump
+    (credential-free: the flow's public parameters)."""
+    from sweepflow.tasks.tracking.runs import flatten, public_params
+
+    sections = ("data", "sweep", "scheduler", "training", "resources", "selection")
+    kept = {name: dict(settings.get(name) or {}) for name in sections}
+    for name in _SWEEP_IRRELEVANT:
+        kept["sweep"].pop(name, None)
+    kept["data"].pop("cache_dir", None)  # where the download is kept, not what it is
+    flat = public_params(flatten("", kept))
+    return {key: json.loads(json.dumps(value, default=str)) for key, value in sorted(flat.items())}
+
+
+def digest(key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_resumable(client: Any, experiment_id: str | None, parent_run_id: str, key: Mapping[str, Any]) -> None:
+    """Refuse (``PreflightError``: the reason and the fix) a run id that is not an unfinished pipeline run of
+    this experiment (``experiment_id``; None: it does not exist) with these settings. ``client``: an
+    MlflowClient. Reads the parent run (and its settings artifact when they differ); writes nothing."""
+    from mlflow.exceptions import MlflowException
+
+    from sweepflow.tasks.checks import PreflightError
+
+    def refuse(problem: str, fix: str) -> PreflightError:
+        return PreflightError("resume", parent_run_id, problem, fix)
+
+    fix = "pass the parent run id `sweepflow run` printed (`parent run ...`), which has a sweepflow.resume_key tag"
+    try:
+        run = client.get_run(parent_run_id)
+    except MlflowException:
+        raise refuse("no such MLflow run", fix) from None
+    tags = run.data.tags
+    if run.info.experiment_id != experiment_id:
+        raise refuse(
+            f"the run belongs to experiment {run.info.experiment_id}, not to this configuration's",
+            "set mlflow.experiment_name to the interrupted run's experiment",
+        )
+    if TAG_RESUME_KEY not in tags or PARENT_TAG in tags:
+        raise refuse("it is not a sweepflow pipeline's parent run", fix)
+    if run.info.status == "FINISHED":
+        raise refuse("that pipeline run finished: there is nothing to resume", "start a new run without --resume")
+    if tags[TAG_RESUME_KEY] != digest(key):
+        raise refuse(
+            f"the configuration differs from the interrupted run's: {_differences(client, parent_run_id, key)}",
+            "resume with the same settings (only where things run, sweep.max_concurrent_trials and "
+            "sweep.time_budget_s may change), or start a new run",
+        )
+
+
+def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str:
+    import os
+    import tempfile
+
+    # MLflow draws a download progress bar on stderr, noise in front of a one-sentence error.
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        with tempfile.TemporaryDirectory(prefix="sweepflow-resume-") as tmp:
+            with open(client.download_artifacts(parent_run_id, RESUME_KEY_ARTIFACT, tmp)) as f:
+                old = json.load(f)
+    finally:
+        if bar is None:
+            del os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
+    changed = [
+        f"{name} was {old.get(name, '<unset>')!r}, now {key.get(name, '<unset>')!r}"
+        for name in sorted(set(old) | set(key))
+        if old.get(name) != key.get(name)
+    ]
+    return "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+
+
+def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None:
+    """The unfinished parent run a previous attempt of this Prefect flow run left (a retry resumes it)."""
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id],
+        filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'",
+        max_results=10,
+    )
+    unfinished = [r for r in runs if r.info.status != "FINISHED" and TAG_RESUME_KEY in r.data.tags]
+    return max(unfinished, key=lambda r: r.info.start_time).info.run_id if unfinished else None
+
+
+def load_prior_sweep(tracker: RunTracker, parent_run_id: str, *, metric: str, mode: str) -> PriorSweep:
+    """Every trial the interrupted sweep created, by number; runs its dead process left open that had ended
+    (summary tags written, end not) are closed with their status."""
+    client = tracker.client
+    runs = client.search_runs(
+        [tracker.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=50000
+    )
+    trials: dict[int, PriorTrial] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags = run.data.tags
+        if TAG_TRIAL_INDEX not in tags:
+            continue  # not a trial (the test evaluation's run, say)
+        index = int(tags[TAG_TRIAL_INDEX])
+        resumes = int(tags.get(TAG_RESUMES, 0))
+        config = json.loads(tags.get(TAG_CONFIG, "{}"))
+        if TAG_STATUS in tags:
+            result = TrialResult.from_mlflow(client, run.info.run_id, metric=metric, mode=mode)
+            if run.info.status in ("RUNNING", "SCHEDULED"):  # died between its summary and its end
+                tracker.end_run(run.info.run_id, result.status.mlflow_status)
+            trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, result)
+        else:
+            history = tuple(_history(client, run.info.run_id, run.data.metrics))
+            trials[index] = PriorTrial(
+                index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes
+            )
+    return PriorSweep(parent_run_id, trials)
+
+
+def _history(client: Any, run_id: str, latest: Mapping[str, float]) -> list[dict[str, Any]]:
+    from sweepflow.tasks.sweep.results import _history_from_mlflow
+
+    return _history_from_mlflow(client, run_id, latest)
+
+
+def scheduler_keys(scheduler: Any) -> list[str]:
+    """What a report needs for the scheduler to judge it (ASHA: its metric and time attribute)."""
+    return [k for k in (getattr(scheduler, "metric", None), getattr(scheduler, "time_attr", None)) if k]
+
+
+def replay(scheduler: Any, result: TrialResult) -> None:
+    """Tell a scheduler (ASHA) an ended trial's reports, so the trials still to come are compared with it as
+    in the interrupted run. Its verdicts are moot: the trial already ended."""
+    needed = scheduler_keys(scheduler)
+    scheduler.on_trial_add(result.trial_id)
+    for report in result.history:
+        if all(name in report for name in needed):
+            scheduler.on_trial_result(result.trial_id, report)
+    if result.status is TrialStatus.FAILED:
+        scheduler.on_trial_error(result.trial_id)
+    else:
+        scheduler.on_trial_complete(result.trial_id, result.history[-1] if result.history else None)
