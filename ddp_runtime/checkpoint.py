@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -33,13 +31,14 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from ddp_runtime.retry import Backoff, seconds_setting
+
 MARKER = ".sweepflow_checkpoint.json"
 _PREFIX = "checkpoint_"
 
 #: How long (seconds) remote storage may stay unreachable while a checkpoint is written (env overrides).
 STORAGE_RETRY_ENV = "DDP_RUNTIME_STORAGE_RETRY_S"
 DEFAULT_STORAGE_RETRY_S = 120.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 10.0
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 
 log = logging.getLogger(__name__)
@@ -50,20 +49,9 @@ class StorageUnavailableError(OSError):
 
 
 def _storage_retry_s(value: float | None) -> float:
-    if value is None:
-        raw = os.environ.get(STORAGE_RETRY_ENV, "").strip()
-        if not raw:
-            return DEFAULT_STORAGE_RETRY_S
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(
-                f"{STORAGE_RETRY_ENV}={raw!r} is not a number: set it to the seconds checkpoint storage may stay "
-                f"unreachable before a checkpoint write fails (default {DEFAULT_STORAGE_RETRY_S:g})"
-            ) from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"the storage retry bound must be seconds >= 0, got {value!r} ({STORAGE_RETRY_ENV})")
-    return float(value)
+    return seconds_setting(
+        value, env=STORAGE_RETRY_ENV, default=DEFAULT_STORAGE_RETRY_S, what="checkpoint storage"
+    )
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -252,21 +240,17 @@ class RunStorage:
         """A runner for the steps of one write: each step is retried while the endpoint does not answer, all of
         them within one bound that starts at the write's first failure."""
         budget = _storage_retry_s(self._retry_s)
-        state: dict[str, float] = {}
+        backoff = Backoff(budget)  # one bound for all the steps of this write, from its first failure
 
         def run(step: Callable[[], Any]) -> Any:
-            delay = _BACKOFF_FIRST_S
             while True:
                 try:
                     return step()
                 except Exception as exc:
                     if not _is_unreachable(exc):
                         raise
-                    now = time.monotonic()
-                    first = state.setdefault("first_failure", now)
-                    state["tries"] = state.get("tries", 0) + 1
-                    waited = now - first
-                    if state["tries"] == 1:
+                    waited = backoff.failed()
+                    if backoff.failures == 1:
                         log.warning(
                             "%s: storage endpoint %s unreachable (%s); retrying for up to %.0f s",
                             what,
@@ -277,15 +261,14 @@ class RunStorage:
                     if waited >= budget:
                         raise StorageUnavailableError(
                             f"{what} failed: the storage endpoint {self.endpoint()} did not answer for "
-                            f"{waited:.0f} s ({int(state['tries'])} failed attempt(s); last error: "
+                            f"{waited:.0f} s ({backoff.failures} failed attempt(s); last error: "
                             f"{_redact(f'{type(exc).__name__}: {exc}')[:300]}). The checkpoint is not committed: "
                             "the previous one stays the latest. Check that the endpoint is up and reachable from "
                             f"the Dask workers; to wait longer for it, raise {STORAGE_RETRY_ENV} (now {budget:g} s) "
                             "in the workers' environment"
                         ) from exc
                     self.fs.invalidate_cache()  # what a failed step listed may be stale
-                    time.sleep(min(delay * random.uniform(0.8, 1.2), budget - waited))
-                    delay = min(delay * 2, _BACKOFF_MAX_S)
+                    backoff.sleep()
 
         return run
 

@@ -41,16 +41,21 @@ def _wait_for_workers(client, n: int) -> None:
 # ------------------------------------------------------------------------------------------------- ddp_runtime
 
 
+def _hang_at_epoch_2(cluster, tmp_path, torch_config: train.TorchConfig) -> train.Result:
+    """A 2-rank group whose rank 1 hangs at epoch 2 (fault_fns.hang_on_rank_one)."""
+    return TorchTrainer(
+        hang_on_rank_one,
+        train_loop_config={"epochs": 3, "hang_at": 2},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path=str(tmp_path / "results")),
+        torch_config=torch_config,
+        client=cluster,
+    ).fit()
+
+
 def test_hang_timeout_names_the_hung_rank_and_frees_its_workers(cluster, tmp_path):
     with pytest.raises(train.TrainingFailedError) as failed:
-        TorchTrainer(
-            hang_on_rank_one,
-            train_loop_config={"epochs": 3, "hang_at": 2},
-            scaling_config=train.ScalingConfig(num_workers=2),
-            run_config=train.RunConfig(storage_path=str(tmp_path / "results")),
-            torch_config=train.TorchConfig(hang_timeout_s=2),
-            client=cluster,
-        ).fit()
+        _hang_at_epoch_2(cluster, tmp_path, train.TorchConfig(hang_timeout_s=2))
     failed_at = time.time()
     error = failed.value.result.error
     assert isinstance(error, train.RankHangError) and error.rank == 1
@@ -75,14 +80,7 @@ def test_a_collective_timeout_names_the_peer_that_never_joined(cluster, tmp_path
     """Without hang_timeout_s, rank 0's barrier times out (TorchConfig.timeout_s) first: the error still names
     rank 1, read from its stack before its worker is killed, not rank 0 whose collective merely timed out."""
     with pytest.raises(train.TrainingFailedError) as failed:
-        TorchTrainer(
-            hang_on_rank_one,
-            train_loop_config={"epochs": 3, "hang_at": 2},
-            scaling_config=train.ScalingConfig(num_workers=2),
-            run_config=train.RunConfig(storage_path=str(tmp_path / "results")),
-            torch_config=train.TorchConfig(timeout_s=3),
-            client=cluster,
-        ).fit()
+        _hang_at_epoch_2(cluster, tmp_path, train.TorchConfig(timeout_s=3))
     error = failed.value.result.error
     assert isinstance(error, train.RankHangError) and error.rank == 1
     message = str(error)

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import queue
-import random
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from mlflow.entities import Metric, Param, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from ddp_runtime.retry import Backoff, seconds_setting
 from sweepflow.tasks.compat import update_run_status
 from sweepflow.tasks.datasets.uris import redact
 
@@ -47,7 +47,6 @@ _MAX_PARAM_LEN = 6000
 #: How long (seconds) the tracking server may stay unreachable before a write fails; env overrides the default.
 RETRY_ENV = "SWEEPFLOW_MLFLOW_RETRY_S"
 DEFAULT_RETRY_S = 120.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.5, 10.0
 #: HTTP statuses a later attempt can get past: timeout, rate limit, server error or restart, gateway errors.
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -61,22 +60,7 @@ class TrackingServerUnavailable(RuntimeError):
 
 def retry_budget_s(value: float | None = None) -> float:
     """The retry bound: ``value``, else ``$SWEEPFLOW_MLFLOW_RETRY_S``, else 120 s."""
-    if value is None:
-        raw = os.environ.get(RETRY_ENV, "").strip()
-        if not raw:
-            return DEFAULT_RETRY_S
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(
-                f"{RETRY_ENV}={raw!r} is not a number: set it to the seconds the MLflow tracking server may stay "
-                f"unreachable before a write fails (default {DEFAULT_RETRY_S:g})"
-            ) from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"the MLflow retry bound must be a number of seconds >= 0, got {value!r} ({RETRY_ENV})"
-        )
-    return float(value)
+    return seconds_setting(value, env=RETRY_ENV, default=DEFAULT_RETRY_S, what="the MLflow tracking server")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -188,19 +172,15 @@ class RunTracker:
         """``attempt(retrying)`` until it succeeds, fails for good, or the server stayed away past the bound.
         ``retrying`` is True after a failed attempt, which may have reached the server before it failed."""
         budget = 0.0 if self._given_up.is_set() else self.retry_s
-        first_failure: float | None = None
-        tries = 0
-        delay = _BACKOFF_FIRST_S
+        backoff = Backoff(budget)
         while True:
-            tries += 1
             try:
-                result = attempt(first_failure is not None)
+                result = attempt(backoff.first_failure is not None)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                now = time.monotonic()
-                if first_failure is None:
-                    first_failure = now
+                waited = backoff.failed()
+                if backoff.failures == 1:
                     log.warning(
                         "%s: MLflow tracking server %s unreachable (%s); retrying for up to %.0f s",
                         what,
@@ -208,11 +188,10 @@ class RunTracker:
                         redact(str(exc))[:200],
                         budget,
                     )
-                waited = now - first_failure
                 if waited >= budget:
                     self._given_up.set()
                     how_long = (
-                        f"did not answer for {waited:.0f} s ({tries} attempt(s)"
+                        f"did not answer for {waited:.0f} s ({backoff.failures} attempt(s)"
                         if budget
                         else f"is still unreachable (an earlier call waited {self.retry_s:g} s for it"
                     )
@@ -222,13 +201,12 @@ class RunTracker:
                         "the flow's machine (its URL, network, proxy), then resume the pipeline run; to wait "
                         f"longer for the server, raise {RETRY_ENV} (now {self.retry_s:g} s)"
                     ) from exc
-                # Jitter, so the writers of many trials do not come back at the same instant.
-                time.sleep(min(delay * random.uniform(0.8, 1.2), budget - waited))
-                delay = min(delay * 2, _BACKOFF_MAX_S)
+                backoff.sleep()
                 self._count("retries")
                 continue
-            if first_failure is not None or self._given_up.is_set():
+            if backoff.first_failure is not None or self._given_up.is_set():
                 self._given_up.clear()
+                first_failure = backoff.first_failure
                 after = (
                     f" after {time.monotonic() - first_failure:.1f} s" if first_failure is not None else ""
                 )
