@@ -215,6 +215,7 @@ class _TrialRun:
             False  # the scheduler stopped it at max_t: complete, not pruned (Ray: TERMINATED)
         )
         self.diverged: str | None = None  # why the trial was stopped as FAILED at a non-finite report
+        self.stop_reason: str | None = None  # why it stopped before max_t: ASHA, the time budget, an abort
         # A resumed trial: the reports its checkpoint covers (this group's reports are numbered after them).
         self.covered: list[dict[str, Any]] = []
 
@@ -241,6 +242,7 @@ class _TrialRun:
             return True
         if self.rt.aborted:
             self.logger.warning("%s: stopping at report %s (%s)", spec.name, step, self.rt.aborted)
+            self.stop_reason = self.rt.aborted
             self.slot.release()
             return True
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
@@ -249,6 +251,7 @@ class _TrialRun:
             self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
         elif decision is Decision.STOP or self.rt.out_of_time():
             reason = "ASHA" if decision is Decision.STOP else "time budget"
+            self.stop_reason = reason
             self.logger.info("%s: stopping at report %s (%s)", spec.name, step, reason)
         else:
             return False
@@ -299,9 +302,17 @@ class _TrialRun:
             rt.scheduler.on_trial_complete(spec.trial_id, fit.metrics)
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
             writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
-        writer.log(result.usage.metrics(), step=max(result.epochs, 0))
+        writer.log(
+            {**result.usage.metrics(), **result.summary_metrics(spec.selection_metric)}, step=max(result.epochs, 0)
+        )
         writer.set_tags(result.summary_tags())
-        writer.finish(result.status.mlflow_status)
+        # Stopped by the sweep's own abort (an error elsewhere): KILLED, not a normal early stop.
+        aborted = (
+            result.status is TrialStatus.STOPPED
+            and self.rt.aborted is not None
+            and result.stop_reason == self.rt.aborted
+        )
+        writer.finish("KILLED" if aborted else result.status.mlflow_status)
         rt.progress.update(spec.trial_id, metrics=fit.metrics, status=result.status)
         phases = {
             "group_overhead": round(fit_s - fit.train_time_s, 4),  # reserve, launch, rendezvous, teardown
@@ -407,6 +418,7 @@ class _TrialRun:
             rank0_worker=fit.rank0_worker,
             usage=usage,
             restarts=fit.num_failures if error is None else max(fit.num_failures - 1, 0),
+            stop_reason=self.stop_reason if status is TrialStatus.STOPPED else None,
         )
 
 

@@ -139,7 +139,7 @@ def test_best_of_skips_non_finite_values_and_names_the_epoch():
 
 
 def test_trial_status_maps_to_mlflow_and_to_selection():
-    assert TrialStatus.STOPPED.mlflow_status == "KILLED" and TrialStatus.COMPLETED.mlflow_status == "FINISHED"
+    assert TrialStatus.STOPPED.mlflow_status == "FINISHED" and TrialStatus.COMPLETED.mlflow_status == "FINISHED"
     assert TrialStatus.FAILED.mlflow_status == "FAILED"
     assert TrialStatus.STOPPED.selectable and not TrialStatus.FAILED.selectable
     assert TrialStatus("STOPPED") is TrialStatus.STOPPED and TrialStatus.STOPPED == "STOPPED"

@@ -23,6 +23,10 @@ TAG_STATUS = "sweepflow.status"
 TAG_EPOCHS = "sweepflow.epochs"
 TAG_ERROR = "sweepflow.error"
 TAG_BEST_CHECKPOINT = "sweepflow.best_checkpoint"
+TAG_OUTCOME = "sweepflow.outcome"  # how the trial ended, in words
+TAG_STOP_REASON = "sweepflow.stop_reason"
+#: Per-trial summary metrics (``TrialResult.summary_metrics``): not per-epoch reports.
+SUMMARY_METRICS = ("epochs_run", "best_epoch")
 TAG_CONFIG = "sweepflow.config"  # the sampled hyperparameters as JSON (params are strings in MLflow)
 USAGE_METRICS = ("worker_seconds", "gpu_seconds", "saved_worker_seconds", "saved_gpu_seconds", "group_seconds")
 
@@ -37,8 +41,10 @@ class TrialStatus(StrEnum):
 
     @property
     def mlflow_status(self) -> str:
-        """The MLflow run status this ends a trial's run with."""
-        return {"COMPLETED": "FINISHED", "STOPPED": "KILLED", "FAILED": "FAILED"}[self.value]
+        """The MLflow run status this ends a trial's run with. Early stopping is a normal end (FINISHED, as in
+        Optuna's and W&B's integrations; Ray says TERMINATED), not a failure: MLflow's KILLED draws a red cross.
+        A trial the sweep itself stopped (it is stopping after an error) is ended KILLED by the trial."""
+        return {"COMPLETED": "FINISHED", "STOPPED": "FINISHED", "FAILED": "FAILED"}[self.value]
 
     @property
     def selectable(self) -> bool:
@@ -115,6 +121,7 @@ class TrialResult:
     history: tuple[dict[str, Any], ...] = ()  # every report's metrics, in order
     usage: ResourceUsage = field(default_factory=ResourceUsage)
     restarts: int = 0  # group restarts after failures (FailureConfig.max_failures)
+    stop_reason: str | None = None  # why a STOPPED trial stopped: "ASHA", "time budget", or the sweep's abort
 
     @classmethod
     def from_history(
@@ -141,7 +148,7 @@ class TrialResult:
         """Rebuild a finished trial's result from its MLflow child run alone (``client``: an MlflowClient)."""
         run = client.get_run(run_id)
         tags, metrics = run.data.tags, run.data.metrics
-        history = _history_from_mlflow(client, run_id, run.data.metrics)
+        history = _history_from_mlflow(client, run_id, run.data.metrics, metric)
         usage = ResourceUsage(
             ranks=int(run.data.params.get("num_ranks", 0)),
             gpus_per_rank=float(run.data.params.get("gpus_per_rank", 0.0)),
@@ -164,6 +171,7 @@ class TrialResult:
             train_time_s=float(tags.get("sweepflow.train_time_s", 0.0)),
             usage=usage,
             restarts=int(float(tags.get("sweepflow.restarts", 0))),
+            stop_reason=tags.get(TAG_STOP_REASON) or None,
         )
 
     def summary_tags(self) -> dict[str, Any]:
@@ -176,10 +184,30 @@ class TrialResult:
             "sweepflow.saved_epochs": self.usage.saved_epochs,
             "sweepflow.epoch_seconds": round(self.usage.epoch_seconds, 4),
             "sweepflow.restarts": self.restarts,
+            TAG_OUTCOME: self.outcome(),
         }
+        if self.stop_reason:
+            tags[TAG_STOP_REASON] = self.stop_reason
         if self.error is not None:
             tags[TAG_ERROR] = self.error[:5000]
         return tags
+
+    def summary_metrics(self, metric: str) -> dict[str, float]:
+        """Sortable columns of the MLflow runs table: the best value of the selection metric, the epoch it came
+        at, and the epochs run (the run's other metrics show their last values there)."""
+        out: dict[str, float] = {"epochs_run": self.epochs}
+        if self.best is not None:
+            out[f"best_{metric}"] = self.best
+            out["best_epoch"] = self.best_epoch or 0
+        return out
+
+    def outcome(self) -> str:
+        """How it ended, in words: "completed", "stopped early (ASHA) at epoch 2", "failed: <reason>"."""
+        if self.status is TrialStatus.STOPPED:
+            return f"stopped early ({self.stop_reason or 'scheduler'}) at epoch {self.epochs}"
+        if self.status is TrialStatus.FAILED:
+            return f"failed: {(self.error or 'unknown error').splitlines()[0][:300]}"
+        return self.status.value.lower().replace("_", " ")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-friendly): the flow's return value and the CLI's summary carry this."""
@@ -203,12 +231,14 @@ def best_of(history: Sequence[Mapping[str, Any]], metric: str, mode: str) -> tup
     return (best[0], best[1]) if best else (None, None)
 
 
-def _history_from_mlflow(client: Any, run_id: str, latest: Mapping[str, float]) -> list[dict[str, Any]]:
+def _history_from_mlflow(
+    client: Any, run_id: str, latest: Mapping[str, float], metric: str
+) -> list[dict[str, Any]]:
     """Per-step reports rebuilt from every metric's history (step = epoch), in step order."""
     by_step: dict[int, dict[str, Any]] = {}
     for key in latest:
-        if key in USAGE_METRICS:
-            continue
+        if key in USAGE_METRICS or key in SUMMARY_METRICS or key == f"best_{metric}":
+            continue  # one value per run, not a report's
         for m in client.get_metric_history(run_id, key):
             by_step.setdefault(m.step, {})[key] = m.value
     return [by_step[step] for step in sorted(by_step)]
