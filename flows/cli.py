@@ -154,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
+    from sweepflow.tasks.tracking.links import MlflowLinks, prefect_ui_url
+
     board = pd.DataFrame(summary["leaderboard"])
     cols = [c for c in board.columns if c != "mlflow_run_id"]
     print("\nLeaderboard (best first):")
@@ -181,16 +183,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     uri = summary["tracking_uri"]
     print("\nCompare trials in the MLflow UI:")
-    if uri.startswith("sqlite:"):
-        print(f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
-    else:
-        print(f"  open {uri}")
-    print(f"  experiment {summary['experiment_id']}, parent run {summary['parent_run_id']}")
+    local_ui = None
+    if not uri.startswith(("http://", "https://")):
+        local_ui = "http://127.0.0.1:5000"
+        print(f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open:")
+    links = MlflowLinks.for_tracking_uri(uri, local_ui=local_ui)
+    eid, parent = summary["experiment_id"], summary["parent_run_id"]
+    trial_runs = [t["run_id"] for t in summary["trials"] if t.get("run_id")]
+    print(f"  runs table:       {links.runs_table(eid)}")
+    print(f"  parent run:       {links.run(eid, parent)}")
+    print(f"  compare trials:   {links.compare(eid, trial_runs)}")
+    print(f"  best trial:       {links.run(eid, summary['best_trial']['run_id'])}")
+    print(f"  registered model: {links.model_version(reg['name'], reg['version'])}")
     if not args.no_server and os.environ.get(
         "PREFECT_API_URL"
     ):  # set above, to the local server if not given
         print(
-            f"Prefect UI (flow runs, task runs per trial): {os.environ['PREFECT_API_URL'].removesuffix('/api')}"
+            f"Prefect UI (flow runs, task runs per trial): {prefect_ui_url(os.environ['PREFECT_API_URL'])}"
         )
     if args.summary_json:
         with open(args.summary_json, "w") as f:

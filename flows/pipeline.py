@@ -16,8 +16,9 @@ from typing import Any
 
 from distributed import Client
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
 
 import ddp_runtime as train
 from ddp_runtime.cluster import cluster_client, groups_that_fit
@@ -43,6 +44,14 @@ from sweepflow.tasks.sweep.resume import (
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
+from sweepflow.tasks.tracking.links import (
+    DESCRIPTION_TAG,
+    MlflowLinks,
+    leaderboard_markdown,
+    markdown_link,
+    prefect_flow_run,
+    prefect_ui_url,
+)
 from sweepflow.tasks.tracking.runs import (
     RunTracker,
     check_direct_writes,
@@ -123,6 +132,7 @@ def training_pipeline(
                 tags={"sweepflow.best_trial": best.trial_id, "sweepflow.data_checksum": prepared.checksum},
             )
             stages.lap("register_s")
+            _mark_winner(tracker, cfg, best.run_id, registration)
     logger.info("stage timings: %s", stages.timings)
     _log_outcome(logger, cfg, best, evaluation, registration)
     return {
@@ -241,6 +251,7 @@ def parent_run(
                 "sweepflow.code_version": code_version(),
                 "prefect.flow_run_id": str(flow_run.get_id() or ""),
                 TAG_RESUME_KEY: digest(key),
+                DESCRIPTION_TAG: _flow_run_description(),
             },
         )
         # The settings a resume must share, in full: a refused resume names what differs.
@@ -277,9 +288,40 @@ def _reopen(tracker: RunTracker, parent: str, prepared: PreparedDataset) -> str:
         {
             TAG_RESUMES: int(run.data.tags.get(TAG_RESUMES, 0)) + 1,
             "prefect.flow_run_id": str(flow_run.get_id() or ""),
+            DESCRIPTION_TAG: _flow_run_description(),
         },
     )
     return parent
+
+
+def _mark_winner(tracker: RunTracker, cfg: PipelineConfig, run_id: str | None, registration: dict) -> None:
+    """Tag the best trial's run as the sweep's winner, its description linking to the model version it became."""
+    if not run_id:
+        return
+    version = markdown_link(
+        f"{registration['name']} v{registration['version']}",
+        MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri).model_version(
+            registration["name"], registration["version"]
+        ),
+    )
+    current = tracker.client.get_run(run_id).data.tags.get(DESCRIPTION_TAG, "")
+    tracker.set_tags(
+        run_id,
+        {
+            "sweepflow.winner": "true",
+            "sweepflow.registered_version": f"{registration['name']}/{registration['version']}",
+            DESCRIPTION_TAG: f"**Best trial of the sweep**, registered as {version}.\n\n{current}".strip(),
+        },
+    )
+
+
+def _flow_run_description() -> str:
+    """The parent run's description (markdown in the MLflow UI): a link to the Prefect flow run."""
+    flow_run_id = str(flow_run.get_id() or "")
+    if not flow_run_id:
+        return "Not run by a Prefect flow run."
+    url = prefect_flow_run(prefect_ui_url(PREFECT_API_URL.value()), flow_run_id)
+    return f"Prefect flow run: {markdown_link(flow_run.get_name() or flow_run_id, url)}"
 
 
 def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig) -> Any:
@@ -290,10 +332,25 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     board_path = os.path.join(cfg.state_dir, "tmp", f"leaderboard-{parent}.csv")
     board.to_csv(board_path, index=False)
     tracker.log_artifact(parent, board_path, "leaderboard")
-    create_table_artifact(
-        table=board.astype(object).where(board.notna(), None).to_dict(orient="records"),
+    mlflow_ui = MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri)
+    eid = tracker.experiment_id
+    rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
+    links = [
+        f"- {markdown_link('MLflow runs table', mlflow_ui.runs_table(eid))} · "
+        f"{markdown_link('parent run ' + parent, mlflow_ui.run(eid, parent))} · "
+        f"{markdown_link('compare the trials', mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]))}",
+    ]
+    create_markdown_artifact(
+        markdown="\n".join(links)
+        + "\n\n"
+        + leaderboard_markdown(
+            rows,
+            metric=cfg.selection.metric,
+            mode=cfg.selection.mode,
+            run_url={str(r["mlflow_run_id"]): mlflow_ui.run(eid, str(r["mlflow_run_id"])) for r in rows},
+        ),
         key="sweep-leaderboard",
-        description=f"Trials of MLflow run {parent}, best first by best {cfg.selection.metric}",
+        description=f"Trials of MLflow run {parent}",
     )
     metrics = dict(sweep.usage())
     best = sweep.best()

@@ -23,7 +23,10 @@ from typing import Any
 
 from distributed import Client
 from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime.task_run import get_id as prefect_task_run_id
+from prefect.settings import PREFECT_API_URL
 
 import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
@@ -40,6 +43,13 @@ from sweepflow.tasks.sweep.results import (
 from sweepflow.tasks.sweep.resume import TAG_RESUMES, ResumeFrom, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots, _Slot
+from sweepflow.tasks.tracking.links import (
+    DESCRIPTION_TAG,
+    MlflowLinks,
+    markdown_link,
+    prefect_task_run,
+    prefect_ui_url,
+)
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 from sweepflow.tasks.training.function import TrainFunction
 
@@ -178,10 +188,12 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
             TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
             "sweepflow.train_fn": TrainFunction(spec.train_fn).path,
+            **_prefect_task_run_tags(),
         },
     )
     writer = RunWriter(rt.tracker, run_id)
     rt.writers.append(writer)
+    _link_task_run_to(rt.tracker, run_id)
     writer.log_params(
         {
             **spec.params,
@@ -191,6 +203,25 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
         }
     )
     return writer, artifact_uri
+
+
+def _prefect_task_run_tags() -> dict[str, str]:
+    """The trial's Prefect task run, on its MLflow run: an id tag, and a link in the run's description."""
+    task_run_id = prefect_task_run_id()
+    if not task_run_id:
+        return {}
+    url = prefect_task_run(prefect_ui_url(PREFECT_API_URL.value()), task_run_id)
+    return {
+        "prefect.task_run_id": task_run_id,
+        DESCRIPTION_TAG: f"Prefect task run: {markdown_link(task_run_id, url)}",
+    }
+
+
+def _link_task_run_to(tracker: RunTracker, run_id: str) -> None:
+    """The other way: the trial's Prefect task run links to its MLflow run (where the UI has a web server)."""
+    url = MlflowLinks.for_tracking_uri(tracker.tracking_uri).run(tracker.experiment_id, run_id)
+    if url and prefect_task_run_id():
+        create_link_artifact(link=url, link_text=f"MLflow run {run_id}", description="The trial's MLflow run")
 
 
 def _wait_for_slot(spec: TrialSpec, rt: SweepRuntime, writer: RunWriter) -> tuple[_Slot, float]:

@@ -105,6 +105,36 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         assert checkpoints and all(c.path.startswith("checkpoints/checkpoint_") for c in checkpoints)
     assert len(summary["leaderboard"]) == 3
 
+    # Links both ways: the parent run's description links its Prefect flow run, each trial's run its Prefect
+    # task run; the winner is tagged and its description links the registered version.
+    assert "Prefect flow run: [" in parent.data.tags["mlflow.note.content"]
+    assert (
+        "/runs/flow-run/" + parent.data.tags["prefect.flow_run_id"] in parent.data.tags["mlflow.note.content"]
+    )
+    for child in children:
+        task_run_id = child.data.tags["prefect.task_run_id"]
+        assert f"/runs/task-run/{task_run_id})" in child.data.tags["mlflow.note.content"]
+    winners = [c for c in children if c.data.tags.get("sweepflow.winner") == "true"]
+    assert [w.info.run_id for w in winners] == [summary["best_trial"]["run_id"]]
+    winner = client.get_run(winners[0].info.run_id)
+    assert "#/models/digits-e2e/versions/1)" in winner.data.tags["mlflow.note.content"]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        links = [
+            a
+            for a in prefect.read_artifacts()
+            if a.type == "link"
+            and a.task_run_id
+            and str(a.task_run_id) in {c.data.tags["prefect.task_run_id"] for c in children}
+        ]
+        board = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-leaderboard"]))
+        )
+    assert len(links) == 3 and all(mlflow_server in str(a.data) for a in links)
+    assert board and "best first by best_val_accuracy (higher is better)" in board[-1].data
+
     # Resource accounting: 2 ranks per trial; each child run, the parent and the leaderboard carry it.
     for child in children:
         assert child.data.metrics["worker_seconds"] == pytest.approx(

@@ -1,0 +1,123 @@
+"""Addresses of the MLflow and Prefect UI views that answer "what did the sweep find?".
+
+The CLI prints them, the flow logs them, and runs and artifacts carry them, so a user clicks from a Prefect flow
+run to its MLflow parent run, from there to the compare view of its trials, and from a trial's Prefect task run
+to its MLflow child run and back:
+
+    mlflow = MlflowLinks.for_tracking_uri("http://127.0.0.1:5000")
+    mlflow.runs_table("1")        # http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning
+    mlflow.compare("1", ["a", "b"])
+    prefect_task_run("http://127.0.0.1:4200", task_run_id)
+
+A tracking URI without a web server (``sqlite:``, a directory) has no links: ``MlflowLinks.ui`` is None and
+every method returns None. Credentials in a URI (``user:pass@``) never reach a link.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit, urlunsplit
+
+#: The MLflow run tag whose markdown the UI shows as the run's description.
+DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+@dataclass(frozen=True)
+class MlflowLinks:
+    """Links into the MLflow web UI at ``ui`` (None: the store has no UI, so no links)."""
+
+    ui: str | None
+
+    @classmethod
+    def for_tracking_uri(cls, tracking_uri: str, *, local_ui: str | None = None) -> MlflowLinks:
+        """The UI of an ``http(s)`` tracking server is the server itself; for a database or directory store,
+        ``local_ui`` (where ``mlflow ui`` over that store is served, if the caller says so)."""
+        if tracking_uri.startswith(("http://", "https://")):
+            return cls(_without_credentials(tracking_uri))
+        return cls(local_ui.rstrip("/") if local_ui else None)
+
+    def runs_table(self, experiment_id: str) -> str | None:
+        # workflowType=machine_learning: the runs table, not the GenAI overview MLflow 3 opens by default.
+        return self._at(f"/experiments/{experiment_id}/runs?workflowType=machine_learning")
+
+    def run(self, experiment_id: str, run_id: str) -> str | None:
+        return self._at(f"/experiments/{experiment_id}/runs/{run_id}")
+
+    def compare(self, experiment_id: str, run_ids: Sequence[str]) -> str | None:
+        """The compare view of these runs (MLflow's own route: JSON lists of run and experiment ids)."""
+        if not run_ids:
+            return None
+        runs = quote(json.dumps(list(run_ids), separators=(",", ":")), safe="")
+        experiments = quote(json.dumps([str(experiment_id)], separators=(",", ":")), safe="")
+        return self._at(f"/compare-runs?runs={runs}&experiments={experiments}")
+
+    def model_version(self, name: str, version: str | int) -> str | None:
+        return self._at(f"/models/{quote(name, safe='')}/versions/{version}")
+
+    def _at(self, route: str) -> str | None:
+        return f"{self.ui}/#{route}" if self.ui else None
+
+
+def prefect_ui_url(api_url: str | None) -> str | None:
+    """The Prefect UI of an API URL (``http://host:4200/api`` -> ``http://host:4200``); None without one."""
+    if not api_url or not api_url.startswith(("http://", "https://")):
+        return None
+    return _without_credentials(api_url).removesuffix("/api")
+
+
+def prefect_flow_run(ui: str | None, flow_run_id: str | None) -> str | None:
+    return f"{ui}/runs/flow-run/{flow_run_id}" if ui and flow_run_id else None
+
+
+def prefect_task_run(ui: str | None, task_run_id: str | None) -> str | None:
+    return f"{ui}/runs/task-run/{task_run_id}" if ui and task_run_id else None
+
+
+def markdown_link(text: str, url: str | None) -> str:
+    """``[text](url)``, or just the text when there is no URL (no UI to link to)."""
+    return f"[{text}]({url})" if url else text
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.4g}"  # NaN: empty
+    return "" if value is None else str(value).replace("|", "\\|")
+
+
+def leaderboard_markdown(
+    rows: Sequence[dict[str, object]], *, metric: str, mode: str, run_url: dict[str, str | None]
+) -> str:
+    """The leaderboard as a markdown table, best first by ``best_<metric>`` (as its heading says), the columns
+    that decide first (trial, status, best value and epoch, epochs, hyperparameters), floats to 4 significant
+    digits, each trial's MLflow run id a link (``run_url``: run id -> URL)."""
+    best = f"best_{metric}"
+    better = "higher is better" if mode == "max" else "lower is better"
+    if not rows:
+        return f"### Trials, best first by {best} ({better})\n\nNo trial ran."
+    first = ["trial", "status", best, "best_epoch", "epochs"]
+    columns = [c for c in first if c in rows[0]]
+    columns += [c for c in rows[0] if c.startswith("config/")]
+    columns += [c for c in rows[0] if c not in columns and c != "mlflow_run_id"]
+    header = [c.removeprefix("config/") for c in columns] + ["MLflow run"]
+    lines = [
+        f"### Trials, best first by {best} ({better})",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row in rows:
+        run_id = row.get("mlflow_run_id")
+        run = markdown_link(str(run_id), run_url.get(str(run_id))) if run_id else ""
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + f" | {run} |")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""Links into the MLflow and Prefect UIs (tasks/tracking/links.py), and the leaderboard as markdown."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from sweepflow.tasks.tracking.links import (
+    MlflowLinks,
+    leaderboard_markdown,
+    markdown_link,
+    prefect_flow_run,
+    prefect_task_run,
+    prefect_ui_url,
+)
+
+
+def test_mlflow_links_open_the_model_training_views_without_credentials():
+    links = MlflowLinks.for_tracking_uri("https://alice:s3cret@mlflow.example.com:5443/")
+    assert links.ui == "https://mlflow.example.com:5443"
+    assert links.runs_table("7") == (
+        "https://mlflow.example.com:5443/#/experiments/7/runs?workflowType=machine_learning"
+    )
+    assert links.run("7", "abc") == "https://mlflow.example.com:5443/#/experiments/7/runs/abc"
+    assert (
+        links.model_version("digits model", 3)
+        == "https://mlflow.example.com:5443/#/models/digits%20model/versions/3"
+    )
+    compare = links.compare("7", ["a1", "b2"])
+    query = parse_qs(urlsplit(compare.split("#", 1)[1]).query)
+    assert json.loads(unquote(query["runs"][0])) == ["a1", "b2"]
+    assert json.loads(unquote(query["experiments"][0])) == ["7"]
+    assert "s3cret" not in "".join([links.ui, compare])
+    assert links.compare("7", []) is None
+
+
+def test_a_store_without_a_server_has_links_only_to_a_named_local_ui():
+    assert MlflowLinks.for_tracking_uri("sqlite:///tmp/mlflow.db").run("1", "r") is None
+    local = MlflowLinks.for_tracking_uri("sqlite:///tmp/mlflow.db", local_ui="http://127.0.0.1:5000/")
+    assert local.run("1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r"
+    assert markdown_link("r", None) == "r" and markdown_link("r", "http://x") == "[r](http://x)"
+
+
+def test_prefect_links():
+    ui = prefect_ui_url("http://bob:pw@127.0.0.1:4200/api")
+    assert ui == "http://127.0.0.1:4200"
+    assert prefect_flow_run(ui, "f1") == "http://127.0.0.1:4200/runs/flow-run/f1"
+    assert prefect_task_run(ui, "t1") == "http://127.0.0.1:4200/runs/task-run/t1"
+    assert prefect_ui_url(None) is None and prefect_task_run(None, "t1") is None
+
+
+def test_the_leaderboard_markdown_is_rounded_ordered_as_its_heading_says_and_links_runs():
+    rows = [
+        {
+            "trial": "trial_0001",
+            "status": "COMPLETED",
+            "epochs": 4,
+            "config/lr": 0.0123456789,
+            "best_val_loss": 0.123456789,
+            "best_epoch": 3,
+            "val_loss": 0.2,
+            "mlflow_run_id": "r1",
+        },
+        {
+            "trial": "trial_0000",
+            "status": "STOPPED",
+            "epochs": 1,
+            "config/lr": 0.1,
+            "best_val_loss": 0.9,
+            "best_epoch": 1,
+            "val_loss": 0.9,
+            "mlflow_run_id": "r0",
+        },
+    ]
+    text = leaderboard_markdown(
+        rows, metric="val_loss", mode="min", run_url={"r1": "http://m/#/r1", "r0": None}
+    )
+    lines = text.splitlines()
+    assert lines[0] == "### Trials, best first by best_val_loss (lower is better)"
+    assert lines[2] == "| trial | status | best_val_loss | best_epoch | epochs | lr | val_loss | MLflow run |"
+    assert lines[4] == "| trial_0001 | COMPLETED | 0.1235 | 3 | 4 | 0.01235 | 0.2 | [r1](http://m/#/r1) |"
+    assert lines[5].endswith("| r0 |")
+    assert "No trial ran" in leaderboard_markdown([], metric="acc", mode="max", run_url={})
