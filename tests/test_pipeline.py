@@ -119,21 +119,25 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     winner = client.get_run(winners[0].info.run_id)
     assert "#/models/digits-e2e/versions/1)" in winner.data.tags["mlflow.note.content"]
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterTaskRunId
 
+    task_runs = [c.data.tags["prefect.task_run_id"] for c in children]
     with get_client(sync_client=True) as prefect:
-        links = [
-            a
-            for a in prefect.read_artifacts()
-            if a.type == "link"
-            and a.task_run_id
-            and str(a.task_run_id) in {c.data.tags["prefect.task_run_id"] for c in children}
-        ]
-        board = prefect.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-leaderboard"]))
+        links = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=task_runs))
         )
-    assert len(links) == 3 and all(mlflow_server in str(a.data) for a in links)
-    assert board and "best first by best_val_accuracy (higher is better)" in board[-1].data
+        board = [
+            a
+            for a in prefect.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[parent.data.tags["prefect.flow_run_id"]])
+                )
+            )
+            if a.key == "sweep-leaderboard"
+        ]
+    assert sorted(a.type for a in links) == ["link"] * 3
+    assert all(str(a.data).startswith(mlflow_server) for a in links)
+    assert len(board) == 1 and "best first by best_val_accuracy (higher is better)" in board[0].data
 
     # Resource accounting: 2 ranks per trial; each child run, the parent and the leaderboard carry it.
     for child in children:
