@@ -119,7 +119,11 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     winner = client.get_run(winners[0].info.run_id)
     assert "#/models/digits-e2e/versions/1)" in winner.data.tags["mlflow.note.content"]
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterTaskRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterTaskRunId,
+    )
 
     task_runs = [c.data.tags["prefect.task_run_id"] for c in children]
     with get_client(sync_client=True) as prefect:
