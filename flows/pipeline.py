@@ -232,6 +232,28 @@ def run_tracker(cfg: PipelineConfig) -> RunTracker:
     )
 
 
+#: The parent run's params: what a user filters and compares pipeline runs by (the rest: config/ artifact).
+PARENT_PARAMS = frozenset(
+    {
+        "data.name",
+        "data.source",
+        "sweep.sampler",
+        "sweep.num_samples",
+        "sweep.max_concurrent_trials",
+        "sweep.seed",
+        "scheduler.type",
+        "training.epochs",
+        "training.train_fn",
+        "resources.ranks_per_trial",
+        "resources.gpus_per_rank",
+        "training.model",
+        "selection.metric",
+        "selection.mode",
+        "mlflow.registered_model_name",
+    }
+)
+
+
 @contextlib.contextmanager
 def parent_run(
     tracker: RunTracker, cfg: PipelineConfig, prepared: PreparedDataset, *, resume_from: str | None = None
@@ -239,12 +261,15 @@ def parent_run(
     """The pipeline's MLflow parent run: FINISHED if the block completes, FAILED if it raises. With
     ``resume_from``, that (interrupted) run is reopened instead of a new one started."""
     key = resume_key(cfg.model_dump())
+    # Every setting (credentials removed) as one artifact; as params only the few a user filters runs by, so
+    # the runs table and compare view are not buried under ~50 settings.
+    settings = public_params(flatten("", cfg.model_dump(exclude={"state_dir"})))
     if resume_from:
         parent = _reopen(tracker, resume_from, prepared)
     else:
         parent = tracker.start_run(
             f"pipeline-{flow_run.get_name() or 'local'}",
-            params=public_params(flatten("", cfg.model_dump(exclude={"state_dir"}))),
+            params={k: v for k, v in settings.items() if k in PARENT_PARAMS},
             tags={
                 "sweepflow.data_checksum": prepared.checksum,
                 "sweepflow.dataset": prepared.name,
@@ -260,6 +285,9 @@ def parent_run(
         with open(os.path.join(tmp, os.path.basename(RESUME_KEY_ARTIFACT)), "w") as f:
             json.dump(key, f, indent=1, sort_keys=True)
         tracker.log_artifact(parent, f.name, os.path.dirname(RESUME_KEY_ARTIFACT))
+        with open(os.path.join(tmp, "pipeline_config.json"), "w") as f:
+            json.dump(settings, f, indent=1, sort_keys=True, default=str)
+        tracker.log_artifact(parent, f.name, "config")
     status = "FAILED"
     try:
         if cfg.mlflow.artifacts_destination:

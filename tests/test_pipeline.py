@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import mlflow
@@ -75,6 +76,13 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     assert parent.data.tags["sweepflow.data_checksum"]
     assert parent.data.tags["sweepflow.best_trial"] == summary["best_trial"]["trial_id"]
     assert "sweep.num_samples" in parent.data.params
+    # A few params to filter by; every setting in one artifact.
+    assert len(parent.data.params) <= 16 and "scheduler.grace_period" not in parent.data.params
+    config_file = mlflow.artifacts.download_artifacts(
+        run_id=parent.info.run_id, artifact_path="config/pipeline_config.json", tracking_uri=mlflow_server
+    )
+    with open(config_file) as f:
+        assert json.load(f)["scheduler.grace_period"] == 2
     assert parent.data.metrics["test_accuracy"] >= 0.90
     parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "evaluation")}
     assert "evaluation/confusion_matrix.png" in parent_artifacts
