@@ -181,10 +181,11 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
         writer.set_status("RUNNING")
         return writer, spec.resume.artifact_uri
     run_id, artifact_uri = rt.tracker.create_run(
-        spec.name,
+        spec.trial_id,  # short, so the runs table shows it whole; the sampled values are its params
         parent_run_id=rt.parent_run_id,
         tags={
             TAG_TRIAL_ID: spec.trial_id,
+            "sweepflow.trial_name": spec.name,
             TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
             "sweepflow.train_fn": TrainFunction(spec.train_fn).path,

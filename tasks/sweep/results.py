@@ -162,7 +162,7 @@ class TrialResult:
             mode=mode,
             trial_id=tags[TAG_TRIAL_ID],
             index=int(tags.get(TAG_TRIAL_INDEX, 0)),
-            name=run.info.run_name,
+            name=tags.get("sweepflow.trial_name", run.info.run_name),
             config=json.loads(tags.get(TAG_CONFIG, "{}")),
             status=TrialStatus(tags[TAG_STATUS]),
             run_id=run_id,
