@@ -120,6 +120,13 @@ class TrainingSettings(_Section):
         description="group restarts from the latest checkpoint per trial (Ray FailureConfig.max_failures); "
         "-1: unlimited",
     )
+    system_metrics_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds between samples of MLflow's system metrics (CPU, memory, GPU utilisation and memory "
+        "where there is one) logged by each trial's rank 0 to its run as system/*; 0: off. Only with an MLflow "
+        "tracking server (a SQLite or file store is written by the flow process alone)",
+    )
     hang_timeout_s: float | None = Field(
         None,
         gt=0,

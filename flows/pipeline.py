@@ -200,6 +200,7 @@ def build_sweep(
         varying_names=tuple(space.varying_names),
         max_failures=cfg.training.max_failures,
         hang_timeout_s=cfg.training.hang_timeout_s,
+        system_metrics_interval_s=cfg.training.system_metrics_interval_s,
     )
     concurrency = cfg.sweep.max_concurrent_trials or fits
     log = get_run_logger().info

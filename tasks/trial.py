@@ -51,7 +51,7 @@ from sweepflow.tasks.tracking.links import (
     prefect_ui_url,
 )
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
-from sweepflow.tasks.training.function import TrainFunction
+from sweepflow.tasks.training.function import SystemMetrics, TrainFunction
 
 _SCHEDULED_AFTER_S = 1.0  # a trial queued longer than this shows as SCHEDULED in MLflow until it starts
 
@@ -79,6 +79,7 @@ class TrialSpec:
     max_reports: int  # the scheduler's max_t: a stop there means the trial is complete
     max_failures: int = 0
     hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
+    system_metrics_interval_s: float = 0.0  # MLflow system metrics from rank 0 (needs a tracking server)
     resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
 
     @property
@@ -381,10 +382,18 @@ class _TrialRun:
         )
         return latest.checkpoint
 
+    def _system_metrics(self) -> SystemMetrics | None:
+        """MLflow's system-metrics monitor on rank 0, logging to this trial's run: only with a tracking server
+        (a SQLite store is written by the flow process alone: a second writer would lock it)."""
+        uri = self.rt.tracker.tracking_uri
+        if self.spec.system_metrics_interval_s <= 0 or not uri.startswith(("http://", "https://")):
+            return None
+        return SystemMetrics(uri, self.writer.run_id, self.spec.system_metrics_interval_s)
+
     def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
         spec = self.spec
         return TorchTrainer(
-            TrainFunction(spec.train_fn),
+            TrainFunction(spec.train_fn, system_metrics=self._system_metrics()),
             train_loop_config=spec.train_loop_config,
             scaling_config=train.ScalingConfig(
                 num_workers=spec.num_ranks,

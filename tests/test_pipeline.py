@@ -55,7 +55,7 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
             },
             "num_samples": 3,
         },
-        training={"epochs": 8},
+        training={"epochs": 8, "system_metrics_interval_s": 0.5},
         scheduler={"max_t": 8, "grace_period": 2, "reduction_factor": 2},
         resources={"ranks_per_trial": 2},
     )
@@ -122,6 +122,10 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     for child in children:
         task_run_id = child.data.tags["prefect.task_run_id"]
         assert f"/runs/task-run/{task_run_id})" in child.data.tags["mlflow.note.content"]
+    # MLflow's system metrics, from each trial's rank 0 while it trained (the longest trial has some).
+    longest = max(children, key=lambda c: c.data.metrics["group_seconds"])
+    assert "system/cpu_utilization_percentage" in longest.data.metrics
+    assert "system/system_memory_usage_megabytes" in longest.data.metrics
     winners = [c for c in children if c.data.tags.get("sweepflow.winner") == "true"]
     assert [w.info.run_id for w in winners] == [summary["best_trial"]["run_id"]]
     winner = client.get_run(winners[0].info.run_id)

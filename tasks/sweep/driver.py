@@ -49,6 +49,7 @@ class TrialTemplate:
     varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
     max_failures: int = 0
     hang_timeout_s: float | None = None  # ddp_runtime TorchConfig.hang_timeout_s of every trial's group
+    system_metrics_interval_s: float = 0.0  # MLflow system metrics from each trial's rank 0; 0: off
 
     def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> TrialSpec:
         trial_id = f"trial_{index:04d}"
@@ -72,6 +73,7 @@ class TrialTemplate:
             max_reports=self.max_reports,
             max_failures=self.max_failures,
             hang_timeout_s=self.hang_timeout_s,
+            system_metrics_interval_s=self.system_metrics_interval_s,
             resume=resume,
         )
 

@@ -237,7 +237,7 @@ def _history_from_mlflow(
     """Per-step reports rebuilt from every metric's history (step = epoch), in step order."""
     by_step: dict[int, dict[str, Any]] = {}
     for key in latest:
-        if key in USAGE_METRICS or key in SUMMARY_METRICS or key == f"best_{metric}":
+        if key in USAGE_METRICS or key in SUMMARY_METRICS or key == f"best_{metric}" or key.startswith("system/"):
             continue  # one value per run, not a report's
         for m in client.get_metric_history(run_id, key):
             by_step.setdefault(m.step, {})[key] = m.value

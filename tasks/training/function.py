@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,6 +55,42 @@ def import_train_fn(path: str) -> Callable[..., Any]:
 
 
 @dataclass(frozen=True)
+class SystemMetrics:
+    """Where rank 0 logs MLflow's system metrics (``system/cpu_utilization_percentage``, memory, GPU) while it
+    trains: every ``interval_s`` seconds, to run ``run_id`` on ``tracking_uri``."""
+
+    tracking_uri: str
+    run_id: str
+    interval_s: float
+
+    def __repr__(self) -> str:  # the URI may hold credentials: never in a repr, log or message
+        return f"SystemMetrics(run_id={self.run_id!r}, interval_s={self.interval_s!r})"
+
+
+@contextlib.contextmanager
+def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
+    """MLflow's monitor thread around the training function, on rank 0 only (one machine's view per trial)."""
+    import ddp_runtime
+
+    if settings is None or ddp_runtime.get_context().get_world_rank() != 0:
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        settings.run_id,
+        sampling_interval=settings.interval_s,
+        resume_logging=True,  # a restarted group continues the steps, it does not overwrite them
+        tracking_uri=settings.tracking_uri,
+    )
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
+
+
+@dataclass(frozen=True)
 class TrainFunction:
     """The function every rank of a trial runs: either named by import path (``"module:function"``, imported
     where it runs, on the Dask workers, so the flow process never imports the training code nor torch; the
@@ -61,6 +98,7 @@ class TrainFunction:
     function, partial, closure or lambda), which Dask ships to the workers by value (cloudpickle)."""
 
     target: str | Callable[..., Any]
+    system_metrics: SystemMetrics | None = None  # MLflow system metrics from rank 0 while it trains
 
     def __post_init__(self) -> None:
         if callable(self.target):
@@ -86,8 +124,9 @@ class TrainFunction:
 
     def __call__(self, config: dict[str, Any]) -> Any:
         fn = import_train_fn(self.target) if isinstance(self.target, str) else self.target
-        # As in Ray, a zero-argument training function simply does not see train_loop_config.
-        return fn(config) if _takes_arguments(fn) else fn()
+        with _system_metrics(self.system_metrics):
+            # As in Ray, a zero-argument training function simply does not see train_loop_config.
+            return fn(config) if _takes_arguments(fn) else fn()
 
 
 def _takes_arguments(fn: Callable[..., Any]) -> bool:
