@@ -151,6 +151,10 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
             )
             if a.key == "sweep-leaderboard"
         ]
+        # Independent trials: no dependency between their task runs (Prefect draws one as an arrow).
+        for task_run_id in task_runs:
+            inputs = prefect.read_task_run(task_run_id).task_inputs
+            assert not [i for values in inputs.values() for i in values], inputs
     assert sorted(a.type for a in links) == ["link"] * 3
     assert all(str(a.data).startswith(mlflow_server) for a in links)
     assert len(board) == 1 and "best first by best_val_accuracy (higher is better)" in board[0].data

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distributed import Client
+from prefect.utilities.annotations import quote
 
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
@@ -171,7 +172,9 @@ class Sweep:
                 else:
                     number, params = self.sampler.ask()
                 spec = self.template.trial(submitted, params, prior.resume_from() if prior else None)
-                future = run_trial.with_options(task_run_name=spec.name).submit(spec, runtime_id)
+                # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by object
+                # identity: a shared int or string is enough) and draw dependency arrows between independent trials.
+                future = run_trial.with_options(task_run_name=spec.name).submit(quote(spec), quote(runtime_id))
                 future.add_done_callback(events.put)
                 in_flight[future] = (number, time.perf_counter())
                 submitted += 1
