@@ -15,11 +15,12 @@ lint:
 	.venv/bin/ruff format --check ddp_runtime
 
 test: install-dev lint
+	bash scripts/install-browser.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider
 
 # The development lane: every test that starts no server and no cluster (markers: see pyproject.toml), in a
 # few minutes on 2 cores. Needs the dev venv (`make install-dev`). `make test` stays the whole suite.
-FAST_LANE = not (dask or mlflow_server or prefect or s3 or stack)
+FAST_LANE = not (dask or mlflow_server or prefect or s3 or stack or browser)
 test-fast:
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m "$(FAST_LANE)"
 

@@ -323,6 +323,36 @@ def _reopen(tracker: RunTracker, parent: str, prepared: PreparedDataset) -> str:
     return parent
 
 
+def _sweep_report(
+    sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig, mlflow_ui: MlflowLinks
+) -> str | None:
+    """The sweep report (learning curves, parallel coordinates, best so far, leaderboard: one self-contained
+    HTML page and its PNGs) as the parent run's ``report/`` artifacts; its address in the MLflow UI, if any."""
+    from sweepflow.tasks.reporting.sweep_report import write_sweep_report
+
+    eid = tracker.experiment_id
+    links = {
+        "MLflow runs table": mlflow_ui.runs_table(eid),
+        "MLflow parent run": mlflow_ui.run(eid, parent),
+        "compare the trials": mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]),
+        "Prefect flow run": prefect_flow_run(
+            prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None
+        ),
+        "run_url_template": mlflow_ui.run(eid, "{run_id}"),
+    }
+    out_dir = os.path.join(cfg.state_dir, "tmp", f"report-{parent}")
+    write_sweep_report(
+        sweep,
+        out_dir=out_dir,
+        search_space=cfg.sweep.search_space,
+        title=f"Sweep {flow_run.get_name() or parent}: {cfg.data.name}",
+        links={k: v for k, v in links.items() if v},
+    )
+    tracker.log_artifact(parent, out_dir, "report")
+    run_page = mlflow_ui.run(eid, parent)
+    return f"{run_page}/artifacts/report/sweep_report.html" if run_page else None
+
+
 def _mark_winner(tracker: RunTracker, cfg: PipelineConfig, run_id: str | None, registration: dict) -> None:
     """Tag the best trial's run as the sweep's winner, its description linking to the model version it became."""
     if not run_id:
@@ -369,6 +399,9 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
         f"{markdown_link('parent run ' + parent, mlflow_ui.run(eid, parent))} · "
         f"{markdown_link('compare the trials', mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]))}",
     ]
+    report = _sweep_report(sweep, tracker, parent, cfg, mlflow_ui)
+    if report:
+        links.append(f"- {markdown_link('sweep report (plots)', report)}")
     create_markdown_artifact(
         markdown="\n".join(links)
         + "\n\n"

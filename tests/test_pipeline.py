@@ -87,6 +87,8 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "evaluation")}
     assert "evaluation/confusion_matrix.png" in parent_artifacts
     assert client.list_artifacts(parent.info.run_id, "leaderboard")
+    report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/sweep_report.html", "report/learning_curves.png"} <= report, report
 
     # One nested child run per trial, with params, per-epoch metrics, a status and checkpoints in its artifacts.
     children = client.search_runs(
