@@ -42,7 +42,8 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
         for name in ("prefect", "mlflow", "dask", "launcher"):
             with open(os.path.join(state, "services", f"{name}.json")) as f:
                 records[name] = json.load(f)
-        assert f"open {records['mlflow']['address']}" in first.stdout  # the MLflow UI is already serving
+        # The MLflow UI is already serving: the links go straight to its runs table (model-training view).
+        assert f"runs table:       {records['mlflow']['address']}/#/experiments/" in first.stdout
 
         second = _run(
             state, "sweep.sampler=tpe"

@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -54,6 +55,9 @@ def import_train_fn(path: str) -> Callable[..., Any]:
     return fn
 
 
+_SYSTEM_METRICS_FINISH_S = 10.0  # longest a trial's end waits for its last system metrics to be written
+
+
 @dataclass(frozen=True)
 class SystemMetrics:
     """Where rank 0 logs MLflow's system metrics (``system/cpu_utilization_percentage``, memory, GPU) while it
@@ -77,17 +81,34 @@ def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
         return
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    monitor = SystemMetricsMonitor(
-        settings.run_id,
-        sampling_interval=settings.interval_s,
-        resume_logging=True,  # a restarted group continues the steps, it does not overwrite them
-        tracking_uri=settings.tracking_uri,
-    )
-    monitor.start()
+    # Every call to the tracking server happens off the training thread: creating the monitor reads the run
+    # (to continue a restarted group's steps), and a server that is away keeps MLflow's HTTP client retrying
+    # for minutes. Training never waits for it; its end waits at most _SYSTEM_METRICS_FINISH_S.
+    started: list[SystemMetricsMonitor] = []
+
+    def begin() -> None:
+        monitor = SystemMetricsMonitor(
+            settings.run_id,
+            sampling_interval=settings.interval_s,
+            resume_logging=True,  # a restarted group continues the steps, it does not overwrite them
+            tracking_uri=settings.tracking_uri,
+        )
+        monitor.start()
+        started.append(monitor)
+
+    def end() -> None:
+        beginning.join()
+        for monitor in started:
+            monitor.finish()  # joins its thread and flushes the last samples
+
+    beginning = threading.Thread(target=begin, name="system-metrics-start", daemon=True)
+    beginning.start()
     try:
         yield
     finally:
-        monitor.finish()
+        ending = threading.Thread(target=end, name="system-metrics-finish", daemon=True)
+        ending.start()
+        ending.join(_SYSTEM_METRICS_FINISH_S)
 
 
 @dataclass(frozen=True)
