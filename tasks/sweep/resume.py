@@ -185,17 +185,17 @@ def load_prior_sweep(tracker: RunTracker, parent_run_id: str, *, metric: str, mo
                 tracker.end_run(run.info.run_id, result.status.mlflow_status)
             trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, result)
         else:
-            history = tuple(_history(client, run.info.run_id, run.data.metrics))
+            history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
             trials[index] = PriorTrial(
                 index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes
             )
     return PriorSweep(parent_run_id, trials)
 
 
-def _history(client: Any, run_id: str, latest: Mapping[str, float]) -> list[dict[str, Any]]:
+def _history(client: Any, run_id: str, latest: Mapping[str, float], metric: str) -> list[dict[str, Any]]:
     from sweepflow.tasks.sweep.results import _history_from_mlflow
 
-    return _history_from_mlflow(client, run_id, latest)
+    return _history_from_mlflow(client, run_id, latest, metric)
 
 
 def scheduler_keys(scheduler: Any) -> list[str]:
