@@ -29,7 +29,7 @@ SETTINGS = [
     "sweep.seed=7",
     "training.epochs=4",
     "training.train_fn=pipeline_helpers:slow_classifier",
-    "training.base_config={optimizer: adam, epoch_sleep_s: 0.6}",
+    "training.base_config={optimizer: adam, epoch_sleep_s: 2.0}",
     "scheduler.type=fifo",
     "resources.ranks_per_trial=1",
     "dask.n_workers=2",
@@ -107,6 +107,11 @@ def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: f
                 name.startswith("checkpoint_")
                 for name in os.listdir(os.path.join(r.info.artifact_uri.removeprefix("file://"), "checkpoints"))
             )
+        ]
+        # Epochs last 2 s (epoch_sleep_s): a trial seen with a checkpoint and fewer than 3 epochs logged is
+        # still running when the kill lands a moment later.
+        with_checkpoint = [
+            r for r in with_checkpoint if len(client.get_metric_history(r.info.run_id, "val_loss")) < 3
         ]
         if len(ended) >= 2 and with_checkpoint:
             return parents[0].info.run_id, ended
