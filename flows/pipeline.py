@@ -324,17 +324,21 @@ def _reopen(tracker: RunTracker, parent: str, prepared: PreparedDataset) -> str:
 
 
 def _sweep_report(
-    sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig, mlflow_ui: MlflowLinks
+    sweep: SweepResult,
+    tracker: RunTracker,
+    parent: str,
+    cfg: PipelineConfig,
+    mlflow_ui: MlflowLinks,
+    views: dict[str, str | None],
 ) -> str | None:
     """The sweep report (learning curves, parallel coordinates, best so far, leaderboard: one self-contained
-    HTML page and its PNGs) as the parent run's ``report/`` artifacts; its address in the MLflow UI, if any."""
+    HTML page and its PNGs) as the parent run's ``report/`` artifacts; its address in the MLflow UI, if any.
+    ``views``: the MLflow views to link, by label."""
     from sweepflow.tasks.reporting.sweep_report import write_sweep_report
 
     eid = tracker.experiment_id
     links = {
-        "MLflow runs table": mlflow_ui.runs_table(eid),
-        "MLflow parent run": mlflow_ui.run(eid, parent),
-        "compare the trials": mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]),
+        **views,
         "Prefect flow run": prefect_flow_run(
             prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None
         ),
@@ -394,12 +398,13 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     mlflow_ui = MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri)
     eid = tracker.experiment_id
     rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
-    links = [
-        f"- {markdown_link('MLflow runs table', mlflow_ui.runs_table(eid))} · "
-        f"{markdown_link('parent run ' + parent, mlflow_ui.run(eid, parent))} · "
-        f"{markdown_link('compare the trials', mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]))}",
-    ]
-    report = _sweep_report(sweep, tracker, parent, cfg, mlflow_ui)
+    views = {
+        "MLflow runs table": mlflow_ui.runs_table(eid),
+        "MLflow parent run": mlflow_ui.run(eid, parent),
+        "compare the trials": mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]),
+    }
+    links = ["- " + " · ".join(markdown_link(label, url) for label, url in views.items())]
+    report = _sweep_report(sweep, tracker, parent, cfg, mlflow_ui, views)
     if report:
         links.append(f"- {markdown_link('sweep report (plots)', report)}")
     create_markdown_artifact(
