@@ -154,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from sweepflow.tasks.tracking.links import MlflowLinks, prefect_ui_url
+    from sweepflow.tasks.tracking.links import MlflowLinks, prefect_ui_url, sweep_views
 
     board = pd.DataFrame(summary["leaderboard"])
     cols = [c for c in board.columns if c != "mlflow_run_id"]
@@ -187,14 +187,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not uri.startswith(("http://", "https://")):
         local_ui = "http://127.0.0.1:5000"
         print(f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open:")
-    links = MlflowLinks.for_tracking_uri(uri, local_ui=local_ui)
-    eid, parent = summary["experiment_id"], summary["parent_run_id"]
-    trial_runs = [t["run_id"] for t in summary["trials"] if t.get("run_id")]
-    print(f"  runs table:       {links.runs_table(eid)}")
-    print(f"  parent run:       {links.run(eid, parent)}")
-    print(f"  compare trials:   {links.compare(eid, trial_runs)}")
-    print(f"  best trial:       {links.run(eid, summary['best_trial']['run_id'])}")
-    print(f"  registered model: {links.model_version(reg['name'], reg['version'])}")
+    views = sweep_views(
+        MlflowLinks.for_tracking_uri(uri, local_ui=local_ui),
+        summary["experiment_id"],
+        parent_run_id=summary["parent_run_id"],
+        trial_run_ids=[t["run_id"] for t in summary["trials"] if t.get("run_id")],
+        best_run_id=summary["best_trial"]["run_id"],
+        registered=(reg["name"], reg["version"]),
+    )
+    for label, url in views.items():
+        print(f"  {label + ':':17} {url}")
     if not args.no_server and os.environ.get(
         "PREFECT_API_URL"
     ):  # set above, to the local server if not given

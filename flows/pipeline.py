@@ -51,6 +51,7 @@ from sweepflow.tasks.tracking.links import (
     markdown_link,
     prefect_flow_run,
     prefect_ui_url,
+    sweep_views,
 )
 from sweepflow.tasks.tracking.runs import (
     RunTracker,
@@ -117,14 +118,14 @@ def training_pipeline(
             tracker.set_tags(
                 parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id}
             )
-            evaluation = evaluate_best(best.best_checkpoint, prepared.path, tracker, parent, client)
+            evaluation = evaluate_best(best.best_checkpoint, prepared.path, tracker, [parent, best.run_id], client)
             stages.lap("evaluate_s")
             registration = register_best(
                 best.best_checkpoint,
                 prepared.path,
                 client=client,
                 tracking_uri=cfg.mlflow.tracking_uri,
-                parent_run_id=parent,
+                run_id=best.run_id,  # the version's source run is the trial that trained it
                 registered_model_name=cfg.mlflow.registered_model_name,
                 metric_name=cfg.selection.champion_metric,
                 metric_value=evaluation["metrics"][cfg.selection.champion_metric],
@@ -135,6 +136,7 @@ def training_pipeline(
             _mark_winner(tracker, cfg, best.run_id, registration)
     logger.info("stage timings: %s", stages.timings)
     _log_outcome(logger, cfg, best, evaluation, registration)
+    _log_views(logger, cfg, tracker.experiment_id, parent, sweep, best, registration)
     return {
         "parent_run_id": parent,
         "experiment_id": tracker.experiment_id,
@@ -399,9 +401,10 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     eid = tracker.experiment_id
     rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
     views = {
-        "MLflow runs table": mlflow_ui.runs_table(eid),
-        "MLflow parent run": mlflow_ui.run(eid, parent),
-        "compare the trials": mlflow_ui.compare(eid, [t.run_id for t in sweep.trials if t.run_id]),
+        f"MLflow {label}": url
+        for label, url in sweep_views(
+            mlflow_ui, eid, parent_run_id=parent, trial_run_ids=[t.run_id for t in sweep.trials if t.run_id]
+        ).items()
     }
     links = ["- " + " · ".join(markdown_link(label, url) for label, url in views.items())]
     report = _sweep_report(sweep, tracker, parent, cfg, mlflow_ui, views)
@@ -475,3 +478,36 @@ def _log_outcome(
         registration["version"],
         " (new champion)" if registration["became_champion"] else " (champion unchanged)",
     )
+
+
+def _log_views(
+    logger: Any,
+    cfg: PipelineConfig,
+    experiment_id: str,
+    parent: str,
+    sweep: SweepResult,
+    best: TrialResult,
+    registration: dict[str, Any],
+) -> None:
+    """The flow run's last log lines: where to look at what the sweep found, in MLflow and in Prefect."""
+    mlflow_ui = MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri)
+    if mlflow_ui.ui is None:
+        logger.info(
+            "compare the trials in the MLflow UI: mlflow ui --backend-store-uri %s (runs table, parent run %s)",
+            redact(cfg.mlflow.tracking_uri),
+            parent,
+        )
+        return
+    views = sweep_views(
+        mlflow_ui,
+        experiment_id,
+        parent_run_id=parent,
+        trial_run_ids=[t.run_id for t in sweep.trials if t.run_id],
+        best_run_id=best.run_id,
+        registered=(registration["name"], registration["version"]),
+    )
+    lines = [f"  {label + ':':17} {url}" for label, url in views.items()]
+    prefect_run = prefect_flow_run(prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None)
+    if prefect_run:
+        lines.append(f"  {'Prefect flow run:':17} {prefect_run}")
+    logger.info("compare the trials in the MLflow UI:\n%s", "\n".join(lines))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from distributed import Client
@@ -44,18 +45,20 @@ def evaluate_best(
     checkpoint_path: str,
     data_path: str,
     tracker: RunTracker,
-    parent_run_id: str,
+    run_ids: Sequence[str],
     client: Client,
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to the parent run."""
+    """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to each of ``run_ids``
+    (the pipeline's parent run, and the best trial's run: the registered version's source)."""
     out = client.submit(_evaluate_on_worker, checkpoint_path, data_path, storage_options, pure=False).result()
-    tracker.log_metrics(parent_run_id, out["metrics"], step=0)
     with tempfile.TemporaryDirectory() as tmp:
         png = os.path.join(tmp, "confusion_matrix.png")
         with open(png, "wb") as f:
             f.write(out.pop("png"))
-        tracker.log_artifact(parent_run_id, png, "evaluation")
+        for run_id in run_ids:
+            tracker.log_metrics(run_id, out["metrics"], step=0)
+            tracker.log_artifact(run_id, png, "evaluation")
     return out
 
 
@@ -92,7 +95,7 @@ def register_best(
     *,
     client: Client,
     tracking_uri: str,
-    parent_run_id: str,
+    run_id: str,
     registered_model_name: str,
     metric_name: str,
     metric_value: float,
@@ -100,15 +103,16 @@ def register_best(
     tags: dict[str, str],
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Log the model with mlflow.pytorch (signature + input example) in the parent run and register it:
-    alias ``challenger`` always, ``champion`` only if it beats the current champion on the test metric.
+    """Log the model with mlflow.pytorch (signature + input example) in run ``run_id`` (the trial that trained
+    it: the version's source run) and register it: alias ``challenger`` always, ``champion`` only if it beats
+    the current champion on the test metric.
 
-    The model is logged from the Dask worker that exports it (the flow process waits meanwhile, so the parent
-    run still has one writer at a time); the worker gets the tracking URI and this process's MLflow credentials
+    The model is logged from the Dask worker that exports it (the flow process waits meanwhile, so the run
+    still has one writer at a time); the worker gets the tracking URI and this process's MLflow credentials
     (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), which never pass through Prefect."""
     registration_args = {
         "registered_model_name": registered_model_name,
-        "run_id": parent_run_id,
+        "run_id": run_id,
         "metric_name": metric_name,
         "metric_value": metric_value,
         "higher_is_better": higher_is_better,

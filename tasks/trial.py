@@ -1,8 +1,8 @@
 """The ``train-trial`` Prefect task: one trial = one task run that drives one ddp_runtime DDP group on Dask.
 
-The task opens the trial's MLflow child run, waits for a slot, runs ``TorchTrainer.fit()`` with an
-``on_report`` callback that logs each report to MLflow and asks the sweep's scheduler (ASHA) whether to go on,
-and closes the run with the trial's status and summary. Checkpoints are written straight into the child run's
+The sweep takes a slot for the trial, then submits the task; the task opens the trial's MLflow child run,
+runs ``TorchTrainer.fit()`` with an ``on_report`` callback that logs each report to MLflow and asks the sweep's
+scheduler (ASHA) whether to go on, and closes the run with the trial's status and summary. Checkpoints are written straight into the child run's
 artifact location when trainers can reach it (local store, or s3:// artifact roots), so there is no second copy.
 
 Live objects (the Dask client, the scheduler, the tracker) are not task parameters: they live in a
@@ -43,6 +43,7 @@ from sweepflow.tasks.sweep.results import (
 from sweepflow.tasks.sweep.resume import TAG_RESUMES, ResumeFrom, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots, _Slot
+from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
     MlflowLinks,
@@ -53,7 +54,7 @@ from sweepflow.tasks.tracking.links import (
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 from sweepflow.tasks.training.function import SystemMetrics, TrainFunction
 
-_SCHEDULED_AFTER_S = 1.0  # a trial queued longer than this shows as SCHEDULED in MLflow until it starts
+TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot before its run started
 
 
 class MetricNotReported(ValueError):
@@ -107,6 +108,14 @@ class SweepRuntime:
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
     writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
+    _grants: dict[int, tuple[_Slot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
+
+    def grant(self, index: int, slot: _Slot, *, queued_s: float) -> None:
+        """Hand trial ``index`` the slot the sweep took for it (its task takes it with ``take_grant``)."""
+        self._grants[index] = (slot, queued_s)
+
+    def take_grant(self, index: int) -> tuple[_Slot, float]:
+        return self._grants.pop(index)
 
     def abort(self, reason: str) -> None:
         self.aborted = self.aborted or reason
@@ -143,42 +152,36 @@ def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
 def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
     """Train one trial as a DDP group; returns its result (status, metrics, best checkpoint, MLflow run, cost).
 
-    The sweep submits one trial more than it runs at once: that one opens its MLflow run (status SCHEDULED)
-    and waits for a slot, so a trial's Prefect task and MLflow run cost no time between two trainings."""
+    The sweep submits a trial once it has taken a slot for it, so this task run, and the MLflow run it opens,
+    start when the trial can train; its wait for the slot is the run's ``sweepflow.queued_s`` tag."""
     rt = _RUNTIMES[runtime_id]
-    logger = get_run_logger()
-    opened = time.perf_counter()
+    slot, queued_s = rt.take_grant(spec.index)
     try:
-        writer, artifact_uri = _open_run(spec, rt)
+        if rt.aborted:
+            get_run_logger().warning("%s: not started (%s)", spec.name, rt.aborted)
+            return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED)
+        opened = time.perf_counter()
+        writer, artifact_uri = _open_run(spec, rt, queued_s)
         mlflow_start_s = time.perf_counter() - opened
-        slot, slot_wait_s = _wait_for_slot(spec, rt, writer)
-    except BaseException:
-        rt.slots.forfeit(spec.index)  # it will not start: the trials after it must not wait for its turn
-        raise
-    try:
-        if rt.out_of_time() or rt.aborted:
-            why = rt.aborted or "the sweep's time budget ran out"
-            logger.warning("%s: %s while it was queued; not started", spec.name, why)
-            writer.delete()  # a trial that never ran leaves no run behind
-            return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED, run_id=writer.run_id)
-        result = _TrialRun(spec, rt, writer, slot, logger).train(artifact_uri)
+        result = _TrialRun(spec, rt, writer, slot, get_run_logger()).train(artifact_uri)
     finally:
         slot.release()
     return replace(
         result,
-        slot_wait_s=slot_wait_s,
+        slot_wait_s=queued_s,
         phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s},
     )
 
 
-def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
+def _open_run(spec: TrialSpec, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
     the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
-    trial reopens its run instead, and counts the resume."""
+    trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
+    queued = {TAG_QUEUED_S: f"{queued_s:.1f}"}
     if spec.resume is not None:
         writer = RunWriter(rt.tracker, spec.resume.run_id)
         rt.writers.append(writer)
-        writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1})
+        writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1, **queued})
         writer.set_status("RUNNING")
         return writer, spec.resume.artifact_uri
     run_id, artifact_uri = rt.tracker.create_run(
@@ -190,6 +193,7 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime) -> tuple[RunWriter, str]:
             TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
             "sweepflow.train_fn": TrainFunction(spec.train_fn).path,
+            **queued,
             **_prefect_task_run_tags(),
         },
     )
@@ -224,17 +228,6 @@ def _link_task_run_to(tracker: RunTracker, run_id: str) -> None:
     url = MlflowLinks.for_tracking_uri(tracker.tracking_uri).run(tracker.experiment_id, run_id)
     if url and prefect_task_run_id():
         create_link_artifact(link=url, link_text=f"MLflow run {run_id}", description="The trial's MLflow run")
-
-
-def _wait_for_slot(spec: TrialSpec, rt: SweepRuntime, writer: RunWriter) -> tuple[_Slot, float]:
-    """This trial's turn and a free slot; a wait longer than a second shows as SCHEDULED in MLflow."""
-    started = time.perf_counter()
-    slot = rt.slots.acquire(spec.index, timeout=_SCHEDULED_AFTER_S)
-    if slot is None:  # each status change is a request to the server: only for a noticeable wait
-        writer.set_status("SCHEDULED")
-        slot = rt.slots.acquire(spec.index)
-        writer.set_status("RUNNING")
-    return slot, time.perf_counter() - started
 
 
 class _TrialRun:
@@ -388,7 +381,9 @@ class _TrialRun:
         uri = self.rt.tracker.tracking_uri
         if self.spec.system_metrics_interval_s <= 0 or not uri.startswith(("http://", "https://")):
             return None
-        return SystemMetrics(uri, self.writer.run_id, self.spec.system_metrics_interval_s)
+        return SystemMetrics(
+            uri, self.writer.run_id, self.spec.system_metrics_interval_s, auth_env=tracking_auth_env()
+        )
 
     def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
         spec = self.spec

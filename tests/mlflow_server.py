@@ -134,6 +134,7 @@ def run_mlflow_server(
     artifacts_destination: str | None = None,
     default_artifact_root: str | None = None,
     env: dict | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """Run a real ``mlflow server`` on 127.0.0.1 for the duration of the block; yield its tracking URI.
 
@@ -145,6 +146,7 @@ def run_mlflow_server(
         default_artifact_root: Direct mode: ``--no-serve-artifacts`` with this artifact root (a directory,
             ``file://`` URI or ``s3://...``); clients read and write it themselves.
         env: Extra environment for the server process only (e.g. ``MLFLOW_S3_ENDPOINT_URL``, ``AWS_*``).
+        extra_args: More ``mlflow server`` arguments (e.g. ``("--app-name", "basic-auth")``).
 
     The server runs with ``--workers 1`` and ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` (otherwise MLflow 3
     spawns a job runner and consumers, ~1.6 GB); it is stopped (SIGTERM, then SIGKILL, whole process group)
@@ -175,7 +177,7 @@ def run_mlflow_server(
     for _ in range(START_ATTEMPTS):
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = [*base, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        cmd = [*base, "--host", "127.0.0.1", "--port", str(port), "--workers", "1", *extra_args]
         try:
             proc = _start(cmd, server_env, log_path, url)
             break

@@ -68,6 +68,14 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     assert reg["became_champion"] and reg["version"] == 1
     version = client.get_model_version_by_alias("digits-e2e", "champion")
     assert version.version == "1"
+    # Its source run is the trial that trained it (which carries the test-set evaluation too); the data it was
+    # trained on is on the version and on the trial's parent run.
+    assert version.run_id == summary["best_trial"]["run_id"]
+    source = client.get_run(version.run_id)
+    assert source.data.metrics["test_accuracy"] == summary["test_metrics"]["test_accuracy"]
+    assert version.tags["sweepflow.data_checksum"] == client.get_run(
+        source.data.tags["mlflow.parentRunId"]
+    ).data.tags["sweepflow.data_checksum"]
     assert client.get_model_version_by_alias("digits-e2e", "challenger").version == "1"
 
     # Parent run: config, data checksum, code version, best trial, test metrics, confusion matrix, leaderboard.
@@ -114,6 +122,25 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         checkpoints = client.list_artifacts(child.info.run_id, "checkpoints")
         assert checkpoints and all(c.path.startswith("checkpoints/checkpoint_") for c in checkpoints)
     assert len(summary["leaderboard"]) == 3
+
+    # Time is honest (one trial at a time: 2 ranks on 2 workers): a trial's MLflow run and its Prefect task run
+    # start only once the trial before it gave its slot back at its final report, never while it waits.
+    from prefect.client.orchestration import get_client
+
+    by_index = sorted(children, key=lambda c: int(c.data.tags["sweepflow.trial_index"]))
+    with get_client(sync_client=True) as prefect:
+        task_started = {
+            c.info.run_id: prefect.read_task_run(c.data.tags["prefect.task_run_id"]).start_time.timestamp()
+            for c in children
+        }
+    for before, after in zip(by_index, by_index[1:], strict=False):
+        final_report_ms = max(m.timestamp for m in client.get_metric_history(before.info.run_id, "val_loss"))
+        assert after.info.start_time >= final_report_ms, (before.data.tags, after.info)
+        assert task_started[after.info.run_id] * 1000 >= final_report_ms - 50  # 50 ms: clock rounding
+        # Its wait is on record: at least as long as the trial before it trained (tags are rounded to 0.1 s).
+        trained_s = (final_report_ms - before.info.start_time) / 1000
+        assert float(after.data.tags["sweepflow.queued_s"]) >= trained_s - 0.1, (trained_s, after.data.tags)
+    assert float(by_index[0].data.tags["sweepflow.queued_s"]) < 0.5
 
     # Links both ways: the parent run's description links its Prefect flow run, each trial's run its Prefect
     # task run; the winner is tagged and its description links the registered version.
@@ -295,10 +322,10 @@ def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
     assert os.path.isabs(resolve_settings(PipelineConfig()).state_dir)
 
 
-def test_the_time_budget_stops_the_running_trial_and_drops_the_queued_one(prefect_harness, cluster, tmp_path):
+def test_the_time_budget_stops_the_running_trial_and_starts_no_other(prefect_harness, cluster, tmp_path):
     """One trial at a time, a budget shorter than a trial: the running trial is stopped at its first report
-    past the budget, the trial queued behind it never starts (its MLflow run is deleted), no further trial is
-    submitted, and the sweep returns what ran."""
+    past the budget, the trials behind it never start (no MLflow run and no Prefect task run for them: a trial
+    is submitted only when it has a slot), and the sweep returns what ran."""
     cfg = _scripted_sweep(
         tmp_path,
         cluster,
@@ -328,4 +355,4 @@ def test_the_time_budget_stops_the_running_trial_and_drops_the_queued_one(prefec
     by_stage = {}
     for child in children:
         by_stage.setdefault(child.info.lifecycle_stage, []).append(child.data.tags["sweepflow.trial_id"])
-    assert by_stage == {"active": ["trial_0000"], "deleted": ["trial_0001"]}
+    assert by_stage == {"active": ["trial_0000"]}

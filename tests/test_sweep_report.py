@@ -369,7 +369,7 @@ def test_a_sweep_without_trials_says_so(tmp_path) -> None:
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space=SPACE, title="empty")
     assert set(files) == {"html"}
     text, _ = _parse(files["html"])
-    assert "No trial ran" in text and "3 were queued but not started" in text
+    assert "No trial ran" in text and "3 were not started (time budget)" in text
 
 
 def test_all_failed(tmp_path) -> None:

@@ -869,9 +869,9 @@ def write_sweep_report(
     written: dict[str, str] = {}
 
     if not result.trials:
-        extra = f" ({result.not_started} were queued but not started)" if result.not_started else ""
+        extra = f": {result.not_started} were not started (time budget)" if result.not_started else ""
         sections.append(
-            f'<p class="notice">No trial ran in this sweep{_e(extra)}: there is nothing to plot.</p>'
+            f'<p class="notice">No trial ran in this sweep{_e(extra)}; there is nothing to plot.</p>'
         )
     else:
         metric = result.metric

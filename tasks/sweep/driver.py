@@ -4,9 +4,10 @@
                    scheduler=make_scheduler(...), concurrency=2).run()
     result.best(), result.leaderboard(), result.usage()
 
-Trials start in their number's order, at most ``concurrency`` at a time, and one more is kept queued (its
-Prefect task run and MLflow run already open) so it takes a slot the moment a running trial's final report
-is answered. The sweep's state lives in the trials' MLflow child runs (see ``results.py``), not here.
+Trials start in their number's order, at most ``concurrency`` at a time. A trial is submitted when a slot is
+free (a running trial's final report was answered, while its group tears down), so a trial's Prefect task run
+and MLflow run start when it starts training, never while it waits; its wait is the ``sweepflow.queued_s``
+tag of its MLflow run. The sweep's state lives in the trials' MLflow child runs (see ``results.py``), not here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sweepflow.tasks.sweep.space import describe_trial
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.trial import SweepRuntime, TrialSpec, registered_runtime, run_trial
 
-_SLOT_TAKEN = object()  # wakes the loop: a queued trial started, so the next one may be queued
+_SLOT_FREED = object()  # wakes the loop: a trial gave its slot back, so the next one may start
 
 
 @dataclass(frozen=True)
@@ -155,45 +156,57 @@ class Sweep:
     def _run_trials(
         self, runtime: SweepRuntime, runtime_id: str, in_flight: dict[Any, tuple[int, float]]
     ) -> tuple[list[TrialResult], int]:
-        # The loop wakes when a trial's task ends (its future) and when a queued trial takes its slot.
+        # The loop wakes when a trial's task ends (its future) and when a trial gives its slot back.
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        runtime.slots.on_acquire = lambda: events.put(_SLOT_TAKEN)
+        runtime.slots.on_release = lambda: events.put(_SLOT_FREED)
         finished: list[TrialResult] = []
         submitted = 0
+        next_in_line_since = time.perf_counter()  # when the next trial began to wait for a slot
         while True:
-            while submitted < self.sampler.total and self._room_for_one_more(submitted, runtime) and not runtime.aborted:
+            while submitted < self.sampler.total and not runtime.aborted and not runtime.out_of_time():
                 prior = self.prior.trials.get(submitted) if self.prior else None
                 if prior is not None and prior.result is not None:  # it ended before the sweep died
                     finished.append(self._read_back(prior.result, runtime))
                     submitted += 1
                     continue
+                slot = runtime.slots.acquire(submitted, timeout=0)
+                if slot is None:
+                    break  # every slot is held: wait for a release or a trial's end
                 if prior is not None:  # it was running: same config, same run, from its checkpoint
                     number, params = self.sampler.ask_known(prior.config), prior.config
                 else:
                     number, params = self.sampler.ask()
                 spec = self.template.trial(submitted, params, prior.resume_from() if prior else None)
-                # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by object
-                # identity: a shared int or string is enough) and draw dependency arrows between independent trials.
-                future = run_trial.with_options(task_run_name=spec.name).submit(quote(spec), quote(runtime_id))
+                runtime.grant(spec.index, slot, queued_s=time.perf_counter() - next_in_line_since)
+                try:
+                    # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
+                    # object identity: a shared int or string is enough) and draw dependency arrows between
+                    # independent trials.
+                    future = run_trial.with_options(task_run_name=spec.name).submit(quote(spec), quote(runtime_id))
+                except BaseException:
+                    runtime.take_grant(spec.index)[0].release()
+                    raise
                 future.add_done_callback(events.put)
                 in_flight[future] = (number, time.perf_counter())
                 submitted += 1
+                next_in_line_since = time.perf_counter()
             if not in_flight:
                 break
             event = events.get()
-            if event is _SLOT_TAKEN:
+            if event is _SLOT_FREED:
                 continue
             number, submitted_at = in_flight[event]
             result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
             del in_flight[event]
             if result.status is TrialStatus.NOT_STARTED:
-                continue  # queued when the time budget ran out; its MLflow run was deleted
+                continue  # the sweep was stopping when its task began
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
             self.sampler.tell(number, result.best if result.status.selectable else None)
             finished.append(self._with_bookkeeping(result, submitted_at))
         not_started = self.sampler.total - len(finished)
         if not_started:
-            self.log(f"time budget spent: {not_started} trial(s) not started")
+            why = runtime.aborted or "time budget spent"
+            self.log(f"{why}: {not_started} trial(s) not started")
         return finished, not_started
 
     def _read_back(self, result: TrialResult, runtime: SweepRuntime) -> TrialResult:
@@ -206,16 +219,9 @@ class Sweep:
         runtime.progress.update(result.trial_id, metrics={self.template.selection_metric: result.best}, status=result.status)
         return result
 
-    def _room_for_one_more(self, submitted: int, runtime: SweepRuntime) -> bool:
-        """Start with one trial more than the slots; afterwards keep exactly one trial waiting for a slot."""
-        if runtime.out_of_time():
-            return False
-        waiting = submitted - runtime.slots.turns_taken
-        return submitted <= self.concurrency or waiting < 1
-
     @staticmethod
     def _with_bookkeeping(result: TrialResult, submitted_at: float) -> TrialResult:
         """Per-trial bookkeeping (Prefect task run + MLflow child run + group start/stop): the trial's wall time
-        minus its wait for a slot and the time spent inside the training function."""
+        from its submission (it held a slot from then on) minus the time spent inside the training function."""
         wall = time.perf_counter() - submitted_at
-        return replace(result, bookkeeping_s=wall - result.slot_wait_s - result.train_time_s)
+        return replace(result, bookkeeping_s=wall - result.train_time_s)

@@ -19,12 +19,13 @@ class _Slot:
 class TrialSlots:
     """At most ``limit`` trials train at once, started in their order (turn 0, 1, 2, ...).
 
-    A trial holds its slot from its start until its final report is answered (ASHA stopped it, or it reached
-    max_t, or the time budget ran out), or until its task ends: after a final verdict its group only tears
-    down, so the next trial, already queued with its MLflow run open, starts at once. Its group's reservation
+    The sweep takes a trial's slot before it submits the trial's task, so a trial has no Prefect task run and
+    no MLflow run while it waits: both start when it can train. It holds the slot until its final report is
+    answered (ASHA stopped it, or it reached max_t, or the time budget ran out), or until its task ends: after
+    a final verdict its group only tears down, so the next trial starts meanwhile, and its group's reservation
     waits on the Dask scheduler for the workers the finishing group is about to free. Turns keep the start
-    order that of the trials' numbers whichever task thread gets here first; a trial that ends before taking
-    its turn forfeits it, so the ones after it do not wait forever.
+    order that of the trials' numbers; a trial that will not start (it ended before the sweep was interrupted)
+    forfeits its turn, so the ones after it do not wait forever.
     """
 
     def __init__(self, limit: int) -> None:
@@ -33,7 +34,8 @@ class TrialSlots:
         self._forfeited: set[int] = set()
         self._cond = threading.Condition()
         self.acquired = 0  # slots taken so far (trials started)
-        self.on_acquire: Callable[[], None] | None = None  # e.g. wakes the sweep to queue the next trial
+        self.on_acquire: Callable[[], None] | None = None
+        self.on_release: Callable[[], None] | None = None  # e.g. wakes the sweep to start the next trial
 
     @property
     def turns_taken(self) -> int:
@@ -59,10 +61,13 @@ class TrialSlots:
 
     def _give_back(self, slot: _Slot) -> None:
         with self._cond:
-            if slot._held:
-                slot._held = False
-                self._free += 1
-                self._cond.notify_all()
+            if not slot._held:
+                return
+            slot._held = False
+            self._free += 1
+            self._cond.notify_all()
+        if self.on_release is not None:
+            self.on_release()
 
     def forfeit(self, turn: int) -> None:
         """The trial with this turn will not start (it failed before it got a slot)."""

@@ -69,6 +69,30 @@ class MlflowLinks:
         return f"{self.ui}/#{route}" if self.ui else None
 
 
+def sweep_views(
+    mlflow: MlflowLinks,
+    experiment_id: str,
+    *,
+    parent_run_id: str,
+    trial_run_ids: Sequence[str],
+    best_run_id: str | None = None,
+    registered: tuple[str, str | int] | None = None,
+) -> dict[str, str | None]:
+    """The MLflow views of one sweep, by label, in the order a user wants them: the runs table, the pipeline's
+    parent run, the compare view of its trials, the best trial's run and the registered version (those known:
+    ``best_run_id`` and ``registered`` = (name, version) once the sweep has them)."""
+    views = {
+        "runs table": mlflow.runs_table(experiment_id),
+        "parent run": mlflow.run(experiment_id, parent_run_id),
+        "compare trials": mlflow.compare(experiment_id, trial_run_ids),
+    }
+    if best_run_id:
+        views["best trial"] = mlflow.run(experiment_id, best_run_id)
+    if registered:
+        views["registered model"] = mlflow.model_version(*registered)
+    return views
+
+
 def prefect_ui_url(api_url: str | None) -> str | None:
     """The Prefect UI of an API URL (``http://host:4200/api`` -> ``http://host:4200``); None without one."""
     if not api_url or not api_url.startswith(("http://", "https://")):

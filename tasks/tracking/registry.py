@@ -255,7 +255,8 @@ def log_and_register(
         input_example: A numpy batch the model accepts; stored with the model and used to infer the
             signature and to trace the pt2 graph. Its first axis is the batch axis.
         registered_model_name: Registry name; created on first use.
-        run_id: The (parent) run the model belongs to; it is not started or ended here.
+        run_id: The run the model belongs to (the pipeline passes the trial that trained it, so it is the
+            version's source run); it is not started or ended here, and may have ended.
         metric_name, metric_value, higher_is_better: What the champion comparison uses; stored as tags on
             the version. The first version becomes champion; a tie keeps the sitting champion.
         tracking_uri: Server to use; None means MLflow's current global/env URI.

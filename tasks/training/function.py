@@ -8,8 +8,10 @@ import importlib.util
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,11 +63,14 @@ _SYSTEM_METRICS_FINISH_S = 10.0  # longest a trial's end waits for its last syst
 @dataclass(frozen=True)
 class SystemMetrics:
     """Where rank 0 logs MLflow's system metrics (``system/cpu_utilization_percentage``, memory, GPU) while it
-    trains: every ``interval_s`` seconds, to run ``run_id`` on ``tracking_uri``."""
+    trains: every ``interval_s`` seconds, to run ``run_id`` on ``tracking_uri``. ``auth_env``: the flow's MLflow
+    credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) for a server that asks for them; they travel with
+    the Dask task, are set on rank 0 only while it trains, and are never in a repr."""
 
     tracking_uri: str
     run_id: str
     interval_s: float
+    auth_env: SecretEnv = field(default_factory=SecretEnv)
 
     def __repr__(self) -> str:  # the URI may hold credentials: never in a repr, log or message
         return f"SystemMetrics(run_id={self.run_id!r}, interval_s={self.interval_s!r})"
@@ -101,14 +106,16 @@ def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
         for monitor in started:
             monitor.finish()  # joins its thread and flushes the last samples
 
-    beginning = threading.Thread(target=begin, name="system-metrics-start", daemon=True)
-    beginning.start()
-    try:
-        yield
-    finally:
-        ending = threading.Thread(target=end, name="system-metrics-finish", daemon=True)
-        ending.start()
-        ending.join(_SYSTEM_METRICS_FINISH_S)
+    # MLflow's client reads the auth variables on every request: they are set for as long as the monitor runs.
+    with tracking_auth_scope(settings.auth_env):
+        beginning = threading.Thread(target=begin, name="system-metrics-start", daemon=True)
+        beginning.start()
+        try:
+            yield
+        finally:
+            ending = threading.Thread(target=end, name="system-metrics-finish", daemon=True)
+            ending.start()
+            ending.join(_SYSTEM_METRICS_FINISH_S)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""A tracking server that asks for credentials (MLflow's basic-auth app, as ``sweepflow stack up
+--mlflow-auth-file`` runs it): the flow holds the credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``),
+the Dask workers do not, and each trial's rank 0 still writes MLflow's system metrics to the trial's run."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow_server import run_mlflow_server
+from prefect import flow
+
+from ddp_runtime.cluster import local_cluster
+from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.pipeline import build_sweep, run_tracker
+from sweepflow.tasks.datasets import DataConfig, prepare_dataset
+
+USER = "sweeper"
+PASSWORD = "pw-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="module")
+def auth_mlflow(tmp_path_factory):
+    state = tmp_path_factory.mktemp("mlflow-auth")
+    config = state / "basic_auth.ini"
+    config.write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{state / 'auth.db'}\n"
+        f"admin_username = {USER}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    env = {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_AUTH_ADMIN_USERNAME": USER,
+        "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+    }
+    artifacts = state / "artifacts"
+    artifacts.mkdir()
+    with run_mlflow_server(
+        str(state), default_artifact_root=artifacts.as_uri(), env=env, extra_args=("--app-name", "basic-auth")
+    ) as uri:
+        yield uri
+
+
+def _worker_passwords(cluster) -> list[str | None]:
+    return list(cluster.run(lambda: os.environ.get("MLFLOW_TRACKING_PASSWORD")).values())
+
+
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+def test_system_metrics_reach_a_server_that_asks_for_credentials(
+    prefect_harness, auth_mlflow, tmp_path, monkeypatch
+):
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    # The credentials are needed: without them the server refuses a write.
+    with pytest.raises(MlflowException, match="401|nauthori"):
+        MlflowClient(auth_mlflow).create_experiment("anonymous")
+
+    # Workers started without the credentials (a deployment's flow process has them, its cluster not).
+    with local_cluster(n_workers=1) as cluster:
+        assert _worker_passwords(cluster) == [None]
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+        cfg = resolve_settings(
+            PipelineConfig.model_validate(
+                {
+                    "state_dir": str(tmp_path / "state"),
+                    "dask": {"scheduler_address": cluster.scheduler.address},
+                    "mlflow": {"tracking_uri": auth_mlflow, "experiment_name": "auth"},
+                    "sweep": {"search_space": {"quality": 1}, "num_samples": 1},
+                    "training": {
+                        "train_fn": "pipeline_helpers:scripted_quality",
+                        "epochs": 40,  # 40 x 50 ms: a few samples at 0.5 s
+                        "system_metrics_interval_s": 0.5,
+                    },
+                    "scheduler": {"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 40},
+                    "resources": {"ranks_per_trial": 1},
+                }
+            )
+        )
+        prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
+        tracker = run_tracker(cfg)
+
+        @flow
+        def sweep_only():
+            parent = tracker.start_run("auth-parent")
+            try:
+                return build_sweep(cfg, prepared, cluster, tracker, parent).run()
+            finally:
+                tracker.end_run(parent, "FINISHED")
+
+        (trial,) = sweep_only().trials
+        assert trial.status == "COMPLETED", trial.error
+        # The credentials were on rank 0's worker only while it trained.
+        assert _worker_passwords(cluster) == [None]
+
+    run = MlflowClient(auth_mlflow).get_run(trial.run_id)
+    assert "system/cpu_utilization_percentage" in run.data.metrics, sorted(run.data.metrics)
+    assert "system/system_memory_usage_megabytes" in run.data.metrics
+    assert PASSWORD not in repr(run.data.tags) + repr(run.data.params)
