@@ -244,6 +244,7 @@ class _TrialRun:
         self.stop_reason: str | None = None  # why it stopped before max_t: ASHA, the time budget, an abort
         # A resumed trial: the reports its checkpoint covers (this group's reports are numbered after them).
         self.covered: list[dict[str, Any]] = []
+        self.best_so_far: float | None = None  # best finite value of the selection metric reported so far
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -253,6 +254,14 @@ class _TrialRun:
                 return f"{name}={value} at report {metrics['training_iteration']}"
         return None
 
+    def _best_so_far(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """``best_<metric>`` after this report: the trial's best value so far (non-finite values skipped)."""
+        value = metrics.get(self.spec.selection_metric)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            better = max if self.spec.selection_mode == "max" else min
+            self.best_so_far = float(value if self.best_so_far is None else better(self.best_so_far, value))
+        return {} if self.best_so_far is None else {f"best_{self.spec.selection_metric}": self.best_so_far}
+
     def on_report(self, metrics: dict[str, Any]) -> bool:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
         spec = self.spec
@@ -260,7 +269,9 @@ class _TrialRun:
         if metrics["training_iteration"] == len(self.covered) + 1:
             self._check_metrics(metrics)
         step = int(metrics.get("epoch", metrics["training_iteration"]))
-        self.writer.log(metrics, step=step)
+        # The best value so far goes first: the runs table can sort trials by it while they train, and MLflow's
+        # compare view opens its parallel-coordinates plot on the metric a run logged first.
+        self.writer.log({**self._best_so_far(metrics), **metrics}, step=step)
         self.diverged = self._non_finite(metrics)
         if self.diverged:  # the loss diverged: FAILED now, and never shown to the scheduler (no promotion)
             self.logger.error("%s: stopping as failed: non-finite %s", spec.name, self.diverged)
@@ -328,9 +339,10 @@ class _TrialRun:
             rt.scheduler.on_trial_complete(spec.trial_id, fit.metrics)
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
             writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
-        writer.log(
-            {**result.usage.metrics(), **result.summary_metrics(spec.selection_metric)}, step=max(result.epochs, 0)
-        )
+        summary = result.summary_metrics(spec.selection_metric)
+        if self.best_so_far is not None and summary.get(f"best_{spec.selection_metric}") == self.best_so_far:
+            del summary[f"best_{spec.selection_metric}"]  # logged with the report that reached it
+        writer.log({**result.usage.metrics(), **summary}, step=max(result.epochs, 0))
         writer.set_tags(result.summary_tags())
         # Stopped by the sweep's own abort (an error elsewhere): KILLED, not a normal early stop.
         aborted = (
@@ -365,6 +377,7 @@ class _TrialRun:
             missing = self.covered[-1]
             self.writer.log(missing, step=int(missing.get("epoch", missing["training_iteration"])))
         for report in self.covered:
+            self._best_so_far(report)
             if all(name in report for name in scheduler_keys(self.rt.scheduler)):
                 self.rt.scheduler.on_trial_result(spec.trial_id, report)  # its verdicts were given before
         self.logger.info(

@@ -6,6 +6,7 @@ Set SWEEPFLOW_SCREENSHOTS_DIR to keep the screenshots (README's "Compare trials"
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -63,6 +64,9 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(
     for trial_id in trial_runs:
         assert trial_id in compare, f"{trial_id} not in the compare view"
     assert "best_val_accuracy" in compare and "lr" in compare
+    # Its parallel-coordinates plot opens on the trials' best value (the metric each run logged first).
+    axes = re.findall(r'class="axis-title"[^>]*>([^<]+)<', compare)
+    assert axes and axes[-1] == "best_val_accuracy", axes
     # The runs table (model-training mode, not the GenAI overview) shows the pipeline's parent run.
     table = rendered_dom(links.runs_table(eid), str(tmp_path / "p2"))
     assert client.get_run(parent).info.run_name in table

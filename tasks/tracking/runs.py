@@ -312,11 +312,8 @@ class RunTracker:
         self.log_batch(run_id, tags=tag_items(tags))
 
     def set_status(self, run_id: str, status: str) -> None:
-        """SCHEDULED (queued for a slot) or RUNNING."""
+        """RUNNING again (a resumed run), or SCHEDULED."""
         self._update_run_info(run_id, status, end_time=None)
-
-    def delete_run(self, run_id: str) -> None:
-        self._call(f"deleting MLflow run {run_id}", lambda _: self.client.delete_run(run_id))
 
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, KILLED (early-stopped) or FAILED."""
@@ -421,11 +418,6 @@ class RunWriter:
         """SCHEDULED or RUNNING; of several queued together only the last is written."""
         self._queue.put(("status", status))
 
-    def delete(self) -> None:
-        """Queue the run's deletion (a trial that never started); nothing can be queued after it."""
-        self._queue.put(("delete", None))
-        self._queue.put(self._STOP)
-
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         """Upload ``local_dir`` (which must stay until ``join``) as ``artifact_path``."""
         self._queue.put(("artifacts", (local_dir, artifact_path)))
@@ -491,9 +483,6 @@ class RunWriter:
                 tags.extend(tag_items(value))
             elif kind == "status":
                 status = value
-            elif kind == "delete":
-                tracker.delete_run(self.run_id)
-                return
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
