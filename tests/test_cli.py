@@ -43,12 +43,12 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
             with open(os.path.join(state, "services", f"{name}.json")) as f:
                 records[name] = json.load(f)
         # The MLflow UI is already serving: the links go straight to its runs table (model-training view).
-        assert f"runs table:        {records['mlflow']['address']}/#/experiments/" in first.stdout
+        assert f"runs table:       {records['mlflow']['address']}/#/experiments/" in first.stdout
         # The flow run's own log (what a deployment's user sees in the Prefect UI) links them too.
         logged = first.stdout + first.stderr
         assert "compare the trials in the MLflow UI:" in logged
-        assert f"registered model:  {records['mlflow']['address']}/#/models/" in logged
-        assert f"Prefect flow run:  {records['prefect']['address'].removesuffix('/api')}/runs/flow-run/" in logged
+        assert f"registered model: {records['mlflow']['address']}/#/models/" in logged
+        assert f"Prefect flow run: {records['prefect']['address'].removesuffix('/api')}/runs/flow-run/" in logged
 
         second = _run(
             state, "sweep.sampler=tpe"

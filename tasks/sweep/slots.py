@@ -34,7 +34,6 @@ class TrialSlots:
         self._forfeited: set[int] = set()
         self._cond = threading.Condition()
         self.acquired = 0  # slots taken so far (trials started)
-        self.on_acquire: Callable[[], None] | None = None
         self.on_release: Callable[[], None] | None = None  # e.g. wakes the sweep to start the next trial
 
     @property
@@ -55,8 +54,6 @@ class TrialSlots:
             self._free -= 1
             self.acquired += 1
             self._advance()
-        if self.on_acquire is not None:
-            self.on_acquire()
         return _Slot(self)
 
     def _give_back(self, slot: _Slot) -> None:
