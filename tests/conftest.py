@@ -85,3 +85,25 @@ def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):  #
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
     return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
+
+
+@pytest.fixture(autouse=True)
+def _prefect_console_on_a_live_stream() -> Iterator[None]:
+    """Prefect (re)configures its console handler with the ``sys.stderr`` of the moment: during a test using
+    ``capsys`` that is the test's capture, closed when the test ends, and every later in-process flow run would
+    fail logging to it (a RecursionError out of the logging error path). Put such handlers back on the real
+    stderr after each test, whatever order the tests run in."""
+    yield
+    if "prefect" not in sys.modules:
+        return
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler) and getattr(handler.stream, "closed", False):
+                with handler.lock:  # not setStream(): it flushes the closed stream first
+                    handler.stream = sys.__stderr__
+                    handler.console.file = sys.__stderr__
