@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
@@ -108,7 +109,7 @@ def training_pipeline(
                 )
             sweep = build_sweep(cfg, prepared, client, tracker, parent, prior=prior).run()
             stages.lap("sweep_s")
-            board = record_sweep(sweep, tracker, parent, cfg)
+            board, leaderboard_artifact = record_sweep(sweep, tracker, parent, cfg)
             best = sweep.best()
             if best is None:
                 raise RuntimeError(
@@ -134,6 +135,9 @@ def training_pipeline(
             )
             stages.lap("register_s")
             _mark_winner(tracker, cfg, best.run_id, registration)
+            leaderboard_artifact.publish(
+                best_run_id=best.run_id, registered=(registration["name"], registration["version"])
+            )
     logger.info("stage timings: %s", stages.timings)
     _log_outcome(logger, cfg, best, evaluation, registration)
     _log_views(logger, cfg, tracker.experiment_id, parent, sweep, best, registration)
@@ -389,9 +393,44 @@ def _flow_run_description() -> str:
     return f"Prefect flow run: {markdown_link(flow_run.get_name() or flow_run_id, url)}"
 
 
-def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig) -> Any:
-    """The leaderboard (CSV artifact on the parent run, table artifact in Prefect), the sweep's resource totals
-    and best value as parent-run metrics, and its failed trials as a tag. Returns the leaderboard."""
+@dataclass(frozen=True)
+class LeaderboardArtifact:
+    """The flow run's Prefect markdown artifact ``sweep-leaderboard``: links to the sweep's MLflow views and its
+    report, then the leaderboard. Published when the sweep ends, and again (a new version of the same key, the
+    one the UI shows) once the best trial is known and registered, with links to both."""
+
+    mlflow_ui: MlflowLinks
+    experiment_id: str
+    parent_run_id: str
+    trial_run_ids: tuple[str, ...]
+    report_url: str | None
+    table: str
+
+    def publish(self, *, best_run_id: str | None = None, registered: tuple[str, str | int] | None = None) -> None:
+        views = sweep_views(
+            self.mlflow_ui,
+            self.experiment_id,
+            parent_run_id=self.parent_run_id,
+            trial_run_ids=self.trial_run_ids,
+            best_run_id=best_run_id,
+            registered=registered,
+        )
+        links = ["- " + " · ".join(markdown_link(f"MLflow {label}", url) for label, url in views.items())]
+        if self.report_url:
+            links.append(f"- {markdown_link('sweep report (plots)', self.report_url)}")
+        create_markdown_artifact(
+            markdown="\n".join(links) + "\n\n" + self.table,
+            key="sweep-leaderboard",
+            description=f"Trials of MLflow run {self.parent_run_id}",
+        )
+
+
+def record_sweep(
+    sweep: SweepResult, tracker: RunTracker, parent: str, cfg: PipelineConfig
+) -> tuple[Any, LeaderboardArtifact]:
+    """The leaderboard (CSV artifact on the parent run, markdown artifact in Prefect, published here), the
+    sweep's resource totals and best value as parent-run metrics, and its failed trials as a tag. Returns the
+    leaderboard and its Prefect artifact (to publish again with the registered version)."""
     board = sweep.leaderboard()
     os.makedirs(os.path.join(cfg.state_dir, "tmp"), exist_ok=True)
     board_path = os.path.join(cfg.state_dir, "tmp", f"leaderboard-{parent}.csv")
@@ -400,28 +439,25 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     mlflow_ui = MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri)
     eid = tracker.experiment_id
     rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
+    trial_run_ids = tuple(t.run_id for t in sweep.trials if t.run_id)
     views = {
         f"MLflow {label}": url
-        for label, url in sweep_views(
-            mlflow_ui, eid, parent_run_id=parent, trial_run_ids=[t.run_id for t in sweep.trials if t.run_id]
-        ).items()
+        for label, url in sweep_views(mlflow_ui, eid, parent_run_id=parent, trial_run_ids=trial_run_ids).items()
     }
-    links = ["- " + " · ".join(markdown_link(label, url) for label, url in views.items())]
-    report = _sweep_report(sweep, tracker, parent, cfg, mlflow_ui, views)
-    if report:
-        links.append(f"- {markdown_link('sweep report (plots)', report)}")
-    create_markdown_artifact(
-        markdown="\n".join(links)
-        + "\n\n"
-        + leaderboard_markdown(
+    artifact = LeaderboardArtifact(
+        mlflow_ui=mlflow_ui,
+        experiment_id=eid,
+        parent_run_id=parent,
+        trial_run_ids=trial_run_ids,
+        report_url=_sweep_report(sweep, tracker, parent, cfg, mlflow_ui, views),
+        table=leaderboard_markdown(
             rows,
             metric=cfg.selection.metric,
             mode=cfg.selection.mode,
             run_url={str(r["mlflow_run_id"]): mlflow_ui.run(eid, str(r["mlflow_run_id"])) for r in rows},
         ),
-        key="sweep-leaderboard",
-        description=f"Trials of MLflow run {parent}",
     )
+    artifact.publish()
     metrics = dict(sweep.usage())
     best = sweep.best()
     if best is not None:
@@ -430,7 +466,7 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, cfg: Pipe
     tracker.set_tags(
         parent, {"sweepflow.failed_trials": ",".join(t.trial_id for t in sweep.failed) or "none"}
     )
-    return board
+    return board, artifact
 
 
 def code_version() -> str:

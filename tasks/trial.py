@@ -2,8 +2,9 @@
 
 The sweep takes a slot for the trial, then submits the task; the task opens the trial's MLflow child run,
 runs ``TorchTrainer.fit()`` with an ``on_report`` callback that logs each report to MLflow and asks the sweep's
-scheduler (ASHA) whether to go on, and closes the run with the trial's status and summary. Checkpoints are written straight into the child run's
-artifact location when trainers can reach it (local store, or s3:// artifact roots), so there is no second copy.
+scheduler (ASHA) whether to go on, and closes the run with the trial's status and summary. Checkpoints are
+written straight into the child run's artifact location when trainers can reach it (local store, or s3://
+artifact roots), so there is no second copy.
 
 Live objects (the Dask client, the scheduler, the tracker) are not task parameters: they live in a
 ``SweepRuntime`` registered under an id for the duration of the sweep, and the task receives the id.

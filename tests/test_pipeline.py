@@ -186,7 +186,12 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
             assert not [i for values in inputs.values() for i in values], inputs
     # One link artifact per trial task run (Prefect 3 stores it as markdown: "[text](url)").
     assert len(links) == 3 and all(f"]({mlflow_server}/#/experiments/" in str(a.data) for a in links), links
-    assert len(board) == 1 and "best first by best_val_accuracy (higher is better)" in board[0].data
+    # Published when the sweep ends, then again (the version the UI shows) with the best trial and the version.
+    assert len(board) == 2, board
+    latest = max(board, key=lambda a: a.created).data
+    assert "best first by best_val_accuracy (higher is better)" in latest
+    assert f"({mlflow_server}/#/models/digits-e2e/versions/1)" in latest
+    assert f"/runs/{summary['best_trial']['run_id']})" in latest
 
     # Resource accounting: 2 ranks per trial; each child run, the parent and the leaderboard carry it.
     for child in children:
