@@ -135,12 +135,12 @@ def training_pipeline(
             )
             stages.lap("register_s")
             _mark_winner(tracker, cfg, best.run_id, registration)
-            leaderboard_artifact.publish(
+            views = leaderboard_artifact.publish(
                 best_run_id=best.run_id, registered=(registration["name"], registration["version"])
             )
     logger.info("stage timings: %s", stages.timings)
     _log_outcome(logger, cfg, best, evaluation, registration)
-    _log_views(logger, cfg, tracker.experiment_id, parent, sweep, best, registration)
+    _log_views(logger, cfg, parent, views)
     return {
         "parent_run_id": parent,
         "experiment_id": tracker.experiment_id,
@@ -345,9 +345,7 @@ def _sweep_report(
     eid = tracker.experiment_id
     links = {
         **views,
-        "Prefect flow run": prefect_flow_run(
-            prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None
-        ),
+        "Prefect flow run": _prefect_flow_run_url(),
         "run_url_template": mlflow_ui.run(eid, "{run_id}"),
     }
     out_dir = os.path.join(cfg.state_dir, "tmp", f"report-{parent}")
@@ -384,13 +382,17 @@ def _mark_winner(tracker: RunTracker, cfg: PipelineConfig, run_id: str | None, r
     )
 
 
+def _prefect_flow_run_url() -> str | None:
+    """This flow run's page in the Prefect UI; None outside a flow run or without an HTTP API."""
+    return prefect_flow_run(prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None)
+
+
 def _flow_run_description() -> str:
     """The parent run's description (markdown in the MLflow UI): a link to the Prefect flow run."""
     flow_run_id = str(flow_run.get_id() or "")
     if not flow_run_id:
         return "Not run by a Prefect flow run."
-    url = prefect_flow_run(prefect_ui_url(PREFECT_API_URL.value()), flow_run_id)
-    return f"Prefect flow run: {markdown_link(flow_run.get_name() or flow_run_id, url)}"
+    return f"Prefect flow run: {markdown_link(flow_run.get_name() or flow_run_id, _prefect_flow_run_url())}"
 
 
 @dataclass(frozen=True)
@@ -406,7 +408,10 @@ class LeaderboardArtifact:
     report_url: str | None
     table: str
 
-    def publish(self, *, best_run_id: str | None = None, registered: tuple[str, str | int] | None = None) -> None:
+    def publish(
+        self, *, best_run_id: str | None = None, registered: tuple[str, str | int] | None = None
+    ) -> dict[str, str | None]:
+        """Publish (a new version of) the artifact; returns the MLflow views it links, by label."""
         views = sweep_views(
             self.mlflow_ui,
             self.experiment_id,
@@ -423,6 +428,7 @@ class LeaderboardArtifact:
             key="sweep-leaderboard",
             description=f"Trials of MLflow run {self.parent_run_id}",
         )
+        return views
 
 
 def record_sweep(
@@ -516,34 +522,18 @@ def _log_outcome(
     )
 
 
-def _log_views(
-    logger: Any,
-    cfg: PipelineConfig,
-    experiment_id: str,
-    parent: str,
-    sweep: SweepResult,
-    best: TrialResult,
-    registration: dict[str, Any],
-) -> None:
-    """The flow run's last log lines: where to look at what the sweep found, in MLflow and in Prefect."""
-    mlflow_ui = MlflowLinks.for_tracking_uri(cfg.mlflow.tracking_uri)
-    if mlflow_ui.ui is None:
+def _log_views(logger: Any, cfg: PipelineConfig, parent: str, views: dict[str, str | None]) -> None:
+    """The flow run's last log lines: where to look at what the sweep found (``views``: the MLflow views by
+    label, None where the store has no UI), in MLflow and in Prefect."""
+    if not any(views.values()):
         logger.info(
             "compare the trials in the MLflow UI: mlflow ui --backend-store-uri %s (runs table, parent run %s)",
             redact(cfg.mlflow.tracking_uri),
             parent,
         )
         return
-    views = sweep_views(
-        mlflow_ui,
-        experiment_id,
-        parent_run_id=parent,
-        trial_run_ids=[t.run_id for t in sweep.trials if t.run_id],
-        best_run_id=best.run_id,
-        registered=(registration["name"], registration["version"]),
-    )
     lines = [f"  {label + ':':17} {url}" for label, url in views.items()]
-    prefect_run = prefect_flow_run(prefect_ui_url(PREFECT_API_URL.value()), str(flow_run.get_id() or "") or None)
+    prefect_run = _prefect_flow_run_url()
     if prefect_run:
         lines.append(f"  {'Prefect flow run:':17} {prefect_run}")
     logger.info("compare the trials in the MLflow UI:\n%s", "\n".join(lines))

@@ -36,12 +36,6 @@ class TrialSlots:
         self.acquired = 0  # slots taken so far (trials started)
         self.on_release: Callable[[], None] | None = None  # e.g. wakes the sweep to start the next trial
 
-    @property
-    def turns_taken(self) -> int:
-        """Turns that are over: trials that started, or gave up their turn."""
-        with self._cond:
-            return self._next_turn
-
     def acquire(self, turn: int, *, timeout: float | None = None) -> _Slot | None:
         """Wait (at most ``timeout`` seconds; None: for ever) for this turn and a free slot."""
         with self._cond:
