@@ -120,6 +120,12 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
         LOCAL_RANK=str(spec.local_rank),
         LOCAL_WORLD_SIZE=str(spec.local_world_size),
     )
+    # Every rank joins the store first, bounded by the rendezvous timeout: gloo/NCCL start-up waits for its
+    # peers under the process group's own (collective) timeout, so a peer slow to arrive (a worker restarted
+    # and still importing torch, a busy host) would otherwise fail the group under TorchConfig.timeout_s with a
+    # store-wait error that names nobody. Once all ranks are in, connecting takes milliseconds.
+    store.set(f"joined/{spec.world_rank}", "1")
+    store.wait([f"joined/{rank}" for rank in range(spec.world_size)], store_timeout)
     dist.init_process_group(
         spec.backend,
         store=store,

@@ -129,8 +129,10 @@ class RunConfig:
 class TorchConfig:
     """torch.distributed settings of a group (Ray: ``ray.train.torch.TorchConfig``).
 
-    ``backend`` defaults to ``nccl`` with GPUs and ``gloo`` without. ``timeout_s`` bounds process-group
-    start-up and every collective. ``teardown_timeout_s`` is how long the driver waits for the surviving ranks
+    ``backend`` defaults to ``nccl`` with GPUs and ``gloo`` without. ``rendezvous_timeout_s`` bounds the
+    wait for every rank to join the group's store (a peer slow to start counts here, not against the
+    collective timeout); ``timeout_s`` bounds connecting the process group once all have joined, and every
+    collective. ``teardown_timeout_s`` is how long the driver waits for the surviving ranks
     of a failed group to exit on their own before it restarts the group's Dask workers.
 
     ``hang_timeout_s`` (default None: no bound) is the longest the group may go without progress: from rank 0

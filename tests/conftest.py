@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,10 +28,10 @@ if TESTS_DIR not in sys.path:
 FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "s3_endpoint": ("s3",),  # below: a moto S3 server
     "s3": ("s3",),  # test_datasets.py's own moto S3 server
-    "prefect_harness": ("prefect",),  # below, and test_datasets.py's: prefect_test_harness
+    "prefect_harness": ("prefect",),  # below: prefect_test_harness
     "mlflow_server": ("mlflow_server",),  # tests/mlflow_server.py
-    "cluster": ("dask",),  # test_pipeline.py: a LocalCluster with worker processes
-    "cluster2": ("dask",),  # test_ddp_runtime.py, test_models_and_loop.py
+    "_shared_cluster": ("dask",),  # below: the session's LocalCluster with worker processes
+    "cluster": ("dask",),  # below, or a test module's own (test_faults_*: they kill workers)
     "gpu3": ("dask",),  # test_ddp_runtime.py
     "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess"),  # test_stack_e2e.py
 }
@@ -54,7 +56,10 @@ def s3_endpoint() -> Iterator[dict]:
     """A moto S3 server on 127.0.0.1 (a free port), with s3fs storage options to reach it."""
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port())
+    # moto serves with werkzeug, which logs every request at INFO to whatever handles the root logger: tests that
+    # read the CLI's stderr must see only the CLI.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
@@ -66,15 +71,51 @@ def s3_endpoint() -> Iterator[dict]:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     """A real (temporary) Prefect API for the session: flow and task runs are recorded and queryable."""
+    from prefect.settings import (
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    settings = {
+        PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
+        PREFECT_SERVER_ANALYTICS_ENABLED: False,
+    }
+    with temporary_settings(settings), prefect_test_harness(server_startup_timeout=120):
         yield
 
 
 from mlflow_server import mlflow_server  # noqa: E402,F401 - session fixture: a real `mlflow server`
+
+#: The shared cluster's size: two 1-thread worker processes, room for a 2-rank group or two 1-rank trials.
+SHARED_WORKERS = 2
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster():
+    """One Dask LocalCluster with worker processes for every test that only uses it (each worker imports torch
+    once for the whole session). Tests that reshape a cluster start their own."""
+    from ddp_runtime.cluster import local_cluster
+
+    with local_cluster(n_workers=SHARED_WORKERS) as client:
+        yield client
+
+
+@pytest.fixture
+def cluster(_shared_cluster):
+    """The session's cluster, whole: a test that failed a group had its workers restarted by their nannies, so
+    wait until they are back (and nothing is still reserved) before the next test uses it."""
+    from ddp_runtime import _gang as gang
+
+    _shared_cluster.wait_for_workers(SHARED_WORKERS, timeout=120)
+    deadline = time.monotonic() + 60  # a reservation ends when its last rank task returns: poll, don't sleep
+    while (held := _shared_cluster.run_on_scheduler(gang.reservations)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not held, f"a previous test left groups reserved on the shared cluster: {held}"
+    return _shared_cluster
 
 
 @pytest.fixture

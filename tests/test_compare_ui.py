@@ -15,16 +15,9 @@ from browser import rendered_dom, screenshot
 from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
-from ddp_runtime.cluster import local_cluster
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import training_pipeline
 from sweepflow.tasks.tracking.links import MlflowLinks
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(n_workers=2) as client:
-        yield client
 
 
 def _drawn(path: str) -> float:

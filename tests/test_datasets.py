@@ -921,27 +921,17 @@ def test_data_config_is_the_pipeline_data_section(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from prefect.settings import (
-        PREFECT_LOCAL_STORAGE_PATH,
-        PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
+@pytest.fixture
+def task_harness(prefect_harness: None) -> Iterator[None]:
+    """The session's Prefect API (conftest), with the download task allowed to run outside a flow."""
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 
-    settings = {
-        PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
-        PREFECT_SERVER_ANALYTICS_ENABLED: False,
-        PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore",  # the task is called outside a flow on purpose
-    }
-    with temporary_settings(settings), prefect_test_harness():
+    with temporary_settings({PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):  # called outside a flow
         yield
 
 
 def test_download_task_second_call_is_cached_and_revalidated(
-    prefect_harness: None, generated: Generated, http_server: HttpServer, tmp_path: Path
+    task_harness: None, generated: Generated, http_server: HttpServer, tmp_path: Path
 ) -> None:
     from sweepflow.tasks.download import dataset_cache_key, download_dataset
 
@@ -978,7 +968,7 @@ def test_download_task_second_call_is_cached_and_revalidated(
 
 
 def test_download_task_with_s3_cache_is_cached_and_revalidated(
-    prefect_harness: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
+    task_harness: None, s3: S3, cache_bucket: str, host: Callable[[str], Path]
 ) -> None:
     from sweepflow.tasks.download import download_dataset
 

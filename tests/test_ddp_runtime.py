@@ -31,12 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def cluster2():
-    with local_cluster(n_workers=2) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def gpu3():
     """Three workers advertising one (simulated) GPU each, as `dask worker --resources GPU=1` would."""
     with local_cluster(n_workers=3, resources={"GPU": 1}) as client:
@@ -58,14 +52,14 @@ def _train_one_epoch(client, tmp_path):
     ).fit()
 
 
-def test_two_rank_training_syncs_parameters_and_shards_data(cluster2, tmp_path):
+def test_two_rank_training_syncs_parameters_and_shards_data(cluster, tmp_path):
     n = 203  # odd on purpose: DistributedSampler pads to an even split
     result = TorchTrainer(
         ddp_train,
         train_loop_config={"n": n, "epochs": 8, "out": str(tmp_path)},
         scaling_config=train.ScalingConfig(num_workers=2),
         run_config=_run_config(tmp_path),
-        client=cluster2,
+        client=cluster,
     ).fit()
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     assert all(r["world"] == 2 for r in ranks)
@@ -79,13 +73,13 @@ def test_two_rank_training_syncs_parameters_and_shards_data(cluster2, tmp_path):
     assert result.metrics["epoch"] == 7 and result.error is None
 
 
-def test_dataloader_worker_processes_run_inside_dask_workers(cluster2, tmp_path):
+def test_dataloader_worker_processes_run_inside_dask_workers(cluster, tmp_path):
     result = TorchTrainer(
         ddp_train,
         train_loop_config={"n": 64, "epochs": 1, "out": str(tmp_path), "num_workers": 2},
         scaling_config=train.ScalingConfig(num_workers=2),
         run_config=_run_config(tmp_path),
-        client=cluster2,
+        client=cluster,
     ).fit()
     assert result.metrics["epoch"] == 0
 
@@ -207,14 +201,14 @@ def _our_queues(dask_scheduler=None):
     return [name for name in dask_scheduler.extensions["queues"].queues if name.startswith("sweepflow-")]
 
 
-def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(cluster2, tmp_path):
+def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(cluster, tmp_path):
     start = time.monotonic()
     with pytest.raises(train.TrainingFailedError) as info:
         TorchTrainer(
             fail_on_rank_one,
             scaling_config=train.ScalingConfig(num_workers=2),
             run_config=_run_config(tmp_path),
-            client=cluster2,
+            client=cluster,
         ).fit()
     elapsed = time.monotonic() - start
     error = info.value.result.error
@@ -222,8 +216,8 @@ def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(clust
     assert "boom on rank one" in str(error) and "fail_on_rank_one" in error.traceback_text
     assert elapsed < 30, f"teardown took {elapsed:.1f}s"
     # The cluster is usable afterwards: no rank left hanging, no reservation leaked.
-    assert cluster2.run_on_scheduler(gang.reservations) == {}
-    ok = _train_one_epoch(cluster2, tmp_path)
+    assert cluster.run_on_scheduler(gang.reservations) == {}
+    ok = _train_one_epoch(cluster, tmp_path)
     assert ok.metrics["epoch"] == 0
 
 
@@ -245,7 +239,7 @@ def test_killed_worker_restarts_the_group_from_its_latest_checkpoint(gpu3, tmp_p
         assert torch.load(os.path.join(d, "state.pt"))["epoch"] == 5
 
 
-def test_checkpoints_go_to_s3_and_load_back(cluster2, s3_endpoint):
+def test_checkpoints_go_to_s3_and_load_back(cluster, s3_endpoint):
     fs = s3fs.S3FileSystem(**s3_endpoint["storage_options"])
     fs.mkdir("sweepflow-ckpt")
     result = TorchTrainer(
@@ -258,7 +252,7 @@ def test_checkpoints_go_to_s3_and_load_back(cluster2, s3_endpoint):
             storage_options=s3_endpoint["storage_options"],
             checkpoint_config=train.CheckpointConfig(num_to_keep=2),
         ),
-        client=cluster2,
+        client=cluster,
     ).fit()
     assert result.path == "s3://sweepflow-ckpt/runs/s3run"
     fs.invalidate_cache()
@@ -270,7 +264,7 @@ def test_checkpoints_go_to_s3_and_load_back(cluster2, s3_endpoint):
     assert set(state) == {"weight", "bias"}
 
 
-def test_retention_keeps_the_best_and_the_latest(cluster2, tmp_path):
+def test_retention_keeps_the_best_and_the_latest(cluster, tmp_path):
     result = TorchTrainer(
         scored_checkpoints,
         train_loop_config={"scores": [0.1, 0.9, 0.5, 0.3]},
@@ -282,7 +276,7 @@ def test_retention_keeps_the_best_and_the_latest(cluster2, tmp_path):
                 num_to_keep=2, checkpoint_score_attribute="score", checkpoint_score_order="max"
             ),
         ),
-        client=cluster2,
+        client=cluster,
     ).fit()
     kept = sorted(os.listdir(tmp_path / "results" / "keep"))
     assert kept == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
@@ -398,7 +392,7 @@ with Client({address!r}) as client:
 
 
 @pytest.mark.subprocess
-def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
+def test_a_killed_driver_does_not_hold_its_workers(cluster, tmp_path):
     """Ranks outlive a driver process that is killed (Dask cannot stop a task's thread): they must notice and
     end, and the group's reservation must end, so the next group starts within seconds, not after
     TorchConfig.timeout_s (300 s)."""
@@ -406,7 +400,7 @@ def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
     script = DRIVER_THAT_HANGS.format(
         tests=os.path.join(ROOT, "tests"),
         marker=str(marker),
-        address=cluster2.scheduler.address,
+        address=cluster.scheduler.address,
         storage=str(tmp_path / "results"),
     )
     driver = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -420,7 +414,7 @@ def test_a_killed_driver_does_not_hold_its_workers(cluster2, tmp_path):
         driver.kill()
         driver.wait()
     start = time.monotonic()
-    result = _train_one_epoch(cluster2, tmp_path)
+    result = _train_one_epoch(cluster, tmp_path)
     assert result.error is None
     assert time.monotonic() - start < 60
-    assert cluster2.run_on_scheduler(gang.reservations) == {}
+    assert cluster.run_on_scheduler(gang.reservations) == {}

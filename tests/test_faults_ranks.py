@@ -8,6 +8,7 @@ import time
 
 import pytest
 from fault_fns import hang_on_rank_one
+from mlflow_server import sqlite_store
 
 import ddp_runtime as train
 from ddp_runtime import _gang as gang
@@ -131,7 +132,7 @@ def _fault_sweep(tmp_path, cluster, faults: list[str], **training):
                 "state_dir": str(tmp_path / "state"),
                 "dask": {"scheduler_address": cluster.scheduler.address},
                 "mlflow": {
-                    "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                    "tracking_uri": sqlite_store(tmp_path),
                     "experiment_name": "faults",
                     "registered_model_name": "faults-model",
                 },

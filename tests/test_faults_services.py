@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from mlflow_server import sqlite_store
 
 import ddp_runtime as train
 
@@ -497,7 +498,7 @@ def _sweepflow_run_argv(tmp_path: Path, cluster, *, l1: list[int], epochs: int, 
     sets = {
         "state_dir": str(tmp_path / "state"),
         "dask.scheduler_address": cluster.scheduler.address,
-        "mlflow.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "mlflow.tracking_uri": sqlite_store(tmp_path),
         "mlflow.experiment_name": "faults-prefect",
         "sweep.search_space": f"{{l1: {{type: grid, values: {l1}}}, l2: 8, lr: 0.01, batch_size: 64}}",
         "sweep.num_samples": "1",

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import ddp_runtime as train
-from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.training.evaluate import (
@@ -80,12 +79,6 @@ def test_train_config_is_checked_before_any_work():
 
 
 @pytest.fixture(scope="module")
-def cluster2():
-    with local_cluster(n_workers=2) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     return prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path_factory.mktemp("data"))))
 
@@ -99,10 +92,10 @@ def _orchestration_modules_loaded() -> list[str]:
     return sorted(m for m in loaded if m.split(".")[0] in ("prefect", "mlflow"))
 
 
-def test_worker_side_modules_import_neither_prefect_nor_mlflow(cluster2):
+def test_worker_side_modules_import_neither_prefect_nor_mlflow(cluster):
     # On the workers themselves (fresh processes), where the rule matters: they must start fast, torch only.
-    assert cluster2.run(_orchestration_modules_loaded) == dict.fromkeys(
-        cluster2.scheduler_info()["workers"], []
+    assert cluster.run(_orchestration_modules_loaded) == dict.fromkeys(
+        cluster.scheduler_info()["workers"], []
     )
 
 
@@ -117,8 +110,8 @@ def _fit(client, data_path, storage, name, resume=None, **overrides):
     ).fit()
 
 
-def test_two_rank_training_on_digits_then_evaluate_the_checkpoint(cluster2, digits, tmp_path):
-    result = _fit(cluster2, digits.path, str(tmp_path / "results"), "digits-net")
+def test_two_rank_training_on_digits_then_evaluate_the_checkpoint(cluster, digits, tmp_path):
+    result = _fit(cluster, digits.path, str(tmp_path / "results"), "digits-net")
 
     assert result.error is None
     history = result.metrics_history
@@ -157,12 +150,12 @@ def test_two_rank_training_on_digits_then_evaluate_the_checkpoint(cluster2, digi
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_resume_from_checkpoint_continues_after_the_saved_epoch(cluster2, digits, tmp_path):
+def test_resume_from_checkpoint_continues_after_the_saved_epoch(cluster, digits, tmp_path):
     storage = str(tmp_path / "results")
-    first = _fit(cluster2, digits.path, storage, "first", epochs=2)
+    first = _fit(cluster, digits.path, storage, "first", epochs=2)
     assert [m["epoch"] for m in first.metrics_history] == [1, 2]
 
-    resumed = _fit(cluster2, digits.path, storage, "resumed", resume=first.checkpoint, epochs=3)
+    resumed = _fit(cluster, digits.path, storage, "resumed", resume=first.checkpoint, epochs=3)
 
     assert [m["epoch"] for m in resumed.metrics_history] == [3]
     # It started from the trained weights: its epoch's loss is far below a fresh model's first epoch.

@@ -8,20 +8,14 @@ import os
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_server import sqlite_store
 from prefect import flow
 
-from ddp_runtime.cluster import local_cluster
 from sweepflow.flows.config import PipelineConfig, resolve_settings
 from sweepflow.flows.pipeline import build_sweep, training_pipeline
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tasks.tracking.runs import RunTracker
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(n_workers=2) as client:
-        yield client
 
 
 def _config(tmp_path, cluster, tracking_uri, **sections) -> PipelineConfig:
@@ -236,7 +230,7 @@ def _scripted_sweep(tmp_path, cluster, *, qualities, epochs, scheduler, **sweep)
         _config(
             tmp_path,
             cluster,
-            f"sqlite:///{tmp_path}/mlflow.db",
+            sqlite_store(tmp_path),
             sweep={
                 "search_space": {"quality": {"type": "grid", "values": qualities}},
                 "num_samples": 1,

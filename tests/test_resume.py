@@ -20,6 +20,7 @@ from collections import Counter
 
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_server import sqlite_store
 
 SWEEPFLOW = os.path.join(os.path.dirname(sys.executable), "sweepflow")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -125,6 +126,7 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
 ):
     env = _env()
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    sqlite_store(straight), sqlite_store(broken)  # the CLI's default store under state_dir, migrated once
 
     # The reference: the same sweep, never interrupted.
     ref = subprocess.run(_command(straight), capture_output=True, text=True, timeout=600, env=env)
@@ -203,6 +205,7 @@ def test_resume_refuses_a_changed_configuration_or_a_finished_run_before_any_wor
     for key in ("MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS", "PREFECT_API_URL", "SWEEPFLOW_STORAGE"):
         monkeypatch.delenv(key, raising=False)
     state = str(tmp_path / "state")
+    sqlite_store(state)  # the CLI's default store under state_dir, migrated once
     small = [
         "sweep.num_samples=2",
         "training.epochs=1",

@@ -19,7 +19,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ddp_runtime
-from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer
 from sweepflow import tune
 from sweepflow.sgd import pytorch as sgd
@@ -83,12 +82,6 @@ def rank_train_function(model, train_iterator, criterion, optimizer, config):
         "model_type": type(model).__name__,
         "batches": len(train_iterator),
     }
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(n_workers=2) as client:
-        yield client
 
 
 def _trainer(**kwargs):

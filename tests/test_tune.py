@@ -13,7 +13,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import ddp_runtime as train
-from ddp_runtime.cluster import local_cluster
 from ddp_runtime.torch import TorchTrainer
 from sweepflow import tune
 from sweepflow.sgd.integration.torch import DistributedTrainableCreator
@@ -22,12 +21,6 @@ from sweepflow.tune.schedulers import ASHAScheduler
 from sweepflow.tune.search.optuna import OptunaSearch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(n_workers=2) as client:
-        yield client
 
 
 def quality_trainable(config, checkpoint_dir=None):
