@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return launcher.run(state_dir, argv, started_at=t0)
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
-    from sweepflow.tasks.trial import MetricNotReported
+    from sweepflow.tasks.sweep.trial import MetricNotReported
 
     t_import = time.time()
     credentials.install()  # for the flow, in this process only
