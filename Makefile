@@ -13,6 +13,7 @@ run: install
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check ddp_runtime
+	.venv/bin/lint-imports  # the layering contracts: [tool.importlinter] in pyproject.toml
 
 test: install-dev lint
 	bash scripts/install-browser.sh

@@ -15,6 +15,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
+from ddp_runtime import _compat
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
 
@@ -82,6 +83,12 @@ def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
             client.close()
     finally:
         cluster.close()
+
+
+def scheduler_address(client: Client) -> str:
+    """The address of the scheduler ``client`` is connected to, without a round trip to it (e.g. to hand a
+    cluster started here to other processes)."""
+    return _compat.scheduler_address(client)
 
 
 def max_concurrent_groups(client: Client, scaling_config: ScalingConfig) -> int:

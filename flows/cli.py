@@ -59,6 +59,7 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
     Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
     from sweepflow.services import launcher as warm_launcher
     from sweepflow.services.local import use_local_services
+    from sweepflow.tasks import WORKER_PRELOAD
 
     extra = {}
     if launcher:  # reads the environment once the Prefect settings are in it
@@ -72,6 +73,7 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
         dask=not config.dask.scheduler_address
         and not settings.scheduler_address
         and not config.resources.use_gpu,
+        worker_preload=[WORKER_PRELOAD],
         n_workers=config.dask.n_workers,
         code_files=[path for path in [_module_file(config.training.train_fn)] if path],
         extra=extra,
@@ -142,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return launcher.run(state_dir, argv, started_at=t0)
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
-    from sweepflow.tasks.trial import MetricNotReported
+    from sweepflow.tasks.sweep.trial import MetricNotReported
 
     t_import = time.time()
     credentials.install()  # for the flow, in this process only
@@ -221,10 +223,15 @@ def cmd_server(args: argparse.Namespace) -> int:
         ensure_server,
         stop_server,
     )
+    from sweepflow.tasks import WORKER_PRELOAD
 
     state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir), Settings.from_env())
     if args.action == "start":  # each one reused if alive and healthy, (re)started otherwise; in parallel
-        starts = {"prefect": ensure_server, "mlflow": ensure_mlflow, "dask": ensure_dask}
+        starts = {
+            "prefect": ensure_server,
+            "mlflow": ensure_mlflow,
+            "dask": lambda state_dir: ensure_dask(state_dir, worker_preload=[WORKER_PRELOAD]),
+        }
         with ThreadPoolExecutor(max_workers=len(starts)) as pool:
             futures = {name: pool.submit(start, state_dir) for name, start in starts.items()}
             failed = False
@@ -253,6 +260,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_stack(args: argparse.Namespace) -> int:
     from sweepflow.flows.config import Settings
     from sweepflow.services import stack
+    from sweepflow.tasks import WORKER_PRELOAD
 
     settings = Settings.from_env()
     state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(settings.home, settings.stack_dir))
@@ -273,7 +281,9 @@ def cmd_stack(args: argparse.Namespace) -> int:
             print(f"sweepflow stack: {exc}", file=sys.stderr)
             return 2
         try:
-            env = stack.up(state_dir, workers=args.workers, exposure=exposure)
+            env = stack.up(
+                state_dir, worker_preload=[WORKER_PRELOAD], workers=args.workers, exposure=exposure
+            )
         except RuntimeError as exc:
             print(f"sweepflow stack: {exc}", file=sys.stderr)
             print(f"stop what did start with: sweepflow stack down --state-dir {state_dir}", file=sys.stderr)

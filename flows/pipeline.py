@@ -25,7 +25,7 @@ import ddp_runtime as train
 from ddp_runtime.cluster import cluster_client, groups_that_fit
 from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings, with_credentials
 from sweepflow.flows.preflight import check_pipeline
-from sweepflow.services.local import WORKER_PRELOAD
+from sweepflow.tasks import WORKER_PRELOAD
 from sweepflow.tasks.datasets import PreparedDataset
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.download import download_dataset

@@ -132,7 +132,7 @@ def validate_train_configs(
 def check_reported_metrics(fn: Callable[..., Any], wanted: Mapping[str, str | None]) -> None:
     """``wanted`` maps a field (``selection.metric``) to the metric it names; each must be among the metrics
     the training function declares it reports (its optional ``reports`` attribute). Undeclared functions are
-    checked at their first report instead (``sweepflow.tasks.trial.MetricNotReported``)."""
+    checked at their first report instead (``sweepflow.tasks.sweep.trial.MetricNotReported``)."""
     reports = getattr(fn, "reports", None)
     if reports is None:
         return

@@ -1,18 +1,18 @@
-"""Every place sweepflow (``sweepflow.tasks``, ``.flows``, ``.services``) relies on another library's internals,
-or on behaviour it does not document: MLflow, Prefect, Dask's HTTP routes, CPython. (ddp_runtime's own, for
-torch and Dask, are in ``ddp_runtime._compat``.)
+"""Every place sweepflow's tasks and flows (``sweepflow.tasks``, ``.flows``) rely on another library's internals,
+or on behaviour it does not document: MLflow, Prefect. (The services' own, for Dask's HTTP routes and CPython,
+are in ``sweepflow.services.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
 to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
 what we rely on. Upgrading one of these libraries: run ``pytest tests/test_compat.py`` first.
 
-Imports are inside the functions: the CLI and the service supervisor import this module and must stay light.
+Imports are inside the functions: the pre-flight checks import this module before a run and must stay light.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -125,42 +125,10 @@ def failed_state_exception(state: State[Any]) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
-# ------------------------------------------------------------------------------------------- Dask (HTTP routes)
-
-
-def dask_identity_has_worker(identity: Mapping[str, Any], worker_name: str) -> bool:
-    """Whether the Dask scheduler's ``/json/identity.json`` document lists a worker named ``worker_name``.
-
-    Relies on the document's layout (undocumented: ``Scheduler.identity()`` as JSON): ``{"workers": {address:
-    {"name": ..., ...}}}``. Read over HTTP so the service supervisor needs no Dask client (nor Dask imported).
-    Written for distributed 2026.8. If it breaks: match the new layout here, or probe with
-    ``distributed.Client(address).scheduler_info()`` instead.
-    """
-    workers = identity.get("workers", {})
-    return any(isinstance(w, Mapping) and w.get("name") == worker_name for w in workers.values())
-
-
-# ----------------------------------------------------------------------------------------------------- CPython
-
-
-def run_atexit_handlers() -> None:
-    """Run the ``atexit`` handlers now, as a normal interpreter exit would (log and event flushes).
-
-    Works around: a forked child that ends with ``os._exit`` (so that it never returns into its parent's code)
-    skips them. ``atexit._run_exitfuncs`` is private CPython API (stable since Python 3.0). If it goes: keep our
-    own list of flush callbacks, or end the child with ``sys.exit`` after closing the inherited sockets.
-    """
-    import atexit
-
-    atexit._run_exitfuncs()
-
-
 __all__ = [
     "NO_RESULT",
     "cached_task_result",
-    "dask_identity_has_worker",
     "failed_state_exception",
-    "run_atexit_handlers",
     "tracking_uri_scope",
     "update_run_status",
 ]

@@ -1,6 +1,7 @@
-"""What we rely on in other libraries' internals (sweepflow.tasks.compat, ddp_runtime._compat): each test fails
-when the library stops behaving as the workaround assumes. Run this file first after upgrading MLflow, Prefect,
-Dask or torch; the failing test names the function, whose docstring says what to do."""
+"""What we rely on in other libraries' internals (sweepflow.tasks.compat, sweepflow.services.compat,
+ddp_runtime._compat): each test fails when the library stops behaving as the workaround assumes. Run this file
+first after upgrading MLflow, Prefect, Dask or torch; the failing test names the function, whose docstring says
+what to do."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from ddp_runtime import _compat as ddp_compat
+from sweepflow.services import compat as services_compat
 from sweepflow.tasks import compat
 
 # ------------------------------------------------------------------------------------------------------ MLflow
@@ -195,7 +197,7 @@ def test_dask_identity_json_lists_the_workers_by_name():
         assert await asyncio.to_thread(dask_worker_registered, url, "w0")
         assert await asyncio.to_thread(dask_worker_registered, url, "w1")
         assert not await asyncio.to_thread(dask_worker_registered, url, "w2")
-        assert compat.dask_identity_has_worker(scheduler.identity(), "w1")
+        assert services_compat.dask_identity_has_worker(scheduler.identity(), "w1")
 
     _with_cluster(body)
 
@@ -362,7 +364,7 @@ def test_queued_items_shows_the_queue_without_consuming_it():
 def test_run_atexit_handlers_runs_them_before_os_exit():
     script = (
         "import atexit, os\n"
-        "from sweepflow.tasks.compat import run_atexit_handlers\n"
+        "from sweepflow.services.compat import run_atexit_handlers\n"
         "atexit.register(print, 'flushed', flush=True)\n"
         "run_atexit_handlers()\n"
         "os._exit(0)\n"

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROBE = """
 import importlib, json
 outcome = {}
-for name in ("flows", "tasks", "sweepflow.flows.pipeline", "sweepflow.tasks.trial", "sweepflow.services.stack",
+for name in ("flows", "tasks", "sweepflow.flows.pipeline", "sweepflow.tasks.sweep.trial", "sweepflow.services.stack",
              "ddp_runtime"):
     try:
         importlib.import_module(name)
@@ -41,7 +41,7 @@ def test_the_installed_project_imports_under_its_own_names_only(tmp_path):
     assert outcome["tasks"].startswith("ModuleNotFoundError"), outcome
     for name in (
         "sweepflow.flows.pipeline",
-        "sweepflow.tasks.trial",
+        "sweepflow.tasks.sweep.trial",
         "sweepflow.services.stack",
         "ddp_runtime",
     ):
@@ -74,7 +74,7 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
     for path in (
         "sweepflow/flows/pipeline.py",
         "sweepflow/services/launcher.py",
-        "sweepflow/tasks/trial.py",
+        "sweepflow/tasks/sweep/trial.py",
         "ddp_runtime/torch.py",
     ):
         assert path in names, f"{path} is missing from {wheel.name}"

@@ -33,7 +33,7 @@ import pytest
 
 from ddp_runtime.cluster import local_cluster
 from sweepflow.flows import cli
-from sweepflow.services.local import WORKER_PRELOAD
+from sweepflow.tasks import WORKER_PRELOAD
 
 TRACKING_USER, TRACKING_PASSWORD = "trk-user-5f1c", "trk-pass-Q9zX31wq"
 DATA_USER, DATA_PASSWORD = "data-user-b52e", "data-pass-Hk40pLmz"

@@ -98,8 +98,20 @@ def test_the_stack_binds_loopback_by_default_and_its_internal_endpoints_always(t
     assert scheduler.argv[scheduler.argv.index("--dashboard-address") + 1].startswith("127.0.0.1:")
     env = {"SWEEPFLOW_HOME": str(tmp_path)}
     worker = stack.dask_worker_spec(
-        0, scheduler.address, "http://127.0.0.1:1/x", env, None, exposed, secret="k"
+        0,
+        scheduler.address,
+        "http://127.0.0.1:1/x",
+        env,
+        None,
+        exposed,
+        worker_preload=["my.preload"],
+        secret="k",
     )
+    # The caller's preload (the services import no tasks: the flows hand them sweepflow.tasks.WORKER_PRELOAD).
+    assert [a for i, a in enumerate(worker.argv) if worker.argv[i - 1] == "--preload"] == [
+        "ddp_runtime._preload",
+        "my.preload",
+    ]
     assert worker.argv[worker.argv.index("--host") + 1] == "198.51.100.7"
     assert worker.argv[worker.argv.index("--dashboard-address") + 1] == "127.0.0.1:0"
     assert "--tls-key" in worker.argv
@@ -165,7 +177,7 @@ def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_
     monkeypatch.setattr(stack, "_ensure_bucket", lambda env: None)
     monkeypatch.setattr(stack, "installed", lambda module: True)
     monkeypatch.setattr(stack, "scheduler_http", lambda state_dir, path: f"http://127.0.0.1:1{path}")
-    env = stack.up(str(tmp_path), workers=1, exposure=_exposed(tmp_path))
+    env = stack.up(str(tmp_path), worker_preload=[], workers=1, exposure=_exposed(tmp_path))
     by_name = {spec.name: spec for spec in started}
     assert by_name["prefect-server"].env["PREFECT_SERVER_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
     assert by_name["prefect-worker"].env["PREFECT_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
@@ -187,3 +199,17 @@ def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_
                 if name != "stack.env":
                     with open(os.path.join(root, name), "rb") as f:
                         assert secret.encode() not in f.read(), name
+
+
+def test_the_local_dask_cluster_preloads_what_its_caller_names_and_is_keyed_by_it(tmp_path):
+    from sweepflow.services.local import local_dask_spec
+
+    spec = local_dask_spec(str(tmp_path), worker_preload=["my.preload", "other.preload"], n_workers=2)
+    assert [a for i, a in enumerate(spec.argv) if spec.argv[i - 1] == "--preload"] == [
+        "my.preload",
+        "other.preload",
+    ]
+    same = local_dask_spec(str(tmp_path), worker_preload=["my.preload", "other.preload"], n_workers=2)
+    other = local_dask_spec(str(tmp_path), worker_preload=["my.preload"], n_workers=2)
+    assert same.code_key == spec.code_key  # reused by a caller that preloads the same
+    assert other.code_key != spec.code_key  # restarted for one that preloads something else

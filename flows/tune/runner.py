@@ -137,12 +137,14 @@ def _prefect_configured(settings: Settings) -> bool:
 
 def _use_services(settings: Settings, plan: TrialPlan) -> dict[str, str]:
     from sweepflow.services.local import use_local_services
+    from sweepflow.tasks import WORKER_PRELOAD
 
     return use_local_services(
         settings.home,
         prefect=not _prefect_configured(settings),
         mlflow=not settings.tracking_uri,
         dask=not settings.scheduler_address and not plan.use_gpu,
+        worker_preload=[WORKER_PRELOAD],  # the same as the pipeline's: the state dir's one cluster serves both
     )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sweepflow.services import supervisor as services
-from sweepflow.tasks.compat import run_atexit_handlers
+from sweepflow.services.compat import run_atexit_handlers
 
 NAME = "launcher"
 _MAX_REQUEST = 4 << 20

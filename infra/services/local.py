@@ -21,7 +21,6 @@ from sweepflow.services import supervisor as services
 
 PREFECT, MLFLOW, DASK, LAUNCHER = "prefect", "mlflow", "dask", "launcher"
 LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER)  # the launcher: see sweepflow.services.launcher
-WORKER_PRELOAD = "sweepflow.tasks.worker_preload"  # warms evaluation/registration imports on pipeline workers
 
 
 def venv_executable(name: str) -> str:
@@ -99,21 +98,29 @@ def mlflow_server_spec(
 
 
 def local_dask_spec(
-    state_dir: str, *, n_workers: int | None = None, code_files: Sequence[str] = ()
+    state_dir: str,
+    *,
+    worker_preload: Sequence[str],
+    n_workers: int | None = None,
+    code_files: Sequence[str] = (),
 ) -> services.ServiceSpec:
     """The background LocalCluster. Its scheduler and workers keep the modules they imported (ours, and the
-    training function's in ``code_files``), so it is keyed by those files and restarted when one changes."""
+    training function's in ``code_files``), so it is keyed by those files and restarted when one changes.
+    ``worker_preload``: modules its workers import when they start (Dask preloads; the caller's, e.g.
+    ``sweepflow.tasks.WORKER_PRELOAD``), besides ddp_runtime's own."""
     ready = os.path.join(state_dir, "services", "dask.ready")
     argv = [sys.executable, "-m", "sweepflow.services.local", "dask", "--ready-file", ready]
     if n_workers:
         argv += ["--n-workers", str(n_workers)]
+    for module in worker_preload:
+        argv += ["--preload", module]
     return services.ServiceSpec(
         name=DASK,
         argv=argv,
         health={},
         ready_file=ready,
         health_from_address=lambda address: {"kind": "tcp", "address": address},
-        code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers)]),
+        code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers), *worker_preload]),
     )
 
 
@@ -123,13 +130,15 @@ def use_local_services(
     prefect: bool,
     mlflow: bool,
     dask: bool,
+    worker_preload: Sequence[str],
     n_workers: int | None = None,
     code_files: Sequence[str] = (),
     extra: Mapping[str, Callable[[], str]] | None = None,
 ) -> dict[str, str]:
     """Start (or reuse), in parallel, the state dir's background services asked for, and point this process's
     Prefect client at the Prefect server (its settings go into ``os.environ``, read when prefect is imported).
-    Returns their addresses by name ("prefect", "mlflow", "dask", and each of ``extra``'s)."""
+    Returns their addresses by name ("prefect", "mlflow", "dask", and each of ``extra``'s). ``worker_preload``:
+    see ``local_dask_spec`` (the one cluster is shared by every caller: pass the same)."""
     starts: dict[str, Callable[[], str]] = {}
     if prefect:
         os.environ.update(server_env(state_dir))
@@ -142,7 +151,9 @@ def use_local_services(
     if mlflow:
         starts[MLFLOW] = lambda: ensure_mlflow(state_dir)
     if dask:
-        starts[DASK] = lambda: ensure_dask(state_dir, n_workers=n_workers, code_files=code_files)
+        starts[DASK] = lambda: ensure_dask(
+            state_dir, worker_preload=worker_preload, n_workers=n_workers, code_files=code_files
+        )
     starts.update(extra or {})
     with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
         futures = {name: pool.submit(start) for name, start in starts.items()}
@@ -164,10 +175,19 @@ def ensure_mlflow(state_dir: str) -> str:
     return services.ensure(state_dir, spec)
 
 
-def ensure_dask(state_dir: str, *, n_workers: int | None = None, code_files: Sequence[str] = ()) -> str:
+def ensure_dask(
+    state_dir: str,
+    *,
+    worker_preload: Sequence[str],
+    n_workers: int | None = None,
+    code_files: Sequence[str] = (),
+) -> str:
     """The scheduler address of this state dir's background LocalCluster, started (or restarted, when the code
-    it runs changed) if needed."""
-    return services.ensure(state_dir, local_dask_spec(state_dir, n_workers=n_workers, code_files=code_files))
+    it runs or its ``worker_preload`` changed) if needed."""
+    spec = local_dask_spec(
+        state_dir, worker_preload=worker_preload, n_workers=n_workers, code_files=code_files
+    )
+    return services.ensure(state_dir, spec)
 
 
 def status(state_dir: str) -> dict[str, str | None]:
@@ -179,14 +199,13 @@ def stop_server(state_dir: str) -> bool:
     return any([services.stop(state_dir, name) for name in LOCAL_SERVICES])
 
 
-def _serve_dask(ready_file: str, n_workers: int | None) -> None:
+def _serve_dask(ready_file: str, n_workers: int | None, worker_preload: Sequence[str]) -> None:
     """Foreground body of the background Dask process: run a LocalCluster until SIGTERM."""
-    from ddp_runtime._compat import scheduler_address
-    from ddp_runtime.cluster import local_cluster
+    from ddp_runtime.cluster import local_cluster, scheduler_address
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with local_cluster(n_workers=n_workers, preload=[WORKER_PRELOAD]) as client:
+    with local_cluster(n_workers=n_workers, preload=list(worker_preload)) as client:
         with open(ready_file + ".tmp", "w") as f:
             f.write(scheduler_address(client))
         os.replace(ready_file + ".tmp", ready_file)
@@ -200,5 +219,6 @@ if __name__ == "__main__":
     parser.add_argument("service", choices=["dask"])
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--n-workers", type=int, default=None)
+    parser.add_argument("--preload", action="append", default=[], help="a module the workers import at start")
     args = parser.parse_args()
-    _serve_dask(args.ready_file, args.n_workers)
+    _serve_dask(args.ready_file, args.n_workers, args.preload)

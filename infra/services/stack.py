@@ -46,11 +46,12 @@ import secrets
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sweepflow.services import supervisor as services
-from sweepflow.services.local import WORKER_PRELOAD, mlflow_server_spec, prefect_server_spec, venv_executable
+from sweepflow.services.local import mlflow_server_spec, prefect_server_spec, venv_executable
 from sweepflow.services.supervisor import ServiceSpec
 
 WORK_POOL = "sweepflow-process"
@@ -345,8 +346,11 @@ def dask_worker_spec(
     gpu: int | None,
     exposure: Exposure = Exposure(),
     *,
+    worker_preload: Sequence[str],
     secret: str = "",
 ) -> ServiceSpec:
+    """Dask worker ``index`` (one thread, ``GPU=1``). ``worker_preload``: modules it imports when it starts (Dask
+    preloads: the caller's, e.g. ``sweepflow.tasks.WORKER_PRELOAD``), besides ddp_runtime's own."""
     name = f"{WORKER_PREFIX}{index}"
     worker_env = {
         **env,
@@ -371,8 +375,7 @@ def dask_worker_spec(
             "GPU=1",
             "--preload",
             "ddp_runtime._preload",
-            "--preload",
-            WORKER_PRELOAD,
+            *[arg for module in worker_preload for arg in ("--preload", module)],
             "--host",  # the worker's and its nanny's listen address
             exposure.host,
             *_tls_args(exposure),
@@ -385,7 +388,12 @@ def dask_worker_spec(
         address=name,
         env=worker_env,
         code_key=_key(
-            secret, scheduler=scheduler, env=worker_env, host=exposure.host, tls=_tls_args(exposure)
+            secret,
+            scheduler=scheduler,
+            env=worker_env,
+            host=exposure.host,
+            tls=_tls_args(exposure),
+            preload=list(worker_preload),
         ),
     )
 
@@ -419,9 +427,12 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str, *, secret: str =
     )
 
 
-def up(state_dir: str, *, workers: int = 2, exposure: Exposure = Exposure()) -> dict[str, str]:
+def up(
+    state_dir: str, *, worker_preload: Sequence[str], workers: int = 2, exposure: Exposure = Exposure()
+) -> dict[str, str]:
     """Start (or reuse) every service; returns the settings clients need (also written to stack.env).
-    Raises ValueError, before starting anything, for an ``exposure`` that ``Exposure.check`` refuses."""
+    Raises ValueError, before starting anything, for an ``exposure`` that ``Exposure.check`` refuses.
+    ``worker_preload``: modules the Dask workers import when they start (see ``dask_worker_spec``)."""
     exposure.check()
     state_dir = os.path.abspath(state_dir)
     os.makedirs(state_dir, exist_ok=True)
@@ -492,7 +503,14 @@ def up(state_dir: str, *, workers: int = 2, exposure: Exposure = Exposure()) -> 
     n_workers = gpus or workers
     specs = [
         dask_worker_spec(
-            i, env["DASK_SCHEDULER_ADDRESS"], identity_url, env, i if gpus else None, exposure, secret=secret
+            i,
+            env["DASK_SCHEDULER_ADDRESS"],
+            identity_url,
+            env,
+            i if gpus else None,
+            exposure,
+            worker_preload=worker_preload,
+            secret=secret,
         )
         for i in range(n_workers)
     ]

@@ -37,7 +37,7 @@ from typing import Any
 
 import psutil  # a dependency of distributed
 
-from sweepflow.tasks.compat import dask_identity_has_worker
+from sweepflow.services.compat import dask_identity_has_worker
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0

@@ -29,8 +29,8 @@ from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.space import describe_trial
+from sweepflow.tasks.sweep.trial import SweepRuntime, TrialSpec, registered_runtime, run_trial
 from sweepflow.tasks.tracking.runs import RunTracker
-from sweepflow.tasks.trial import SweepRuntime, TrialSpec, registered_runtime, run_trial
 
 _SLOT_FREED = object()  # wakes the loop: a trial gave its slot back, so the next one may start
 

@@ -6,7 +6,9 @@ import threading
 from collections.abc import Callable
 
 
-class _Slot:
+class HeldSlot:
+    """A slot a trial holds (from ``TrialSlots.acquire``) until it calls ``release``."""
+
     def __init__(self, slots: TrialSlots) -> None:
         self._slots = slots
         self._held = True
@@ -36,7 +38,7 @@ class TrialSlots:
         self.acquired = 0  # slots taken so far (trials started)
         self.on_release: Callable[[], None] | None = None  # e.g. wakes the sweep to start the next trial
 
-    def acquire(self, turn: int, *, timeout: float | None = None) -> _Slot | None:
+    def acquire(self, turn: int, *, timeout: float | None = None) -> HeldSlot | None:
         """Wait (at most ``timeout`` seconds; None: for ever) for this turn and a free slot."""
         with self._cond:
 
@@ -48,9 +50,9 @@ class TrialSlots:
             self._free -= 1
             self.acquired += 1
             self._advance()
-        return _Slot(self)
+        return HeldSlot(self)
 
-    def _give_back(self, slot: _Slot) -> None:
+    def _give_back(self, slot: HeldSlot) -> None:
         with self._cond:
             if not slot._held:
                 return

@@ -43,7 +43,7 @@ from sweepflow.tasks.sweep.results import (
 )
 from sweepflow.tasks.sweep.resume import TAG_RESUMES, ResumeFrom, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
-from sweepflow.tasks.sweep.slots import TrialSlots, _Slot
+from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
@@ -109,13 +109,13 @@ class SweepRuntime:
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
     writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
-    _grants: dict[int, tuple[_Slot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
+    _grants: dict[int, tuple[HeldSlot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
 
-    def grant(self, index: int, slot: _Slot, *, queued_s: float) -> None:
+    def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
         """Hand trial ``index`` the slot the sweep took for it (its task takes it with ``take_grant``)."""
         self._grants[index] = (slot, queued_s)
 
-    def take_grant(self, index: int) -> tuple[_Slot, float]:
+    def take_grant(self, index: int) -> tuple[HeldSlot, float]:
         return self._grants.pop(index)
 
     def abort(self, reason: str) -> None:
@@ -235,7 +235,7 @@ class _TrialRun:
     """One trial's DDP group, from its first report to its MLflow run's end."""
 
     def __init__(
-        self, spec: TrialSpec, rt: SweepRuntime, writer: RunWriter, slot: _Slot, logger: Any
+        self, spec: TrialSpec, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
     ) -> None:
         self.spec, self.rt, self.writer, self.slot, self.logger = spec, rt, writer, slot, logger
         self.reached_max_t = (

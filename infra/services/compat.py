@@ -1,0 +1,48 @@
+"""Every place the services package (``sweepflow.services``) relies on another library's internals, or on
+behaviour it does not document: Dask's HTTP routes, CPython. (The tasks' and flows' own, for MLflow and Prefect,
+are in ``sweepflow.tasks.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
+
+Each reliance is one function here, saying what it works around, the version it was written against and what
+to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading Dask: run ``pytest tests/test_compat.py`` first.
+
+The service supervisor and the warm launcher import this module: it imports nothing but the standard library
+(and that inside the functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# ------------------------------------------------------------------------------------------- Dask (HTTP routes)
+
+
+def dask_identity_has_worker(identity: Mapping[str, Any], worker_name: str) -> bool:
+    """Whether the Dask scheduler's ``/json/identity.json`` document lists a worker named ``worker_name``.
+
+    Relies on the document's layout (undocumented: ``Scheduler.identity()`` as JSON): ``{"workers": {address:
+    {"name": ..., ...}}}``. Read over HTTP so the service supervisor needs no Dask client (nor Dask imported).
+    Written for distributed 2026.8. If it breaks: match the new layout here, or probe with
+    ``distributed.Client(address).scheduler_info()`` instead.
+    """
+    workers = identity.get("workers", {})
+    return any(isinstance(w, Mapping) and w.get("name") == worker_name for w in workers.values())
+
+
+# ----------------------------------------------------------------------------------------------------- CPython
+
+
+def run_atexit_handlers() -> None:
+    """Run the ``atexit`` handlers now, as a normal interpreter exit would (log and event flushes).
+
+    Works around: a forked child that ends with ``os._exit`` (so that it never returns into its parent's code)
+    skips them. ``atexit._run_exitfuncs`` is private CPython API (stable since Python 3.0). If it goes: keep our
+    own list of flush callbacks, or end the child with ``sys.exit`` after closing the inherited sockets.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+__all__ = ["dask_identity_has_worker", "run_atexit_handlers"]
