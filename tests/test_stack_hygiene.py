@@ -527,10 +527,11 @@ class TestStack:
             assert client.submit(subprocess.call, argv, pure=False).result(timeout=60) == 0
         _wait_for(lambda: len(_escaped(str(escaped))) == 2, 240, "the flow run's escaped process")
 
-        flow_runs = [
+        flow_runs = [  # this stack's flow runs (other tests may run flows of their own stacks meanwhile)
             p
-            for p in psutil.process_iter(["cmdline"])
+            for p in psutil.process_iter(["cmdline", "environ"])
             if "prefect.engine" in " ".join(p.info["cmdline"] or [])
+            and (p.info["environ"] or {}).get("PREFECT_API_URL") == stack_env["PREFECT_API_URL"]
         ]
         worker = psutil.Process(_record_pids(state)["prefect-worker"])
         assert any(os.getsid(p.pid) != worker.pid for p in flow_runs), (
