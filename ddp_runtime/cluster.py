@@ -28,6 +28,13 @@ def worker_config() -> dict[str, Any]:
     return {"distributed.worker.daemon": False}
 
 
+#: How long a local cluster waits for a killed worker's replacement before it gives the worker up. A failed
+#: group's workers are killed on purpose and their nannies start fresh ones, which import torch first: on a
+#: busy machine that takes longer than Dask's default 15 s, after which the cluster would close those nannies
+#: and shrink for good (every later group then finds too few workers).
+_LOST_WORKER_TIMEOUT = {"distributed.deploy.lost-worker-timeout": "600s"}
+
+
 @contextlib.contextmanager
 def local_cluster(
     *,
@@ -45,7 +52,8 @@ def local_cluster(
     # Every worker advertises its share of the host's cores as a "CPU" resource, so ScalingConfig's
     # resources_per_worker={"CPU": k} (cores for DataLoader workers) means the same here as on a real cluster.
     resources = {"CPU": float(max(1, (os.cpu_count() or 1) // n)), **(resources or {})}
-    with dask.config.set(worker_config()):
+    # The cluster reads the lost-worker timeout whenever a worker goes: it stays set while the cluster lives.
+    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT}):
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=threads_per_worker,
@@ -56,14 +64,14 @@ def local_cluster(
             resources=resources,
             preload=[PRELOAD, *(preload or [])],
         )
-    try:
-        client = Client(cluster)
         try:
-            yield client
+            client = Client(cluster)
+            try:
+                yield client
+            finally:
+                client.close()
         finally:
-            client.close()
-    finally:
-        cluster.close()
+            cluster.close()
 
 
 @contextlib.contextmanager
@@ -73,16 +81,16 @@ def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
         from dask_cuda import LocalCUDACluster
     except ImportError as exc:
         raise ImportError("GPU clusters need dask-cuda: pip install dask-cuda (one worker per GPU)") from exc
-    with dask.config.set(worker_config()):
+    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT}):
         cluster = LocalCUDACluster(resources={"GPU": 1}, preload=[PRELOAD], **kwargs)
-    try:
-        client = Client(cluster)
         try:
-            yield client
+            client = Client(cluster)
+            try:
+                yield client
+            finally:
+                client.close()
         finally:
-            client.close()
-    finally:
-        cluster.close()
+            cluster.close()
 
 
 def scheduler_address(client: Client) -> str:

@@ -141,7 +141,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     argv.append(token)
                 skip = token == "--set" and not skip
             os.environ["SWEEPFLOW_RUN_SET"] = json.dumps(overrides)
-            return launcher.run(state_dir, argv, started_at=t0)
+            try:
+                return launcher.run(state_dir, argv, started_at=t0)
+            finally:  # they may hold credentials: not left behind for a later main() in this process
+                os.environ.pop("SWEEPFLOW_RUN_SET", None)
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
     from sweepflow.tasks.sweep.trial import MetricNotReported

@@ -104,28 +104,24 @@ def _shared_cluster():
         yield client
 
 
-@pytest.fixture
-def cluster(_shared_cluster):
-    """The session's cluster, whole: a test that failed a group had its workers restarted by their nannies, so
-    wait until they are back (and nothing is still reserved) before the next test uses it."""
+def whole(client, n_workers: int):
+    """``client``'s cluster once it is whole: a test that failed a group had that group's workers restarted by
+    their nannies, so wait until they are back and nothing is still reserved. Polls conditions (no sleeps as
+    synchronisation), with bounds far above a busy machine's restart time."""
     from ddp_runtime import _gang as gang
 
-    _shared_cluster.wait_for_workers(SHARED_WORKERS, timeout=120)
-    deadline = time.monotonic() + 60  # a reservation ends when its last rank task returns: poll, don't sleep
-    while (held := _shared_cluster.run_on_scheduler(gang.reservations)) and time.monotonic() < deadline:
+    client.wait_for_workers(n_workers, timeout=180)
+    deadline = time.monotonic() + 60  # a reservation ends when its last rank task returns
+    while (held := client.run_on_scheduler(gang.reservations)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not held, f"a previous test left groups reserved on the shared cluster: {held}"
-    return _shared_cluster
+    assert not held, f"a previous test left groups reserved on the cluster: {held}"
+    return client
 
 
 @pytest.fixture
-def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):  # noqa: F811 - the fixture above
-    """A Tune experiment's services from the environment, as on a user's cluster: the Prefect harness, the
-    session's MLflow server and the requesting module's ``cluster``."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
-    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
-    return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
+def cluster(_shared_cluster):
+    """The session's cluster, whole (see ``whole``)."""
+    return whole(_shared_cluster, SHARED_WORKERS)
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from conftest import whole
 from fault_fns import hang_on_rank_one
 from mlflow_server import sqlite_store
 
@@ -19,9 +20,15 @@ FAULT_FNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_fns.
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def _own_cluster():
+    """This module's own 2 workers: its tests kill and restart them."""
     with local_cluster(n_workers=2) as client:
         yield client
+
+
+@pytest.fixture
+def cluster(_own_cluster):
+    return whole(_own_cluster, 2)
 
 
 def _hang_line() -> int:

@@ -80,15 +80,6 @@ def two_file_checkpoints(config: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Two Dask workers: room for two 1-rank trials at once (and for two pipelines to contend for them)."""
-    from ddp_runtime.cluster import local_cluster
-
-    with local_cluster(n_workers=2) as client:
-        yield client
-
-
 def _proxy_to(url: str):
     from faultproxy import FaultProxy
 
