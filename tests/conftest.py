@@ -124,6 +124,16 @@ def cluster(_shared_cluster):
     return whole(_shared_cluster, SHARED_WORKERS)
 
 
+@pytest.fixture
+def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):  # noqa: F811 - the fixture above
+    """A Tune experiment's services from the environment, as on a user's cluster: the Prefect harness, the
+    session's MLflow server and the session's ``cluster``."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
+
+
 @pytest.fixture(autouse=True)
 def _prefect_console_on_a_live_stream() -> Iterator[None]:
     """Prefect (re)configures its console handler with the ``sys.stderr`` of the moment: during a test using

@@ -92,11 +92,13 @@ def _orchestration_modules_loaded() -> list[str]:
     return sorted(m for m in loaded if m.split(".")[0] in ("prefect", "mlflow"))
 
 
-def test_worker_side_modules_import_neither_prefect_nor_mlflow(cluster):
-    # On the workers themselves (fresh processes), where the rule matters: they must start fast, torch only.
-    assert cluster.run(_orchestration_modules_loaded) == dict.fromkeys(
-        cluster.scheduler_info()["workers"], []
-    )
+def test_worker_side_modules_import_neither_prefect_nor_mlflow():
+    # On a worker itself, where the rule matters: it must start fast, torch only. A fresh one, since the session's
+    # shared workers have run other tests' functions (cloudpickled closures may import anything).
+    from ddp_runtime.cluster import local_cluster
+
+    with local_cluster(n_workers=1) as fresh:
+        assert fresh.run(_orchestration_modules_loaded) == dict.fromkeys(fresh.scheduler_info()["workers"], [])
 
 
 def _fit(client, data_path, storage, name, resume=None, **overrides):
