@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_runtime import CheckpointConfig
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tune import runner
 from sweepflow.tune.progress import CLIReporter
@@ -45,8 +46,17 @@ def run(
 ) -> ExperimentAnalysis:
     """Classic Ray Tune: run ``num_samples`` trials of the trainable over ``config``; returns the analysis.
 
-    Checkpoints are the ones the trainable writes (``tune.checkpoint_dir`` / ``report(checkpoint=...)``):
-    ``checkpoint_at_end``/``checkpoint_freq`` apply to class trainables in Ray and are accepted and unused."""
+    Checkpoints are the ones the trainable writes (``tune.checkpoint_dir`` / ``report(checkpoint=...)``); each
+    trial keeps the best ``keep_checkpoints_num`` by ``checkpoint_score_attr`` (``"min-<metric>"`` for lowest
+    first; default: the experiment's metric and mode) plus its latest. Without ``keep_checkpoints_num`` a trial
+    keeps its best and its latest. ``checkpoint_at_end``/``checkpoint_freq`` drive a class trainable's
+    ``save_checkpoint`` in Ray; a function trainable saves its own, so they are refused, as in Ray."""
+    if checkpoint_at_end or checkpoint_freq:
+        raise ValueError(
+            f"checkpoint_at_end={checkpoint_at_end!r}/checkpoint_freq={checkpoint_freq!r} apply to class trainables; "
+            "a function trainable saves its own checkpoints with tune.checkpoint_dir(...) or "
+            "tune.report(..., checkpoint=...): remove these arguments"
+        )
     experiment = _experiment(
         run_or_experiment,
         param_space=config or {},
@@ -63,16 +73,49 @@ def run(
         max_failures=max_failures,
         max_concurrent_trials=max_concurrent_trials,
         seed=seed,
+        checkpoint_config=_keep_checkpoints(keep_checkpoints_num, checkpoint_score_attr),
     )
     sweep, info = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
+    return finish(
+        analysis,
+        experiment.searched,
+        verbose=verbose,
+        progress_reporter=progress_reporter,
+        raise_on_failed_trial=raise_on_failed_trial,
+    )
+
+
+def finish(
+    analysis: ExperimentAnalysis,
+    searched: tuple[str, ...],
+    *,
+    verbose: int,
+    progress_reporter: CLIReporter | None,
+    raise_on_failed_trial: bool,
+) -> ExperimentAnalysis:
+    """After the run: the trials table (unless ``verbose=0``), then Ray's ``TuneError`` for failed trials."""
     if verbose:
-        (progress_reporter or CLIReporter()).report(analysis.trials, experiment.searched)
+        (progress_reporter or CLIReporter()).report(analysis.trials, searched)
     failed = [t.trial_id for t in analysis.trials if t.status == "ERROR"]
     if failed and raise_on_failed_trial:
         errors = "; ".join(f"{t.trial_id}: {(t.error_msg or '').splitlines()[0]}" for t in analysis.trials if t.error_msg)
         raise runner.TuneError(f"Trials did not complete: {failed} ({errors})")
     return analysis
+
+
+def _keep_checkpoints(keep: int | None, score_attr: str | None) -> CheckpointConfig | None:
+    """Classic Tune's ``keep_checkpoints_num``/``checkpoint_score_attr`` as a checkpoint config (None: defaults)."""
+    if keep is None and score_attr is None:
+        return None
+    if score_attr is not None and (not isinstance(score_attr, str) or not score_attr.removeprefix("min-")):
+        raise ValueError(f"checkpoint_score_attr must name a reported metric (e.g. 'min-loss'), got {score_attr!r}")
+    order = "min" if score_attr and score_attr.startswith("min-") else "max"
+    return CheckpointConfig(
+        num_to_keep=1 if keep is None else keep,
+        checkpoint_score_attribute=score_attr.removeprefix("min-") if score_attr else None,
+        checkpoint_score_order=order,
+    )
 
 
 @dataclass
@@ -89,8 +132,9 @@ class TuneConfig:
 
 @dataclass
 class RunConfig:
-    """Ray Tune's ``RunConfig`` (``ddp_runtime.RunConfig`` is accepted too: its name, storage path and failure
-    config are used)."""
+    """Ray Tune's ``RunConfig`` (``ddp_runtime.RunConfig`` is accepted too): the experiment's name, where it
+    stores trials, when trials stop, how often a failed trial restarts, which checkpoints a trial keeps
+    (``ddp_runtime.CheckpointConfig``), and the trials table (``progress_reporter``; none with ``verbose=0``)."""
 
     name: str | None = None
     storage_path: str | None = None
@@ -120,6 +164,12 @@ class Tuner:
     def fit(self) -> ResultGrid:
         tc, rc = self.tune_config, self.run_config
         failure = getattr(rc, "failure_config", None)
+        checkpoint = getattr(rc, "checkpoint_config", None)
+        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+            raise TypeError(
+                f"RunConfig(checkpoint_config={checkpoint!r}): use ddp_runtime.CheckpointConfig(num_to_keep=..., "
+                "checkpoint_score_attribute=..., checkpoint_score_order=...)"
+            )
         experiment = _experiment(
             self.trainable,
             param_space=self.param_space,
@@ -136,15 +186,17 @@ class Tuner:
             max_failures=getattr(failure, "max_failures", 0) if failure is not None else 0,
             max_concurrent_trials=tc.max_concurrent_trials,
             seed=tc.seed,
+            checkpoint_config=checkpoint,
         )
         sweep, info = runner.run(experiment)
-        grid = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
-        if getattr(rc, "verbose", 1):
-            from sweepflow.tune.results import Trial
-
-            reporter = getattr(rc, "progress_reporter", None) or CLIReporter()
-            reporter.report([Trial(t) for t in grid._trials], experiment.searched)
-        return grid
+        finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
+            ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info),
+            experiment.searched,
+            verbose=getattr(rc, "verbose", 1),
+            progress_reporter=getattr(rc, "progress_reporter", None),
+            raise_on_failed_trial=False,
+        )
+        return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
 
 
 def _experiment(
@@ -164,6 +216,7 @@ def _experiment(
     max_failures: int,
     max_concurrent_trials: int | None,
     seed: int | None,
+    checkpoint_config: CheckpointConfig | None = None,
 ) -> runner.Experiment:
     """Every argument checked, and the trial plan made, before any service starts or any trial runs."""
     if mode not in (None, "min", "max"):
@@ -179,13 +232,19 @@ def _experiment(
     if stop is not None and not callable(stop) and not isinstance(stop, Mapping):
         raise TypeError(f'stop must be a dict like {{"training_iteration": 10}} or a function, got {stop!r}')
     sched = resolve_scheduler(scheduler)
-    sched.build(metric, mode)  # a scheduler without a metric/mode fails here, with the fix
+    sched.set_search_properties(metric, mode)  # a scheduler left without a metric/mode fails here, with the fix
     plan = plan_trial(trainable, resources_per_trial, dict(param_space))
     sampler: Sampler
     search = "random"
     if search_alg is not None:
         if not isinstance(search_alg, OptunaSearch):
             raise TypeError(f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...)")
+        for key, own, given in (("metric", search_alg.metric, metric), ("mode", search_alg.mode, mode)):
+            if own is not None and given is not None and own != given:
+                raise ValueError(
+                    f"OptunaSearch({key}={own!r}) and the experiment's {key}={given!r} differ: give {key} to the "
+                    "search algorithm or to tune.run / TuneConfig, not both"
+                )
         s_metric, s_mode = search_alg.metric or metric, search_alg.mode or mode
         if not s_metric or not s_mode:
             raise ValueError("OptunaSearch needs metric and mode: pass them to it, or to tune.run / TuneConfig")
@@ -193,10 +252,11 @@ def _experiment(
         sampler = SearchSampler(
             search_alg.space or param_space, num_samples=num_samples, metric=s_metric, mode=s_mode,
             seed=search_alg.seed if search_alg.seed is not None else seed,
+            n_startup_trials=search_alg.n_startup_trials,
         )
         search = "tpe (optuna)"
     else:
-        sampler = VariantSampler(param_space, num_samples)
+        sampler = VariantSampler(param_space, num_samples, seed=seed)
     varying = tuple(
         "/".join(path) for path, value in _leaves(dict(param_space)) if isinstance(value, Domain) or _is_grid(value)
     )
@@ -215,4 +275,5 @@ def _experiment(
         varying_names=tuple(v for v in varying if "/" not in v),
         searched=varying,
         search=search,
+        checkpoint_config=checkpoint_config,
     )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ddp_runtime import CheckpointConfig
 from ddp_runtime.cluster import cluster_client, groups_that_fit
 from sweepflow.flows.config import Settings
 from sweepflow.tasks.sweep.results import SweepResult
@@ -37,7 +38,7 @@ class Experiment:
     plan: TrialPlan
     sampler: Sampler
     name: str
-    scheduler: Any  # sweepflow.tune.schedulers settings object
+    scheduler: TrialScheduler  # with the experiment's metric/mode set
     metric: str | None = None
     mode: str | None = None
     stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
@@ -48,6 +49,7 @@ class Experiment:
     varying_names: tuple[str, ...] = ()  # searched top-level keys (trial names show them)
     searched: tuple[str, ...] = ()  # every searched path, "a/b" for nested keys (the trials table shows them)
     search: str = "random"
+    checkpoint_config: CheckpointConfig | None = None  # retention; None: the best by the metric and the latest
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -206,7 +208,7 @@ def _experiment_flow(
                 function: Callable[..., Any] = plan.function
                 if plan.config_key:
                     function = _ConfigUnder(function, plan.config_key)
-                inner = exp.scheduler.build(exp.metric, exp.mode)
+                inner = exp.scheduler
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=TrialTemplate(
@@ -221,6 +223,7 @@ def _experiment_flow(
                         seed=None,
                         varying_names=exp.varying_names,
                         max_failures=exp.max_failures,
+                        **_retention(exp.checkpoint_config),
                     ),
                     cluster=client,
                     tracker=tracker,
@@ -241,6 +244,17 @@ def _experiment_flow(
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
     return sweep, info
+
+
+def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:
+    """A Tune checkpoint config as the trial template's retention fields (none given: the template's)."""
+    if checkpoint is None:
+        return {}
+    return {
+        "checkpoints_to_keep": checkpoint.num_to_keep,
+        "checkpoint_score": checkpoint.checkpoint_score_attribute,
+        "checkpoint_score_mode": checkpoint.checkpoint_score_order if checkpoint.checkpoint_score_attribute else None,
+    }
 
 
 def _stop_iterations(stop: Any) -> int:

@@ -23,7 +23,8 @@ from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, TPESampler
 class Domain:
     """A hyperparameter's distribution."""
 
-    def sample(self, spec: Any) -> Any:
+    def sample(self, spec: Any, rng: Any = np.random) -> Any:
+        """One draw, from ``rng`` (a ``np.random.RandomState``; NumPy's global state by default, as in Ray)."""
         raise NotImplementedError
 
     def to_space(self) -> dict[str, Any]:
@@ -37,8 +38,8 @@ class Domain:
 class Categorical(Domain):
     categories: tuple[Any, ...]
 
-    def sample(self, spec: Any) -> Any:
-        return self.categories[int(np.random.randint(len(self.categories)))]
+    def sample(self, spec: Any, rng: Any = np.random) -> Any:
+        return self.categories[int(rng.randint(len(self.categories)))]
 
     def to_space(self) -> dict[str, Any]:
         return {"type": "choice", "values": list(self.categories)}
@@ -51,11 +52,11 @@ class Float(Domain):
     log: bool = False
     q: float | None = None
 
-    def sample(self, spec: Any) -> float:
+    def sample(self, spec: Any, rng: Any = np.random) -> float:
         if self.log:
-            value = float(math.exp(np.random.uniform(math.log(self.lower), math.log(self.upper))))
+            value = float(math.exp(rng.uniform(math.log(self.lower), math.log(self.upper))))
         else:
-            value = float(np.random.uniform(self.lower, self.upper))
+            value = float(rng.uniform(self.lower, self.upper))
         return float(np.round(value / self.q) * self.q) if self.q else value
 
     def to_space(self) -> dict[str, Any]:
@@ -70,10 +71,10 @@ class Integer(Domain):
     upper: int  # exclusive for randint, inclusive for qrandint (Ray's conventions)
     q: int | None = None
 
-    def sample(self, spec: Any) -> int:
+    def sample(self, spec: Any, rng: Any = np.random) -> int:
         if self.q:
-            return int(np.random.randint(-(-self.lower // self.q), self.upper // self.q + 1)) * self.q
-        return int(np.random.randint(self.lower, self.upper))
+            return int(rng.randint(-(-self.lower // self.q), self.upper // self.q + 1)) * self.q
+        return int(rng.randint(self.lower, self.upper))
 
     def to_space(self) -> dict[str, Any]:
         if self.q:
@@ -86,16 +87,16 @@ class Normal(Domain):
     mean: float = 0.0
     sd: float = 1.0
 
-    def sample(self, spec: Any) -> float:
-        return float(np.random.normal(self.mean, self.sd))
+    def sample(self, spec: Any, rng: Any = np.random) -> float:
+        return float(rng.normal(self.mean, self.sd))
 
 
 @dataclass(frozen=True)
 class Function(Domain):
     func: Callable[..., Any]
 
-    def sample(self, spec: Any) -> Any:
-        return self.func(spec)
+    def sample(self, spec: Any, rng: Any = np.random) -> Any:
+        return self.func(spec)  # the user's function draws from wherever it likes
 
 
 def choice(categories: Sequence[Any]) -> Categorical:
@@ -185,10 +186,11 @@ def _to_nested_namespace(config: Mapping[str, Any]) -> Any:
 class VariantSampler(Sampler):
     """Ray's ``BasicVariantGenerator``: ``num_samples`` passes over the cross product of the ``grid_search``
     values; in each config the random domains are drawn, then the ``sample_from`` functions are evaluated
-    (they see the rest of the trial's config). Draws use NumPy's global random state, as Ray's do: seed it
-    (``np.random.seed``) for a reproducible sweep."""
+    (they see the rest of the trial's config). With ``seed`` the domains draw from their own seeded state (the
+    same configs every time); without, from NumPy's global state, as Ray's do (``np.random.seed`` then
+    reproduces them). ``sample_from`` functions draw from wherever they like."""
 
-    def __init__(self, param_space: Mapping[str, Any], num_samples: int) -> None:
+    def __init__(self, param_space: Mapping[str, Any], num_samples: int, seed: int | None = None) -> None:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         self.param_space = dict(param_space)
@@ -199,6 +201,7 @@ class VariantSampler(Sampler):
         self._combos = list(itertools.product(*(values for _, values in self._grids)))
         self.total = num_samples * len(self._combos)
         self._asked = 0
+        self._rng: Any = np.random if seed is None else np.random.RandomState(seed)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         if self._asked >= self.total:
@@ -212,7 +215,7 @@ class VariantSampler(Sampler):
         functions = [(path, d) for path, d in self._domains if isinstance(d, Function)]
         for path, domain in self._domains:
             if not isinstance(domain, Function):
-                _set(config, path, domain.sample(None))
+                _set(config, path, domain.sample(None, self._rng))
         for path, domain in functions:  # dependent values last: they may read the others
             _set(config, path, domain.sample(SimpleNamespace(config=_to_nested_namespace(config))))
         self._asked += 1
@@ -223,7 +226,16 @@ class SearchSampler(Sampler):
     """A ``search_alg`` (e.g. ``OptunaSearch``) as the sweep's sampler: it proposes each config from the results
     told so far. Nested keys of the space are searched as ``"a/b"`` and given back nested."""
 
-    def __init__(self, param_space: Mapping[str, Any], *, num_samples: int, metric: str, mode: str, seed: int | None):
+    def __init__(
+        self,
+        param_space: Mapping[str, Any],
+        *,
+        num_samples: int,
+        metric: str,
+        mode: str,
+        seed: int | None,
+        n_startup_trials: int,
+    ):
         flat: dict[str, Any] = {}
         for path, value in _leaves(dict(param_space)):
             if _is_grid(value) or isinstance(value, Function):
@@ -232,7 +244,7 @@ class SearchSampler(Sampler):
                     "a search algorithm proposes values itself; use tune.choice/uniform/loguniform/randint instead"
                 )
             flat["/".join(path)] = value.to_space() if isinstance(value, Domain) else _constant(value)
-        self._tpe = TPESampler(flat, mode=mode, seed=seed, num_samples=num_samples)
+        self._tpe = TPESampler(flat, mode=mode, seed=seed, num_samples=num_samples, n_startup_trials=n_startup_trials)
         self.total = num_samples
 
     def ask(self) -> tuple[int, dict[str, Any]]:

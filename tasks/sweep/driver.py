@@ -52,6 +52,11 @@ class TrialTemplate:
     max_failures: int = 0
     hang_timeout_s: float | None = None  # ddp_runtime TorchConfig.hang_timeout_s of every trial's group
     system_metrics_interval_s: float = 0.0  # MLflow system metrics from each trial's rank 0; 0: off
+    # Checkpoint retention per trial: the best ``checkpoints_to_keep`` by ``checkpoint_score`` (default: the
+    # selection metric and mode), plus always the latest (a restart resumes from it); None keeps them all.
+    checkpoints_to_keep: int | None = 1
+    checkpoint_score: str | None = None
+    checkpoint_score_mode: str | None = None
 
     def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> TrialSpec:
         trial_id = f"trial_{index:04d}"
@@ -76,6 +81,9 @@ class TrialTemplate:
             max_failures=self.max_failures,
             hang_timeout_s=self.hang_timeout_s,
             system_metrics_interval_s=self.system_metrics_interval_s,
+            checkpoints_to_keep=self.checkpoints_to_keep,
+            checkpoint_score=self.checkpoint_score,
+            checkpoint_score_mode=self.checkpoint_score_mode,
             resume=resume,
         )
 

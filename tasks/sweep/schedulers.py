@@ -28,6 +28,7 @@ __all__ = [
     "CONTINUE",
     "STOP",
     "ASHAScheduler",
+    "AsyncHyperBandScheduler",
     "FIFOScheduler",
     "TrialScheduler",
     "make_scheduler",
@@ -52,8 +53,15 @@ class TrialScheduler:
     stopped; pass its last result) or ``on_trial_error`` (crashed).
     """
 
+    #: The ``time_attr`` at which a trial is complete (None: the trial decides, e.g. its epochs).
+    max_t: int | None = None
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
+
+    def set_search_properties(self, metric: str | None, mode: str | None) -> None:
+        """The experiment's metric and mode, for a scheduler built without them (as Ray's Tune passes them).
+        Raises, naming the fix, when the scheduler needs them and neither it nor the experiment has them."""
 
     def on_trial_add(self, trial_id: str) -> None:
         raise NotImplementedError
@@ -96,6 +104,9 @@ class FIFOScheduler(TrialScheduler):
     def debug_string(self) -> str:
         with self._lock:
             return f"FIFOScheduler: {len(self._live)} live trials"
+
+    def __repr__(self) -> str:
+        return "FIFOScheduler()"
 
 
 def _is_number(value: Any) -> bool:
@@ -140,15 +151,19 @@ class ASHAScheduler(TrialScheduler):
 
     def __init__(
         self,
-        metric: str,
-        mode: str,
-        max_t: int,
+        time_attr: str = "training_iteration",
+        metric: str | None = None,
+        mode: str | None = None,
+        max_t: int = 100,
         grace_period: int = 1,
         reduction_factor: float = 4,
-        time_attr: str = "training_iteration",
+        brackets: int = 1,
+        stop_last_trials: bool = True,
     ) -> None:
+        """Ray Tune's arguments and defaults. ``metric``/``mode`` may come later from the experiment
+        (``set_search_properties``); every number is checked now, before any trial runs."""
         super().__init__()
-        if not isinstance(metric, str) or not metric:
+        if metric is not None and (not isinstance(metric, str) or not metric):
             raise ValueError(
                 f"ASHAScheduler: metric must be the non-empty name of a reported metric, got {metric!r}"
             )
@@ -157,9 +172,16 @@ class ASHAScheduler(TrialScheduler):
                 f"ASHAScheduler: time_attr must be the non-empty name of a reported, monotonically "
                 f"increasing value (e.g. 'training_iteration'), got {time_attr!r}"
             )
-        if mode not in ("min", "max"):
+        if mode not in (None, "min", "max"):
             raise ValueError(
-                f"ASHAScheduler: mode must be 'min' (e.g. for a loss) or 'max' (e.g. for accuracy), got {mode!r}"
+                f"ASHAScheduler: mode must be 'min' or 'max' ('min' for a loss, 'max' for accuracy), got {mode!r}"
+            )
+        if brackets != 1:
+            raise ValueError(f"ASHAScheduler(brackets={brackets!r}): only one bracket is supported; use brackets=1")
+        if stop_last_trials is not True:
+            raise ValueError(
+                f"ASHAScheduler(stop_last_trials={stop_last_trials!r}): a trial always stops at max_t here; "
+                "leave stop_last_trials=True and raise max_t to train longer"
             )
         for name, value in (
             ("max_t", max_t),
@@ -189,8 +211,6 @@ class ASHAScheduler(TrialScheduler):
         self.grace_period = grace_period
         self.reduction_factor = reduction_factor
         self.time_attr = time_attr
-        # Internally the metric is maximised (Ray's metric_op): min-mode values are negated.
-        self._sign = 1.0 if mode == "max" else -1.0
 
         # Ray's formula, float rounding included (np.log, int truncation), so the rungs match exactly.
         num_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
@@ -201,6 +221,32 @@ class ASHAScheduler(TrialScheduler):
         self._live: set[str] = set()
         self._num_stopped = 0
 
+    def set_search_properties(self, metric: str | None, mode: str | None) -> None:
+        """The experiment's metric/mode fill what the scheduler was built without; two different ones are
+        refused (as in Ray), since only one of them could be used."""
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        for name, own, given in (("metric", self.metric, metric), ("mode", self.mode, mode)):
+            if own is not None and given is not None and own != given:
+                raise ValueError(
+                    f"ASHAScheduler({name}={own!r}) and the experiment's {name}={given!r} differ: give {name} "
+                    "to the scheduler or to tune.run / TuneConfig, not both"
+                )
+        metric, mode = self.metric or metric, self.mode or mode
+        if not metric or not mode:
+            raise ValueError(
+                "ASHAScheduler needs the metric to compare trials by and its mode: pass metric=... and mode='min' "
+                "or 'max' to the scheduler, or to tune.run / TuneConfig"
+            )
+        self.metric, self.mode = metric, mode
+
+    @property
+    def _sign(self) -> float:
+        """Internally the metric is maximised (Ray's metric_op): min-mode values are negated."""
+        if self.metric is None or self.mode is None:
+            self.set_search_properties(None, None)  # raises, with the fix
+        return 1.0 if self.mode == "max" else -1.0
+
     @property
     def milestones(self) -> list[float]:
         """The rung milestones in ascending order, e.g. ``[1, 2, 4]`` for grace 1, rf 2, max_t 4.
@@ -210,6 +256,7 @@ class ASHAScheduler(TrialScheduler):
         return [m for m, _ in reversed(self._rungs)]
 
     def _time_and_value(self, trial_id: str, result: Mapping[str, Any]) -> tuple[float, float]:
+        sign = self._sign  # raises when no metric/mode was ever given
         for key in (self.metric, self.time_attr):
             if key not in result:
                 raise ValueError(
@@ -224,7 +271,7 @@ class ASHAScheduler(TrialScheduler):
                 f"ASHAScheduler: trial {trial_id!r} reported non-numeric {self.metric!r}="
                 f"{result[self.metric]!r} or {self.time_attr!r}={result[self.time_attr]!r}"
             ) from exc
-        return time, self._sign * value
+        return time, sign * value
 
     def _record(self, trial_id: str, time: float, value: float) -> Decision:
         """Ray's ``_Bracket.on_result``: decide at (and record into) the highest rung reached, once."""
@@ -300,6 +347,16 @@ class ASHAScheduler(TrialScheduler):
                 f"t={m:g}: n={len(rec)} cutoff={cutoffs[m]}" for m, rec in reversed(self._rungs)
             )
             return f"ASHAScheduler({self.metric}, {self.mode}): num_stopped={self._num_stopped}; {rungs}"
+
+    def __repr__(self) -> str:
+        return (
+            f"ASHAScheduler(metric={self.metric!r}, mode={self.mode!r}, max_t={self.max_t}, "
+            f"grace_period={self.grace_period}, reduction_factor={self.reduction_factor})"
+        )
+
+
+#: Ray's other name for the same algorithm (``ASHAScheduler`` is its alias there).
+AsyncHyperBandScheduler = ASHAScheduler
 
 
 _ASHA_KEYS = ("metric", "mode", "max_t", "grace_period", "reduction_factor", "time_attr")

@@ -82,6 +82,9 @@ class TrialSpec:
     max_failures: int = 0
     hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
     system_metrics_interval_s: float = 0.0  # MLflow system metrics from rank 0 (needs a tracking server)
+    checkpoints_to_keep: int | None = 1  # the best this many by checkpoint_score, plus the latest; None: all
+    checkpoint_score: str | None = None  # None: the selection metric
+    checkpoint_score_mode: str | None = None  # None: the selection mode
     resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
 
     @property
@@ -414,9 +417,9 @@ class _TrialRun:
                 storage_path=storage,
                 storage_options=self.rt.storage_options,
                 checkpoint_config=train.CheckpointConfig(
-                    num_to_keep=1,  # plus the latest, always kept
-                    checkpoint_score_attribute=spec.selection_metric,
-                    checkpoint_score_order=spec.selection_mode,
+                    num_to_keep=spec.checkpoints_to_keep,  # plus the latest, always kept
+                    checkpoint_score_attribute=spec.checkpoint_score or spec.selection_metric,
+                    checkpoint_score_order=spec.checkpoint_score_mode or spec.selection_mode,
                 ),
                 failure_config=train.FailureConfig(max_failures=spec.max_failures),
             ),

@@ -17,6 +17,11 @@ class OptunaSearch:
     ) -> None:
         if mode not in (None, "min", "max"):
             raise ValueError(f"OptunaSearch(mode={mode!r}): mode must be 'min' or 'max'")
+        if isinstance(n_startup_trials, bool) or not isinstance(n_startup_trials, int) or n_startup_trials < 0:
+            raise ValueError(
+                f"OptunaSearch(n_startup_trials={n_startup_trials!r}): give how many trials are sampled at random "
+                "before TPE models the results, an int >= 0"
+            )
         self.space = space
         self.metric = metric
         self.mode = mode
@@ -24,4 +29,7 @@ class OptunaSearch:
         self.n_startup_trials = n_startup_trials
 
     def __repr__(self) -> str:
-        return f"OptunaSearch(metric={self.metric!r}, mode={self.mode!r}, seed={self.seed})"
+        return (
+            f"OptunaSearch(metric={self.metric!r}, mode={self.mode!r}, seed={self.seed}, "
+            f"n_startup_trials={self.n_startup_trials})"
+        )

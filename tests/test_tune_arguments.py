@@ -1,0 +1,262 @@
+"""No silently dropped argument: every argument that ``tune.run``, ``TuneConfig``, ``RunConfig``, ``OptunaSearch``
+and ``ASHAScheduler`` accept either changes what the experiment runs or is refused with a message naming it.
+
+What an experiment runs is planned, and checked, before any service starts: the planned ``Experiment`` is caught
+where it would be handed to the runner, and compared with the plan of a call that differs in that one argument
+(the trials proposed, with results told back, included). Arguments that act after the run (the trials table,
+raising for failed trials) are checked on a finished experiment's analysis. A new argument without a probe here
+fails ``test_every_accepted_argument_has_a_probe``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ddp_runtime as train
+from sweepflow import tune
+from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+from sweepflow.tune import api, runner
+from sweepflow.tune.progress import CLIReporter
+from sweepflow.tune.results import ExperimentAnalysis
+from sweepflow.tune.schedulers import ASHAScheduler
+from sweepflow.tune.search.optuna import OptunaSearch
+
+
+def trainable(config):
+    tune.report(loss=config["a"])
+
+
+def other_trainable(config):
+    tune.report(loss=config["a"] * 2)
+
+
+SPACE = {"a": tune.uniform(0, 1), "b": tune.choice([1, 2, 3])}
+RUN = {"config": SPACE, "num_samples": 4, "metric": "loss", "mode": "min", "name": "probe", "verbose": 0}
+
+
+class _Planned(Exception):
+    def __init__(self, experiment: runner.Experiment) -> None:
+        super().__init__("planned")
+        self.experiment = experiment
+
+
+@pytest.fixture
+def plan(monkeypatch):
+    """Calls a Tune entry point and returns the experiment it would run, stopping where the run would start."""
+
+    def stop_before_work(experiment: runner.Experiment) -> Any:
+        raise _Planned(experiment)
+
+    monkeypatch.setattr(runner, "run", stop_before_work)
+
+    def planned(call) -> dict[str, Any]:
+        np.random.seed(0)  # draws from NumPy's global state are the same in both calls being compared
+        with pytest.raises(_Planned) as caught:
+            call()
+        return _fingerprint(caught.value.experiment)
+
+    return planned
+
+
+def _state(obj: Any) -> Any:
+    return {k: repr(v) for k, v in sorted(vars(obj).items()) if k != "_lock"}
+
+
+def _fingerprint(exp: runner.Experiment) -> dict[str, Any]:
+    """Everything the experiment will do: its fields, its scheduler's state, and the first trials its sampler
+    proposes when each trial's result is told back (what a search algorithm's settings change)."""
+    proposals = []
+    for _ in range(min(exp.sampler.total, 6)):
+        number, config = exp.sampler.ask()
+        proposals.append(config)
+        exp.sampler.tell(number, float(config["a"]))
+    plan = exp.plan
+    fields = {f.name: repr(getattr(exp, f.name)) for f in dataclasses.fields(exp) if f.name not in ("plan", "sampler")}
+    return {
+        **fields,
+        "scheduler": _state(exp.scheduler),
+        "proposals": proposals,
+        "total": exp.sampler.total,
+        "trainable": getattr(plan.function, "fn", plan.function),
+        "plan": (plan.name, plan.num_ranks, plan.resources, plan.config_key, plan.base_config, sorted(plan.parameters)),
+    }
+
+
+def _run(**changes: Any):
+    return lambda: tune.run(trainable, **{**RUN, **changes})
+
+
+def _tuner(tune_config: dict[str, Any] | None = None, run_config: dict[str, Any] | None = None, **kwargs: Any):
+    tc = {"metric": "loss", "mode": "min", "num_samples": 4, **(tune_config or {})}
+    rc = {"name": "probe", "verbose": 0, **(run_config or {})}
+    return lambda: tune.Tuner(
+        kwargs.get("trainable", trainable),
+        param_space=kwargs.get("param_space", SPACE),
+        tune_config=tune.TuneConfig(**tc),
+        run_config=tune.RunConfig(**rc),
+    ).fit()
+
+
+# (entry point, argument) -> (the baseline call, the call with that one argument changed). "refused": the
+# changed call must raise ValueError/TypeError naming the argument. "after": checked after a run, below.
+_OPTUNA = {"seed": 0, "n_startup_trials": 1}
+PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
+    ("run", "run_or_experiment"): (_run(), lambda: tune.run(other_trainable, **RUN)),
+    ("run", "name"): (_run(), _run(name="other")),
+    ("run", "metric"): (_run(), _run(metric="acc")),
+    ("run", "mode"): (_run(), _run(mode="max")),
+    ("run", "stop"): (_run(), _run(stop={"training_iteration": 2})),
+    ("run", "time_budget_s"): (_run(), _run(time_budget_s=60.0)),
+    ("run", "config"): (_run(), _run(config={"a": tune.uniform(5, 6)})),
+    ("run", "resources_per_trial"): (_run(), _run(resources_per_trial={"cpu": 1})),
+    ("run", "num_samples"): (_run(), _run(num_samples=2)),
+    ("run", "local_dir"): (_run(), _run(local_dir="/tmp/elsewhere")),
+    ("run", "storage_path"): (_run(), _run(storage_path="/tmp/elsewhere")),
+    ("run", "search_alg"): (_run(), _run(search_alg=OptunaSearch(seed=0))),
+    ("run", "scheduler"): (_run(), _run(scheduler=ASHAScheduler(max_t=4))),
+    ("run", "keep_checkpoints_num"): (_run(), _run(keep_checkpoints_num=3)),
+    ("run", "checkpoint_score_attr"): (_run(), _run(checkpoint_score_attr="min-val_loss")),
+    ("run", "max_failures"): (_run(), _run(max_failures=2)),
+    ("run", "max_concurrent_trials"): (_run(), _run(max_concurrent_trials=1)),
+    ("run", "seed"): (_run(), _run(seed=1)),
+    ("TuneConfig", "metric"): (_tuner(), _tuner({"metric": "acc"})),
+    ("TuneConfig", "mode"): (_tuner(), _tuner({"mode": "max"})),
+    ("TuneConfig", "search_alg"): (_tuner(), _tuner({"search_alg": OptunaSearch(seed=0)})),
+    ("TuneConfig", "scheduler"): (_tuner(), _tuner({"scheduler": ASHAScheduler(max_t=4)})),
+    ("TuneConfig", "num_samples"): (_tuner(), _tuner({"num_samples": 2})),
+    ("TuneConfig", "max_concurrent_trials"): (_tuner(), _tuner({"max_concurrent_trials": 1})),
+    ("TuneConfig", "time_budget_s"): (_tuner(), _tuner({"time_budget_s": 60.0})),
+    ("TuneConfig", "seed"): (_tuner(), _tuner({"seed": 1})),
+    ("RunConfig", "name"): (_tuner(), _tuner(run_config={"name": "other"})),
+    ("RunConfig", "storage_path"): (_tuner(), _tuner(run_config={"storage_path": "/tmp/elsewhere"})),
+    ("RunConfig", "stop"): (_tuner(), _tuner(run_config={"stop": {"training_iteration": 2}})),
+    ("RunConfig", "failure_config"): (
+        _tuner(),
+        _tuner(run_config={"failure_config": train.FailureConfig(max_failures=2)}),
+    ),
+    ("RunConfig", "checkpoint_config"): (
+        _tuner(),
+        _tuner(run_config={"checkpoint_config": train.CheckpointConfig(num_to_keep=3)}),
+    ),
+    ("OptunaSearch", "space"): (
+        _run(search_alg=OptunaSearch(**_OPTUNA)),
+        _run(search_alg=OptunaSearch(space={"a": tune.uniform(5, 6)}, **_OPTUNA)),
+    ),
+    ("OptunaSearch", "metric"): (
+        _run(metric=None, mode=None, search_alg=OptunaSearch(metric="loss", mode="min", **_OPTUNA)),
+        _run(metric=None, mode=None, search_alg=OptunaSearch(metric="acc", mode="min", **_OPTUNA)),
+    ),
+    ("OptunaSearch", "mode"): (
+        _run(metric=None, mode=None, search_alg=OptunaSearch(metric="loss", mode="min", **_OPTUNA)),
+        _run(metric=None, mode=None, search_alg=OptunaSearch(metric="loss", mode="max", **_OPTUNA)),
+    ),
+    ("OptunaSearch", "seed"): (
+        _run(search_alg=OptunaSearch(**_OPTUNA)),
+        _run(search_alg=OptunaSearch(seed=1, n_startup_trials=1)),
+    ),
+    ("OptunaSearch", "n_startup_trials"): (
+        _run(search_alg=OptunaSearch(**_OPTUNA)),
+        _run(search_alg=OptunaSearch(seed=0, n_startup_trials=4)),
+    ),
+    ("ASHAScheduler", "time_attr"): (
+        _run(scheduler=ASHAScheduler(max_t=4)),
+        _run(scheduler=ASHAScheduler(max_t=4, time_attr="epoch")),
+    ),
+    ("ASHAScheduler", "metric"): (
+        _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="acc", mode="min")),
+    ),
+    ("ASHAScheduler", "mode"): (
+        _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="loss", mode="max")),
+    ),
+    ("ASHAScheduler", "max_t"): (_run(scheduler=ASHAScheduler()), _run(scheduler=ASHAScheduler(max_t=4))),
+    ("ASHAScheduler", "grace_period"): (
+        _run(scheduler=ASHAScheduler()),
+        _run(scheduler=ASHAScheduler(grace_period=2)),
+    ),
+    ("ASHAScheduler", "reduction_factor"): (
+        _run(scheduler=ASHAScheduler()),
+        _run(scheduler=ASHAScheduler(reduction_factor=2)),
+    ),
+}
+
+REFUSED: dict[tuple[str, str], Any] = {
+    ("run", "checkpoint_at_end"): _run(checkpoint_at_end=True),
+    ("run", "checkpoint_freq"): _run(checkpoint_freq=2),
+    ("ASHAScheduler", "brackets"): lambda: ASHAScheduler(brackets=3),
+    ("ASHAScheduler", "stop_last_trials"): lambda: ASHAScheduler(stop_last_trials=False),
+    # Given twice with different values: only one could be used.
+    ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
+    ("ASHAScheduler", "mode+run"): _run(scheduler=ASHAScheduler(mode="max")),
+}
+
+# Applied to the finished experiment: see test_arguments_applied_after_the_run.
+AFTER = {("run", "verbose"), ("run", "progress_reporter"), ("run", "raise_on_failed_trial")}
+AFTER |= {("RunConfig", "verbose"), ("RunConfig", "progress_reporter")}
+
+
+def _accepted() -> set[tuple[str, str]]:
+    entry_points = {
+        "run": tune.run,
+        "TuneConfig": tune.TuneConfig,
+        "RunConfig": tune.RunConfig,
+        "OptunaSearch": OptunaSearch,
+        "ASHAScheduler": ASHAScheduler,
+    }
+    return {
+        (where, name)
+        for where, fn in entry_points.items()
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name != "self"
+    }
+
+
+def test_every_accepted_argument_has_a_probe():
+    probed = set(PLANNED) | {key for key in REFUSED if "+" not in key[1]} | AFTER
+    assert _accepted() - probed == set(), "add a probe for each new argument (an effect, or a refusal)"
+    assert probed - _accepted() == set(), "a probe names an argument that is no longer accepted"
+
+
+@pytest.mark.parametrize("key", sorted(PLANNED), ids=lambda k: f"{k[0]}.{k[1]}")
+def test_each_argument_changes_the_planned_experiment(plan, key):
+    baseline, changed = PLANNED[key]
+    assert plan(baseline) == plan(baseline), "the baseline must plan the same experiment twice (a seeded probe)"
+    assert plan(changed) != plan(baseline), f"{key[0]}({key[1]}=...) was accepted and changed nothing"
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED), ids=lambda k: f"{k[0]}.{k[1]}")
+def test_arguments_without_an_effect_here_are_refused_by_name(plan, key):
+    name = key[1].split("+")[0]
+    with pytest.raises((ValueError, TypeError), match=name):
+        REFUSED[key]()
+
+
+def _finished(status: TrialStatus, error: str | None = None) -> ExperimentAnalysis:
+    result = TrialResult(
+        trial_id="trial_0000", index=0, name="trial_0000", config={"a": 0.5}, status=status,
+        last={"loss": 0.5, "training_iteration": 1}, error=error,
+    )
+    return ExperimentAnalysis([result], metric="loss", mode="min", info={})
+
+
+def test_arguments_applied_after_the_run(capsys):
+    done = _finished(TrialStatus.COMPLETED)
+    api.finish(done, ("a",), verbose=1, progress_reporter=None, raise_on_failed_trial=True)
+    assert "trial_0000" in capsys.readouterr().out
+    api.finish(done, ("a",), verbose=0, progress_reporter=None, raise_on_failed_trial=True)
+    assert capsys.readouterr().out == ""  # verbose=0: no table
+
+    reporter = CLIReporter(metric_columns={"loss": "LOSS-COLUMN"})
+    api.finish(done, ("a",), verbose=1, progress_reporter=reporter, raise_on_failed_trial=True)
+    assert "LOSS-COLUMN" in capsys.readouterr().out  # the user's reporter drew the table
+
+    failed = _finished(TrialStatus.FAILED, error="RuntimeError: boom")
+    with pytest.raises(runner.TuneError, match="trial_0000.*boom"):
+        api.finish(failed, (), verbose=0, progress_reporter=None, raise_on_failed_trial=True)
+    assert api.finish(failed, (), verbose=0, progress_reporter=None, raise_on_failed_trial=False) is failed
