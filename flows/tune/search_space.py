@@ -1,148 +1,91 @@
 """Ray Tune's search space helpers (``tune.choice``, ``loguniform``, ``grid_search``, ``sample_from`` ...) and the
 sampler that resolves a ``param_space`` into trial configs the way Ray's ``BasicVariantGenerator`` does.
 
-Unlike the pipeline's spaces (plain data, for deployment parameters), these are Python objects: a script's
-``tune.run`` samples them in its own process. ``sample_from`` functions may read the values already resolved
-for the trial (``spec.config.other_param``), as in Ray.
+The helpers return the sweep's own domains (``sweepflow.tasks.sweep.space``): one vocabulary for a script's
+``tune.run`` and a deployment's ``search_space`` data (``tune.loguniform(1e-4, 1e-1)`` is the domain that
+``{"type": "loguniform", "low": 1e-4, "high": 1e-1}`` parses to). ``sample_from`` functions may read the values
+already resolved for the trial (``spec.config.other_param``), as in Ray.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, TPESampler
+from sweepflow.tasks.sweep.space import (
+    _RANDOM_DOMAINS,
+    Choice,
+    Constant,
+    LogUniform,
+    Normal,
+    QRandInt,
+    QUniform,
+    RandInt,
+    SampleFrom,
+    SearchSpace,
+    Uniform,
+)
+
+#: What a value drawn per trial is (``isinstance(value, Domain)``): every domain the helpers below return.
+Domain = _RANDOM_DOMAINS
 
 
-class Domain:
-    """A hyperparameter's distribution."""
-
-    def sample(self, spec: Any, rng: Any = np.random) -> Any:
-        """One draw, from ``rng`` (a ``np.random.RandomState``; NumPy's global state by default, as in Ray)."""
-        raise NotImplementedError
-
-    def to_space(self) -> dict[str, Any]:
-        """This domain as the pipeline's space data (what TPE searches)."""
-        raise ValueError(
-            f"{self!r} cannot be searched by OptunaSearch; use tune.choice/uniform/loguniform/randint/qrandint"
-        )
-
-
-@dataclass(frozen=True)
-class Categorical(Domain):
-    categories: tuple[Any, ...]
-
-    def sample(self, spec: Any, rng: Any = np.random) -> Any:
-        return self.categories[int(rng.randint(len(self.categories)))]
-
-    def to_space(self) -> dict[str, Any]:
-        return {"type": "choice", "values": list(self.categories)}
-
-
-@dataclass(frozen=True)
-class Float(Domain):
-    lower: float
-    upper: float
-    log: bool = False
-    q: float | None = None
-
-    def sample(self, spec: Any, rng: Any = np.random) -> float:
-        if self.log:
-            value = float(math.exp(rng.uniform(math.log(self.lower), math.log(self.upper))))
-        else:
-            value = float(rng.uniform(self.lower, self.upper))
-        return float(np.round(value / self.q) * self.q) if self.q else value
-
-    def to_space(self) -> dict[str, Any]:
-        if self.q:
-            return super().to_space()
-        return {"type": "loguniform" if self.log else "uniform", "low": self.lower, "high": self.upper}
-
-
-@dataclass(frozen=True)
-class Integer(Domain):
-    lower: int
-    upper: int  # exclusive for randint, inclusive for qrandint (Ray's conventions)
-    q: int | None = None
-
-    def sample(self, spec: Any, rng: Any = np.random) -> int:
-        if self.q:
-            return int(rng.randint(-(-self.lower // self.q), self.upper // self.q + 1)) * self.q
-        return int(rng.randint(self.lower, self.upper))
-
-    def to_space(self) -> dict[str, Any]:
-        if self.q:
-            return {"type": "qrandint", "low": self.lower, "high": self.upper, "q": self.q}
-        return {"type": "randint", "low": self.lower, "high": self.upper}
-
-
-@dataclass(frozen=True)
-class Normal(Domain):
-    mean: float = 0.0
-    sd: float = 1.0
-
-    def sample(self, spec: Any, rng: Any = np.random) -> float:
-        return float(rng.normal(self.mean, self.sd))
-
-
-@dataclass(frozen=True)
-class Function(Domain):
-    func: Callable[..., Any]
-
-    def sample(self, spec: Any, rng: Any = np.random) -> Any:
-        return self.func(spec)  # the user's function draws from wherever it likes
-
-
-def choice(categories: Sequence[Any]) -> Categorical:
+def choice(categories: Sequence[Any]) -> Choice:
     if len(categories) == 0:
         raise ValueError("tune.choice needs at least one category")
-    return Categorical(tuple(categories))
+    return Choice(tuple(categories))
 
 
-def uniform(lower: float, upper: float) -> Float:
+def uniform(lower: float, upper: float) -> Uniform:
     _check_range("uniform", lower, upper)
-    return Float(float(lower), float(upper))
+    return Uniform(float(lower), float(upper))
 
 
-def quniform(lower: float, upper: float, q: float) -> Float:
+def quniform(lower: float, upper: float, q: float) -> QUniform:
     _check_range("quniform", lower, upper)
-    return Float(float(lower), float(upper), q=float(q))
+    if not q > 0:
+        raise ValueError(f"tune.quniform(lower, upper, q) needs q > 0, got q={q}")
+    return QUniform(float(lower), float(upper), float(q))
 
 
-def loguniform(lower: float, upper: float, base: float = 10) -> Float:
+def loguniform(lower: float, upper: float, base: float = 10) -> LogUniform:
+    """``base`` is accepted as in Ray; the distribution is the same for every base."""
     _check_range("loguniform", lower, upper)
     if lower <= 0:
         raise ValueError(f"tune.loguniform needs 0 < lower < upper, got lower={lower}")
-    return Float(float(lower), float(upper), log=True)
+    return LogUniform(float(lower), float(upper))
 
 
 def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
+    if not sd > 0:
+        raise ValueError(f"tune.randn(mean, sd) needs sd > 0, got sd={sd}")
     return Normal(float(mean), float(sd))
 
 
-def randint(lower: int, upper: int) -> Integer:
+def randint(lower: int, upper: int) -> RandInt:
     """An integer in [lower, upper) (upper exclusive, as Ray's)."""
     _check_range("randint", lower, upper)
-    return Integer(int(lower), int(upper))
+    return RandInt(int(lower), int(upper))
 
 
-def qrandint(lower: int, upper: int, q: int = 1) -> Integer:
+def qrandint(lower: int, upper: int, q: int = 1) -> QRandInt:
     """A multiple of ``q`` in [lower, upper] (upper inclusive, as Ray's)."""
     _check_range("qrandint", lower, upper)
-    return Integer(int(lower), int(upper), q=int(q))
+    if int(q) < 1:
+        raise ValueError(f"tune.qrandint(lower, upper, q) needs q >= 1, got q={q}")
+    return QRandInt(int(lower), int(upper), int(q))
 
 
-def sample_from(func: Callable[..., Any]) -> Function:
+def sample_from(func: Callable[..., Any]) -> SampleFrom:
     """A value computed per trial by ``func(spec)``; ``spec.config`` holds the trial's other resolved values."""
     if not callable(func):
         raise TypeError(f"tune.sample_from takes a function, got {type(func).__name__}")
-    return Function(func)
+    return SampleFrom(func)
 
 
 def grid_search(values: Sequence[Any]) -> dict[str, list[Any]]:
@@ -201,7 +144,7 @@ class VariantSampler(Sampler):
         self._combos = list(itertools.product(*(values for _, values in self._grids)))
         self.total = num_samples * len(self._combos)
         self._asked = 0
-        self._rng: Any = np.random if seed is None else np.random.RandomState(seed)
+        self._seeded = None if seed is None else np.random.default_rng(seed)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         if self._asked >= self.total:
@@ -212,12 +155,14 @@ class VariantSampler(Sampler):
             _set(config, path, value)
         for (path, _), value in zip(self._grids, combo, strict=True):
             _set(config, path, value)
-        functions = [(path, d) for path, d in self._domains if isinstance(d, Function)]
+        # Unseeded, each trial's draws come from NumPy's global state (as in Ray: np.random.seed reproduces them).
+        rng = self._seeded or np.random.default_rng(np.random.randint(2**32, dtype=np.uint64))
+        functions = [(path, d) for path, d in self._domains if isinstance(d, SampleFrom)]
         for path, domain in self._domains:
-            if not isinstance(domain, Function):
-                _set(config, path, domain.sample(None, self._rng))
+            if not isinstance(domain, SampleFrom):
+                _set(config, path, domain.sample(rng))
         for path, domain in functions:  # dependent values last: they may read the others
-            _set(config, path, domain.sample(SimpleNamespace(config=_to_nested_namespace(config))))
+            _set(config, path, domain.sample(rng, SimpleNamespace(config=_to_nested_namespace(config))))
         self._asked += 1
         return self._asked - 1, _ordered_like(self.param_space, config)
 
@@ -236,15 +181,17 @@ class SearchSampler(Sampler):
         seed: int | None,
         n_startup_trials: int,
     ):
-        flat: dict[str, Any] = {}
+        params: list[tuple[str, Any]] = []
         for path, value in _leaves(dict(param_space)):
-            if _is_grid(value) or isinstance(value, Function):
+            if _is_grid(value) or isinstance(value, SampleFrom):
                 raise ValueError(
                     f"search_alg cannot search {'/'.join(path)!r} ({'grid_search' if _is_grid(value) else 'sample_from'}): "
                     "a search algorithm proposes values itself; use tune.choice/uniform/loguniform/randint instead"
                 )
-            flat["/".join(path)] = value.to_space() if isinstance(value, Domain) else _constant(value)
-        self._tpe = TPESampler(flat, mode=mode, seed=seed, num_samples=num_samples, n_startup_trials=n_startup_trials)
+            params.append(("/".join(path), value if isinstance(value, Domain) else Constant(value)))
+        self._tpe = TPESampler(
+            SearchSpace(tuple(params)), mode=mode, seed=seed, num_samples=num_samples, n_startup_trials=n_startup_trials
+        )
         self.total = num_samples
 
     def ask(self) -> tuple[int, dict[str, Any]]:
@@ -266,10 +213,6 @@ def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str,
             nested = isinstance(value, Mapping) and "grid_search" not in value
             out[key] = _ordered_like(value, config[key]) if nested else config[key]
     return out
-
-
-def _constant(value: Any) -> Any:
-    return {"type": "constant", "value": value} if isinstance(value, dict) else value
 
 
 def flat_params(config: Mapping[str, Any]) -> dict[str, Any]:

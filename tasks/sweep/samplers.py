@@ -255,6 +255,11 @@ class TPESampler(Sampler):
                 self._distributions[name] = optuna.distributions.CategoricalDistribution(
                     range(len(dom.values))
                 )
+            elif not isinstance(dom, Constant):
+                raise ValueError(
+                    f"{name}: {type(dom).__name__} cannot be searched by TPE (OptunaSearch); use "
+                    "choice/uniform/loguniform/randint/qrandint/pow2, or the random sampler"
+                )
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._study = optuna.create_study(
             direction="maximize" if mode == "max" else "minimize",

@@ -17,6 +17,13 @@ constant). The domain types are::
     {"type": "qrandint", "low": a, "high": b, "q": q}
                                                    multiple of q in [a, b] (inclusive, like tune.qrandint)
     {"type": "pow2", "low": 4, "high": 256}        power of two in [low, high], uniform over exponents
+    {"type": "quniform", "low": a, "high": b, "q": q}
+                                                   float in [a, b) rounded to a multiple of q
+    {"type": "randn", "mean": m, "sd": s}          float from a normal distribution
+
+These domains are also what ``sweepflow.tune``'s ``tune.choice``/``uniform``/``loguniform``/``randint``/
+``qrandint``/``quniform``/``randn`` return, so a script's space and a deployment's space are one vocabulary. Only
+``tune.sample_from`` (:class:`SampleFrom`, a Python function) has no data form.
 
 This module deliberately imports nothing heavier than numpy, so that it can be used (and tested)
 without Prefect, MLflow, torch or Dask.
@@ -39,9 +46,12 @@ __all__ = [
     "Domain",
     "Grid",
     "LogUniform",
+    "Normal",
     "Pow2",
     "QRandInt",
+    "QUniform",
     "RandInt",
+    "SampleFrom",
     "SearchSpace",
     "Uniform",
     "describe_trial",
@@ -213,10 +223,59 @@ class Pow2:
         return {"type": "pow2", "low": self.low, "high": self.high}
 
 
-Domain: TypeAlias = Constant | Choice | Grid | Uniform | LogUniform | RandInt | QRandInt | Pow2
+@dataclass(frozen=True)
+class QUniform:
+    """A float drawn uniformly from ``[low, high)``, rounded to a multiple of ``q`` (Ray's ``tune.quniform``)."""
 
-_RANDOM_DOMAINS = (Choice, Uniform, LogUniform, RandInt, QRandInt, Pow2)
-_CONTINUOUS_DOMAINS = (Uniform, LogUniform)
+    low: float
+    high: float
+    q: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(np.round(float(rng.uniform(self.low, self.high)) / self.q) * self.q)
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "quniform", "low": self.low, "high": self.high, "q": self.q}
+
+
+@dataclass(frozen=True)
+class Normal:
+    """A float from a normal distribution (Ray's ``tune.randn``)."""
+
+    mean: float
+    sd: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.normal(self.mean, self.sd))
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"type": "randn", "mean": self.mean, "sd": self.sd}
+
+
+@dataclass(frozen=True)
+class SampleFrom:
+    """A value a Python function computes for each trial (Ray's ``tune.sample_from``): it gets the trial's spec,
+    whose ``spec.config`` holds the trial's other values. A function is not data, so it has no raw form."""
+
+    func: Any  # Callable[[spec], Any]
+
+    def sample(self, rng: np.random.Generator, spec: Any = None) -> Any:
+        return self.func(spec)  # the function draws from wherever it likes
+
+    def to_raw(self) -> dict[str, Any]:
+        raise ValueError(
+            f"tune.sample_from({getattr(self.func, '__name__', self.func)!r}) is a Python function: it cannot be "
+            "written as data (a deployment parameter) or searched by a search algorithm; use a domain such as "
+            '{"type": "pow2", ...} or {"type": "choice", ...} instead'
+        )
+
+
+Domain: TypeAlias = (
+    Constant | Choice | Grid | Uniform | LogUniform | RandInt | QRandInt | Pow2 | QUniform | Normal | SampleFrom
+)
+
+_RANDOM_DOMAINS = (Choice, Uniform, LogUniform, RandInt, QRandInt, Pow2, QUniform, Normal, SampleFrom)
+_CONTINUOUS_DOMAINS = (Uniform, LogUniform, QUniform, Normal, SampleFrom)
 
 
 @dataclass(frozen=True)
@@ -271,6 +330,8 @@ _SPEC_KEYS: dict[str, tuple[str, ...]] = {
     "randint": ("low", "high"),
     "qrandint": ("low", "high", "q"),
     "pow2": ("low", "high"),
+    "quniform": ("low", "high", "q"),
+    "randn": ("mean", "sd"),
 }
 
 _EXAMPLES: dict[str, str] = {
@@ -282,6 +343,8 @@ _EXAMPLES: dict[str, str] = {
     "randint": '{"type": "randint", "low": 1, "high": 10}',
     "qrandint": '{"type": "qrandint", "low": 8, "high": 64, "q": 8}',
     "pow2": '{"type": "pow2", "low": 4, "high": 256}',
+    "quniform": '{"type": "quniform", "low": 0.0, "high": 0.5, "q": 0.05}',
+    "randn": '{"type": "randn", "mean": 0.0, "sd": 1.0}',
 }
 
 
@@ -367,6 +430,21 @@ def _parse_domain(name: str, raw: Any) -> Domain:
                 f"swap the bounds, or use a constant if the value is fixed"
             )
         return Uniform(low, high) if kind == "uniform" else LogUniform(low, high)
+    if kind == "quniform":
+        low = _float_arg(name, kind, "low", raw["low"])
+        high = _float_arg(name, kind, "high", raw["high"])
+        q = _float_arg(name, kind, "q", raw["q"])
+        if not low < high:
+            raise ValueError(f"{name}: quniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}")
+        if not q > 0:
+            raise ValueError(f"{name}: quniform needs q > 0 (values are rounded to multiples of q), got q={q}")
+        return QUniform(low, high, q)
+    if kind == "randn":
+        mean = _float_arg(name, kind, "mean", raw["mean"])
+        sd = _float_arg(name, kind, "sd", raw["sd"])
+        if not sd > 0:
+            raise ValueError(f"{name}: randn needs sd > 0, got sd={sd}")
+        return Normal(mean, sd)
     if kind == "randint":
         low = _int_arg(name, kind, "low", raw["low"])
         high = _int_arg(name, kind, "high", raw["high"])
