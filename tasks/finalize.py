@@ -129,3 +129,24 @@ def register_best(
         pure=False,
     )
     return future.result()
+
+
+def mark_winner(tracker: RunTracker, tracking_uri: str, run_id: str | None, registration: dict[str, Any]) -> None:
+    """Tag the best trial's run as the sweep's winner, its description linking to the model version it became."""
+    from sweepflow.tasks.tracking.links import DESCRIPTION_TAG, MlflowLinks, markdown_link
+
+    if not run_id:
+        return
+    version = markdown_link(
+        f"{registration['name']} v{registration['version']}",
+        MlflowLinks.for_tracking_uri(tracking_uri).model_version(registration["name"], registration["version"]),
+    )
+    current = tracker.client.get_run(run_id).data.tags.get(DESCRIPTION_TAG, "")
+    tracker.set_tags(
+        run_id,
+        {
+            "sweepflow.winner": "true",
+            "sweepflow.registered_version": f"{registration['name']}/{registration['version']}",
+            DESCRIPTION_TAG: f"**Best trial of the sweep**, registered as {version}.\n\n{current}".strip(),
+        },
+    )

@@ -86,17 +86,44 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
     history = MlflowClient(services["mlflow"]).get_metric_history(by_quality["1.0"].info.run_id, "loss")
     assert [m.value for m in history] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
 
+    # ... and recorded by the same step as a pipeline's sweep: per-trial summaries, the parent's totals and best,
+    # the leaderboard (MLflow CSV and Prefect artifact with links), the sweep report, the best trial named.
+    assert by_quality["1.0"].data.metrics["best_loss"] == pytest.approx(0.25)
+    assert by_quality["8.0"].data.metrics["worker_seconds"] > 0
+    assert parent.data.metrics["best_loss"] == pytest.approx(0.25) and parent.data.metrics["worker_seconds"] > 0
+    assert parent.data.tags["sweepflow.failed_trials"] == "none"
+    assert parent.data.tags["sweepflow.best_run_id"] == by_quality["1.0"].info.run_id
+    client = MlflowClient(services["mlflow"])
+    assert client.list_artifacts(parent.info.run_id, "leaderboard")
+    assert client.list_artifacts(parent.info.run_id, "config")
+    report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/sweep_report.html", "report/learning_curves.png"} <= report, report
+
     from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
 
     with get_client(sync_client=True) as prefect:
         flow_run = prefect.read_flow_run(info["prefect_flow_run_id"])
         assert flow_run.state.is_completed()
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
         task_runs = prefect.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
         )
+        board = [
+            a
+            for a in prefect.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))
+            )
+            if a.key == "sweep-leaderboard"
+        ]
     assert sorted(t.name.split("-")[0] for t in task_runs) == ["trial_0000", "trial_0001", "trial_0002"]
+    # Published when the sweep ends, then again with the best trial linked.
+    latest = max(board, key=lambda a: a.created).data
+    assert len(board) == 2 and "best_loss" in latest and f"]({services['mlflow']}/#/experiments/" in latest
 
 
 def test_script_functions_ship_by_value_and_with_parameters_reach_every_trial(services):

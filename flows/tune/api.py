@@ -14,7 +14,14 @@ from sweepflow.tune.progress import CLIReporter
 from sweepflow.tune.results import ExperimentAnalysis, ResultGrid
 from sweepflow.tune.schedulers import resolve as resolve_scheduler
 from sweepflow.tune.search.optuna import OptunaSearch
-from sweepflow.tune.search_space import Domain, SearchSampler, VariantSampler, _is_grid, _leaves
+from sweepflow.tune.search_space import (
+    Domain,
+    SearchSampler,
+    VariantSampler,
+    _is_grid,
+    _leaves,
+    space_as_data,
+)
 from sweepflow.tune.trainable import plan_trial
 
 
@@ -276,4 +283,5 @@ def _experiment(
         searched=varying,
         search=search,
         checkpoint_config=checkpoint_config,
+        search_space=space_as_data(search_alg.space if search_alg is not None and search_alg.space else param_space),
     )

@@ -50,6 +50,7 @@ class Experiment:
     searched: tuple[str, ...] = ()  # every searched path, "a/b" for nested keys (the trials table shows them)
     search: str = "random"
     checkpoint_config: CheckpointConfig | None = None  # retention; None: the best by the metric and the latest
+    search_space: dict[str, Any] = field(default_factory=dict)  # its top level as data (the sweep report's axes)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -175,6 +176,7 @@ def _experiment_flow(
     from prefect import get_run_logger
     from prefect.runtime import flow_run
 
+    from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
     from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
     from sweepflow.tasks.tracking.runs import RunTracker
 
@@ -185,30 +187,34 @@ def _experiment_flow(
     local_store = tracking_uri.startswith("sqlite:")
     root = os.path.join(exp.storage_path or os.path.join(info["state_dir"], "tune"), exp.name)
     tracker = RunTracker(tracking_uri, exp.name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
+    params = {
+        "trainable": trainable,
+        "num_trials": num_trials,
+        "metric": metric,
+        "mode": mode,
+        "scheduler": scheduler,
+        "search": search,
+        "ranks_per_trial": exp.plan.num_ranks,
+        "resources_per_rank": exp.plan.resources,
+    }
+    scratch = os.path.join(root, "tmp")
+    spec = ParentRun(
+        name=flow_run.get_name() or exp.name,
+        params=params,
+        tags={"sweepflow.kind": "tune"},
+        settings={**params, "search_space": exp.search_space, "stop": repr(exp.stop), "max_failures": exp.max_failures},
+        settings_file="tune_experiment.json",
+        resume_key={**params, "search_space": exp.search_space},
+        scratch_dir=scratch,
+    )
     with cluster_client(info["scheduler_address"], use_gpu=exp.plan.use_gpu) as client:
         resources = _dask_resources(client, exp.plan)
         fits = _fits(client, exp.plan, resources)
-        parent = tracker.start_run(
-            flow_run.get_name() or exp.name,
-            params={
-                "trainable": trainable,
-                "num_trials": num_trials,
-                "metric": metric,
-                "mode": mode,
-                "scheduler": scheduler,
-                "search": search,
-                "ranks_per_trial": exp.plan.num_ranks,
-                "resources_per_rank": exp.plan.resources,
-            },
-            tags={"sweepflow.kind": "tune", "prefect.flow_run_id": str(flow_run.get_id() or "")},
-        )
-        status = "FAILED"
-        try:
+        with parent_run(tracker, spec) as parent:
             with _shared_parameters(client, exp.plan) as plan:
                 function: Callable[..., Any] = plan.function
                 if plan.config_key:
                     function = _ConfigUnder(function, plan.config_key)
-                inner = exp.scheduler
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=TrialTemplate(
@@ -228,16 +234,26 @@ def _experiment_flow(
                     cluster=client,
                     tracker=tracker,
                     parent_run_id=parent,
-                    scheduler=_StopCriteria(inner, exp.stop) if exp.stop else inner,
+                    scheduler=_StopCriteria(exp.scheduler, exp.stop) if exp.stop else exp.scheduler,
                     concurrency=exp.max_concurrent_trials or fits,
                     staging_dir=os.path.join(root, "staging"),
                     time_budget_s=exp.time_budget_s,
                     log=log,
                 ).run()
-            tracker.log_metrics(parent, sweep.usage(), step=0)
-            status = "FINISHED"
-        finally:
-            tracker.end_run(parent, status)
+            # Recorded as a pipeline run's sweep is: leaderboard (MLflow + Prefect, with links), report, totals.
+            record = SweepRecord(
+                metric=exp.metric,
+                mode=exp.mode or "max",
+                search_space=exp.search_space,
+                title=f"Tune experiment {exp.name}",
+                tracking_uri=tracking_uri,
+                scratch_dir=scratch,
+            )
+            _, leaderboard = record_sweep(sweep, tracker, parent, record)
+            best = sweep.best() if exp.metric else None
+            if best is not None:
+                tracker.set_tags(parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id})
+                leaderboard.publish(best_run_id=best.run_id)
     info.update(
         experiment_id=tracker.experiment_id,
         parent_run_id=parent,

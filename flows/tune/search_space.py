@@ -218,3 +218,20 @@ def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str,
 def flat_params(config: Mapping[str, Any]) -> dict[str, Any]:
     """A trial config as MLflow params: nested keys joined with "/"."""
     return {"/".join(path): value for path, value in _leaves(dict(config))}
+
+
+def space_as_data(param_space: Mapping[str, Any]) -> dict[str, Any]:
+    """The top level of a ``param_space`` in the sweep's data form (what the sweep report draws its axes from):
+    domains as their data, ``grid_search`` as a grid, ``sample_from`` by its kind (a function has no bounds),
+    plain values as they are; nested dicts are left out (the report plots top-level parameters)."""
+    data: dict[str, Any] = {}
+    for key, value in param_space.items():
+        if isinstance(value, SampleFrom):
+            data[key] = {"type": "sample_from"}
+        elif isinstance(value, Domain):
+            data[key] = value.to_raw()
+        elif _is_grid(value):
+            data[key] = {"type": "grid", "values": list(value["grid_search"])}
+        elif not isinstance(value, Mapping):
+            data[key] = value
+    return data

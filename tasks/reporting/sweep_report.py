@@ -67,7 +67,7 @@ RUN_URL_TEMPLATE_KEY = (
 MAX_LEGEND_TRIALS = 20  # more trials than this: lines are coloured by their best value, not named in a legend
 LOG_TYPES = frozenset({"loguniform", "pow2"})  # sampled uniformly over the exponent: shown on log axes
 CATEGORICAL_TYPES = frozenset({"choice", "grid"})
-NUMERIC_TYPES = frozenset({"uniform", "loguniform", "randint", "qrandint", "pow2"})
+NUMERIC_TYPES = frozenset({"uniform", "quniform", "randn", "loguniform", "randint", "qrandint", "pow2"})
 INTEGER_TYPES = frozenset({"randint", "qrandint", "pow2"})
 
 STATUS_WORDS = {

@@ -249,7 +249,7 @@ class SweepResult:
     """Every trial of a sweep that ran, in the order they finished, and how to pick among them."""
 
     trials: tuple[TrialResult, ...]
-    metric: str
+    metric: str | None  # None: a Tune experiment without a metric (no best, no ordering)
     mode: str
     not_started: int = 0  # trials the time budget left unstarted
 
@@ -277,8 +277,9 @@ class SweepResult:
         for t in self.trials:
             row: dict[str, Any] = {"trial": t.trial_id, "status": t.status.value, "epochs": t.epochs}
             row.update({f"config/{k}": v for k, v in t.config.items()})
-            row[f"best_{self.metric}"] = t.best
-            row["best_epoch"] = t.best_epoch
+            if self.metric:  # a Tune experiment may have no metric: then there is no best
+                row[f"best_{self.metric}"] = t.best
+                row["best_epoch"] = t.best_epoch
             row.update({k: v for k, v in t.last.items() if k not in ("training_iteration", "epoch")})
             row["worker_s"] = round(t.usage.worker_seconds, 2)
             row["gpu_s"] = round(t.usage.gpu_seconds, 2)
@@ -286,6 +287,6 @@ class SweepResult:
             row["mlflow_run_id"] = t.run_id
             rows.append(row)
         frame = pd.DataFrame(rows)
-        if not frame.empty:
+        if not frame.empty and self.metric:
             frame = frame.sort_values(f"best_{self.metric}", ascending=(self.mode == "min"), na_position="last")
         return frame.reset_index(drop=True)

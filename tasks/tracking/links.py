@@ -120,22 +120,23 @@ def _cell(value: object) -> str:
 
 
 def leaderboard_markdown(
-    rows: Sequence[dict[str, object]], *, metric: str, mode: str, run_url: dict[str, str | None]
+    rows: Sequence[dict[str, object]], *, metric: str | None, mode: str, run_url: dict[str, str | None]
 ) -> str:
     """The leaderboard as a markdown table, best first by ``best_<metric>`` (as its heading says), the columns
     that decide first (trial, status, best value and epoch, epochs, hyperparameters), floats to 4 significant
-    digits, each trial's MLflow run id a link (``run_url``: run id -> URL)."""
+    digits, each trial's MLflow run id a link (``run_url``: run id -> URL). Without a metric: in trial order."""
     best = f"best_{metric}"
     better = "higher is better" if mode == "max" else "lower is better"
+    heading = f"### Trials, best first by {best} ({better})" if metric else "### Trials (no metric: none is best)"
     if not rows:
-        return f"### Trials, best first by {best} ({better})\n\nNo trial ran."
+        return f"{heading}\n\nNo trial ran."
     first = ["trial", "status", best, "best_epoch", "epochs"]
     columns = [c for c in first if c in rows[0]]
     columns += [c for c in rows[0] if c.startswith("config/")]
     columns += [c for c in rows[0] if c not in columns and c != "mlflow_run_id"]
     header = [c.removeprefix("config/") for c in columns] + ["MLflow run"]
     lines = [
-        f"### Trials, best first by {best} ({better})",
+        heading,
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
