@@ -124,6 +124,19 @@ def scheduler_address(client: Client) -> str:
     return client.scheduler.address
 
 
+def client_singleton(client: Client, name: str, create: Callable[[], T]) -> T:
+    """One object per client under ``name``, made by ``create()`` on first use.
+
+    Works around: Dask has no documented place for per-client state of a library; the driver keeps its own in
+    ``Client.extensions``, the (undocumented) dict where the client keeps its extensions (``pubsub``). Written
+    for distributed 2026.8. If it breaks: keep the object in a ``weakref.WeakKeyDictionary`` keyed by the client.
+    """
+    value = client.extensions.get(name)
+    if value is None:  # setdefault: threads sharing the client (concurrent trials) all get the first one made
+        value = client.extensions.setdefault(name, create())
+    return value
+
+
 # ------------------------------------------------------------------------------------------------------ torch
 
 
@@ -170,6 +183,7 @@ def queued_items(q: queue.Queue[T]) -> list[T]:
 
 
 __all__ = [
+    "client_singleton",
     "has_worker",
     "processing_keys",
     "queued_items",

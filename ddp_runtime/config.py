@@ -8,6 +8,7 @@ fails where it is written, with a message that says how to fix it, instead of de
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -101,13 +102,19 @@ class FailureConfig:
             )
 
 
+def default_storage_path() -> str:
+    """Where runs are kept when ``RunConfig.storage_path`` is None."""
+    return os.path.join(os.path.expanduser("~"), "sweepflow_results")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its checkpoints: ``storage_path/name/``.
 
-    ``storage_path`` is a local directory or any fsspec URI (``s3://bucket/prefix``); ``storage_options`` are
-    passed to fsspec (for s3fs: ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``). Every rank's
-    worker must be able to reach it: on a multi-node cluster use shared storage.
+    ``storage_path`` is a local directory or any fsspec URI (``s3://bucket/prefix``), by default
+    ``default_storage_path()``; ``storage_options`` are passed to fsspec (for s3fs: ``key``, ``secret``,
+    ``client_kwargs={"endpoint_url": ...}``). Every rank's worker must be able to reach it: on a multi-node
+    cluster use shared storage.
     """
 
     name: str | None = None

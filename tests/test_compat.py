@@ -311,6 +311,21 @@ def test_scheduler_address_of_a_client():
     _with_cluster(body)
 
 
+@pytest.mark.dask
+def test_client_singleton_keeps_one_object_per_client():
+    from distributed import Client
+
+    async def body(scheduler, workers, client) -> None:
+        made = []
+        first = ddp_compat.client_singleton(client, "sweepflow-test", lambda: made.append(1) or object())
+        again = ddp_compat.client_singleton(client, "sweepflow-test", lambda: made.append(1) or object())
+        assert first is again and made == [1]
+        async with Client(scheduler.address, asynchronous=True) as other:
+            assert ddp_compat.client_singleton(other, "sweepflow-test", object) is not first
+
+    _with_cluster(body)
+
+
 # ------------------------------------------------------------------------------------------------------ torch
 
 

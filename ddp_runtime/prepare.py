@@ -1,0 +1,147 @@
+"""The helpers a training function calls on its rank (Ray: ``ray.train.torch.prepare_model`` & co.).
+
+They run inside a rank, on a Dask worker, and read the rank's ``TrainContext``; torch is imported inside each
+helper, so importing this module (``ddp_runtime.torch`` re-exports it) costs the driver nothing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ddp_runtime.session import get_context
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+
+def get_device() -> torch.device:
+    """The rank's device: its worker's GPU with use_gpu, else the CPU."""
+    return get_context().get_device()
+
+
+def prepare_model(
+    model: torch.nn.Module,
+    *,
+    move_to_device: bool = True,
+    parallel_strategy_kwargs: dict[str, Any] | None = None,
+) -> torch.nn.Module:
+    """Move the model to the rank's device and wrap it in DistributedDataParallel when world size > 1."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ctx = get_context()
+    device = ctx.get_device()
+    if move_to_device:
+        model = model.to(device)
+    if ctx.get_world_size() > 1:
+        kwargs = dict(parallel_strategy_kwargs or {})
+        if device.type == "cuda":
+            kwargs.setdefault("device_ids", [device.index])
+            kwargs.setdefault("output_device", device.index)
+        model = DistributedDataParallel(model, **kwargs)
+    return model
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(_move(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _move(v, device) for k, v in batch.items()}
+    return batch
+
+
+class _DeviceDataLoader:
+    """Iterates the wrapped loader and moves each batch to the rank's device; everything else (``sampler``,
+    ``dataset``, ``batch_size``, ``len``) is the wrapped loader's."""
+
+    def __init__(self, loader: DataLoader, device: torch.device) -> None:
+        self._loader = loader
+        self._device = device
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._device.type == "cpu":
+            yield from self._loader
+            return
+        for batch in self._loader:
+            yield _move(batch, self._device)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def prepare_data_loader(
+    data_loader: DataLoader, *, add_dist_sampler: bool = True, move_to_device: bool = True
+) -> DataLoader:
+    """Shard the loader across ranks with a DistributedSampler (unless it has one) and move batches to the
+    rank's device. Shuffling is kept: a shuffling loader gets a shuffling sampler (call ``set_epoch``).
+
+    DataLoader worker processes: Dask workers default to the ``spawn`` start method, which would re-import
+    torch in every DataLoader worker at every epoch; on Linux the loader is given ``fork`` (PyTorch's usual
+    default there) unless it names a ``multiprocessing_context`` itself.
+    """
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+    ctx = get_context()
+    if data_loader.num_workers > 0 and multiprocessing.current_process().daemon:
+        raise RuntimeError(
+            f"DataLoader(num_workers={data_loader.num_workers}) cannot start worker processes inside a daemonic "
+            "Dask worker. Start the Dask workers with DASK_DISTRIBUTED__WORKER__DAEMON=False (ddp_runtime's local "
+            "clusters do), or use num_workers=0."
+        )
+    world_size = ctx.get_world_size()
+    sampler = data_loader.sampler
+    if add_dist_sampler and world_size > 1 and not isinstance(sampler, DistributedSampler):
+        if data_loader.batch_size is None:
+            raise ValueError(
+                "prepare_data_loader cannot shard a DataLoader built with a custom batch_sampler; give it a "
+                "DistributedSampler yourself or pass add_dist_sampler=False"
+            )
+        if not isinstance(sampler, RandomSampler | SequentialSampler):
+            raise ValueError(
+                f"prepare_data_loader cannot shard a DataLoader with a custom sampler ({type(sampler).__name__}); "
+                "use a DistributedSampler yourself or pass add_dist_sampler=False"
+            )
+        sampler = DistributedSampler(
+            data_loader.dataset,
+            num_replicas=world_size,
+            rank=ctx.get_world_rank(),
+            shuffle=isinstance(sampler, RandomSampler),
+        )
+    mp_context = data_loader.multiprocessing_context
+    if (
+        data_loader.num_workers > 0
+        and mp_context is None
+        and sys.platform == "linux"
+        and multiprocessing.get_start_method() != "fork"
+    ):
+        mp_context = "fork"
+    loader = data_loader
+    if sampler is not data_loader.sampler or mp_context is not data_loader.multiprocessing_context:
+        loader = DataLoader(
+            data_loader.dataset,
+            batch_size=data_loader.batch_size,
+            sampler=sampler,
+            num_workers=data_loader.num_workers,
+            collate_fn=data_loader.collate_fn,
+            pin_memory=data_loader.pin_memory,
+            drop_last=data_loader.drop_last,
+            timeout=data_loader.timeout,
+            worker_init_fn=data_loader.worker_init_fn,
+            multiprocessing_context=mp_context,
+            generator=data_loader.generator,
+            prefetch_factor=data_loader.prefetch_factor if data_loader.num_workers > 0 else None,
+            persistent_workers=data_loader.persistent_workers,
+        )
+    if move_to_device:
+        return _DeviceDataLoader(loader, ctx.get_device())  # type: ignore[return-value]
+    return loader

@@ -1,0 +1,152 @@
+"""``TorchTrainer``: run a PyTorch training function as a DDP group on a Dask cluster (Ray: ``ray.train.torch``).
+
+The driver (``fit``) runs the group one attempt at a time (``_group.GroupRun``: gang-reserve one Dask worker
+per rank, submit one pinned task per rank, relay rank 0's reports to ``on_report``, keep checkpoints by
+``CheckpointConfig``, tear the whole group down when any rank fails or its worker dies), and restarts it from
+the latest checkpoint up to ``FailureConfig.max_failures`` times.
+
+The driver side never imports torch (only the ranks and the in-worker helpers of ``prepare`` do), so the
+process that drives a sweep does not pay its import (~5 s) or its memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from distributed import Client, default_client
+
+from ddp_runtime._group import GroupRun, ReportCallback
+from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
+from ddp_runtime.cluster import local_cluster
+from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
+from ddp_runtime.result import Result, TrainingFailedError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReportCallback", "TorchTrainer", "default_storage_path"]
+
+
+class TorchTrainer:
+    """Run ``train_loop_per_worker`` on ``scaling_config.num_workers`` ranks (Ray: ``TorchTrainer``).
+
+    ``on_report(metrics) -> bool`` is called on the driver for every rank-0 report while the group runs;
+    returning True stops the group at that report (the ranks see ``report`` raise and exit) and frees its
+    workers. ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        torch_config: TorchConfig | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        client: Client | None = None,
+        on_report: ReportCallback | None = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise TypeError(
+                f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}"
+            )
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.torch_config = torch_config or TorchConfig()
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.client = client
+        self.on_report = on_report
+        self.name = (
+            self.run_config.name or f"TorchTrainer_{datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
+        )
+        self.storage = RunStorage(
+            self.run_config.storage_path or default_storage_path(), self.name, self.run_config.storage_options
+        )
+
+    # ----------------------------------------------------------------------------------------------- driver
+
+    def fit(self) -> Result:
+        with self._client() as client:
+            return self._fit(client)
+
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[Client]:
+        if self.client is not None:
+            yield self.client
+            return
+        try:
+            yield default_client()
+            return
+        except ValueError:
+            pass  # no client in this process: start a local cluster sized for this group
+        resources = {k: float(v) for k, v in self.scaling_config.worker_resources.items()}
+        with local_cluster(n_workers=self.scaling_config.num_workers, resources=resources) as client:
+            yield client
+
+    def _fit(self, client: Client) -> Result:
+        history: list[dict[str, Any]] = []
+        errors: list[BaseException] = []
+        committed = self.storage.list_committed()
+        resume = self.resume_from_checkpoint
+        stopped = False
+        max_failures = self.run_config.failure_config.max_failures
+        attempt = 0
+        self._train_time_s = 0.0
+        self._held_s = 0.0
+        self._rank0_window: tuple[str, float, float] | None = None
+        while True:
+            outcome = GroupRun(self, client, attempt, resume, committed, history).run()
+            self._train_time_s += outcome.train_time_s
+            self._held_s += outcome.held_s
+            self._rank0_window = outcome.rank0_window or self._rank0_window
+            committed = outcome.committed
+            if outcome.error is None:
+                stopped = outcome.stopped
+                break
+            errors.append(outcome.error)
+            log.warning("group %s attempt %d failed: %s", self.name, attempt, outcome.error)
+            if max_failures != -1 and len(errors) > max_failures:
+                raise TrainingFailedError(
+                    self._result(history, committed, errors, stopped=False, error=outcome.error)
+                )
+            attempt += 1
+            resume = committed[-1].checkpoint if committed else resume
+        return self._result(history, committed, errors, stopped=stopped, error=None)
+
+    def _result(
+        self,
+        history: list[dict[str, Any]],
+        committed: list[StoredCheckpoint],
+        errors: list[BaseException],
+        *,
+        stopped: bool,
+        error: BaseException | None,
+    ) -> Result:
+        cfg = self.run_config.checkpoint_config
+        best = list(committed)
+        if cfg.checkpoint_score_attribute is not None:
+            sign = -1.0 if cfg.checkpoint_score_order == "max" else 1.0
+            best.sort(key=lambda s: sign * float(s.metrics.get(cfg.checkpoint_score_attribute, float("nan"))))
+        return Result(
+            metrics=history[-1] if history else None,
+            metrics_history=history,
+            checkpoint=committed[-1].checkpoint if committed else None,
+            best_checkpoints=[(s.checkpoint, s.metrics) for s in best],
+            path=self.storage.uri,
+            error=error,
+            stopped_early=stopped,
+            num_failures=len(errors),
+            attempts_errors=errors,
+            train_time_s=self._train_time_s,
+            held_s=self._held_s,
+            rank0_worker=self._rank0_window[0] if self._rank0_window else None,
+            started_at=self._rank0_window[1] if self._rank0_window else None,
+            ended_at=self._rank0_window[2] if self._rank0_window else None,
+        )
