@@ -5,8 +5,10 @@ MLflow parent run with a child run per trial."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -353,3 +355,70 @@ def test_a_non_finite_loss_fails_its_trial_at_that_report_and_the_sweep_goes_on(
     _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
     run = next(c for c in children if c.data.params["quality"] == "0.0")
     assert run.info.status == "FAILED" and "diverged" in run.data.tags["sweepflow.error"]
+
+
+@pytest.mark.subprocess
+def test_an_interrupted_experiment_resumes_where_it_stopped(services, tmp_path):
+    """tune.run(resume="AUTO") after the experiment's driver and workers were killed: the ended trials are read
+    back from MLflow (not run again), the running one continues from its checkpoint in the same MLflow run."""
+    from tune_resume_fns import experiment
+
+    marks = str(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("DASK_SCHEDULER_ADDRESS")  # the killed experiment runs on its own workers
+    script = os.path.join(os.path.dirname(__file__), "tune_resume_fns.py")
+    proc = subprocess.Popen([sys.executable, script, marks, "resumable"], env=env, start_new_session=True)
+    client = MlflowClient(services["mlflow"])
+    try:
+        # Killed once trials 1 and 2 have ended and trial 3 has committed its first checkpoint (it then waits).
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = _experiment_runs(client, "resumable")
+            ended = [r for r in runs if "sweepflow.status" in r.data.tags]
+            third = [r for r in runs if r.data.params.get("quality") == "3"]
+            if len(ended) == 2 and third and client.list_artifacts(third[0].info.run_id, "checkpoints"):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the experiment did not reach its third trial (exit code {proc.poll()})")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    runs = client.search_runs([client.get_experiment_by_name("resumable").experiment_id])
+    killed_parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert killed_parent.info.status == "RUNNING"
+
+    open(os.path.join(marks, "go"), "w").close()
+    analysis = experiment(marks, "resumable", resume="AUTO")
+    assert analysis.info["parent_run_id"] == killed_parent.info.run_id
+    parent = client.get_run(killed_parent.info.run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweepflow.resumes"] == "1"
+    with open(os.path.join(marks, "starts")) as f:
+        starts = f.read().split()
+    assert starts == ["1:0", "2:0", "3:0", "3:1"]  # 1 and 2 read back; 3 continued after its first checkpoint
+    assert len(_experiment_runs(client, "resumable")) == 3  # the same child run per trial
+    best = analysis.get_best_trial()
+    assert best.config["quality"] == 1 and best.last_result["loss"] == pytest.approx(1 / 3)
+    third = next(t for t in analysis.trials if t.config["quality"] == 3)
+    assert third.last_result["training_iteration"] == 3 and third.status == "TERMINATED"
+    assert third.mlflow_run_id == _run_of(client, 3)
+    history = client.get_metric_history(third.mlflow_run_id, "loss")
+    assert [m.value for m in history] == pytest.approx([3.0, 1.5, 1.0])  # each epoch logged once
+
+    with pytest.raises(ValueError, match="no interrupted run"):  # nothing left to resume
+        experiment(marks, "resumable", resume=True)
+
+
+def _experiment_runs(client: MlflowClient, name: str):
+    """The trial runs of experiment ``name`` (none before it exists)."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        return []
+    return [r for r in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+
+
+def _run_of(client: MlflowClient, quality: int) -> str:
+    return next(r.info.run_id for r in _experiment_runs(client, "resumable") if r.data.params["quality"] == str(quality))

@@ -124,6 +124,7 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("run", "max_failures"): (_run(), _run(max_failures=2)),
     ("run", "max_concurrent_trials"): (_run(), _run(max_concurrent_trials=1)),
     ("run", "seed"): (_run(), _run(seed=1)),
+    ("run", "resume"): (_run(), _run(resume="AUTO")),
     ("TuneConfig", "metric"): (_tuner(), _tuner({"metric": "acc"})),
     ("TuneConfig", "mode"): (_tuner(), _tuner({"mode": "max"})),
     ("TuneConfig", "search_alg"): (_tuner(), _tuner({"search_alg": OptunaSearch(seed=0)})),
@@ -187,17 +188,18 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
 }
 
 REFUSED: dict[tuple[str, str], Any] = {
-    ("run", "checkpoint_at_end"): _run(checkpoint_at_end=True),
     ("run", "checkpoint_freq"): _run(checkpoint_freq=2),
     ("ASHAScheduler", "brackets"): lambda: ASHAScheduler(brackets=3),
     ("ASHAScheduler", "stop_last_trials"): lambda: ASHAScheduler(stop_last_trials=False),
     # Given twice with different values: only one could be used.
     ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
     ("ASHAScheduler", "mode+run"): _run(scheduler=ASHAScheduler(mode="max")),
+    ("run", "resume+ray-only-mode"): _run(resume="LOCAL"),
+    ("run", "resume+without-name"): lambda: tune.run(trainable, config=SPACE, metric="loss", mode="min", resume=True),
 }
 
 # Applied to the finished experiment: see test_arguments_applied_after_the_run.
-AFTER = {("run", "verbose"), ("run", "progress_reporter"), ("run", "raise_on_failed_trial")}
+AFTER = {("run", "verbose"), ("run", "progress_reporter"), ("run", "raise_on_failed_trial"), ("run", "checkpoint_at_end")}
 AFTER |= {("RunConfig", "verbose"), ("RunConfig", "progress_reporter")}
 
 
@@ -245,7 +247,7 @@ def _finished(status: TrialStatus, error: str | None = None) -> ExperimentAnalys
     return ExperimentAnalysis([result], metric="loss", mode="min", info={})
 
 
-def test_arguments_applied_after_the_run(capsys):
+def test_arguments_applied_after_the_run(capsys, caplog):
     done = _finished(TrialStatus.COMPLETED)
     api.finish(done, ("a",), verbose=1, progress_reporter=None, raise_on_failed_trial=True)
     assert "trial_0000" in capsys.readouterr().out
@@ -255,6 +257,11 @@ def test_arguments_applied_after_the_run(capsys):
     reporter = CLIReporter(metric_columns={"loss": "LOSS-COLUMN"})
     api.finish(done, ("a",), verbose=1, progress_reporter=reporter, raise_on_failed_trial=True)
     assert "LOSS-COLUMN" in capsys.readouterr().out  # the user's reporter drew the table
+
+    api.finish(done, (), verbose=0, progress_reporter=None, raise_on_failed_trial=True, checkpoint_at_end=False)
+    assert "checkpoint_at_end" not in caplog.text
+    api.finish(done, (), verbose=0, progress_reporter=None, raise_on_failed_trial=True, checkpoint_at_end=True)
+    assert "checkpoint_at_end=True, but trials ['trial_0000'] ended without a checkpoint" in caplog.text
 
     failed = _finished(TrialStatus.FAILED, error="RuntimeError: boom")
     with pytest.raises(runner.TuneError, match="trial_0000.*boom"):

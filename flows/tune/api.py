@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from sweepflow.tune.search_space import (
     space_as_data,
 )
 from sweepflow.tune.trainable import plan_trial
+
+log = logging.getLogger(__name__)
 
 
 def run(
@@ -50,19 +53,25 @@ def run(
     max_concurrent_trials: int | None = None,
     raise_on_failed_trial: bool = True,
     seed: int | None = None,
+    resume: bool | str = False,
 ) -> ExperimentAnalysis:
     """Classic Ray Tune: run ``num_samples`` trials of the trainable over ``config``; returns the analysis.
 
     Checkpoints are the ones the trainable writes (``tune.checkpoint_dir`` / ``report(checkpoint=...)``); each
     trial keeps the best ``keep_checkpoints_num`` by ``checkpoint_score_attr`` (``"min-<metric>"`` for lowest
     first; default: the experiment's metric and mode) plus its latest. Without ``keep_checkpoints_num`` a trial
-    keeps its best and its latest. ``checkpoint_at_end``/``checkpoint_freq`` drive a class trainable's
-    ``save_checkpoint`` in Ray; a function trainable saves its own, so they are refused, as in Ray."""
-    if checkpoint_at_end or checkpoint_freq:
+    keeps its best and its latest. ``checkpoint_freq`` drives a class trainable's ``save_checkpoint`` in Ray; a
+    function trainable saves its own, so it is refused. ``checkpoint_at_end=True`` (which Ray's CIFAR tutorial
+    passes with a function trainable) asks for every trial to end with a checkpoint: the trials that did not are
+    named in a warning when the experiment ends.
+
+    ``resume="AUTO"`` picks up the newest interrupted run of the experiment ``name`` with the same settings (its
+    ended trials are read back from MLflow, its running ones continue from their checkpoints, the rest start)
+    or starts anew when there is none; ``resume=True`` requires one."""
+    if checkpoint_freq:
         raise ValueError(
-            f"checkpoint_at_end={checkpoint_at_end!r}/checkpoint_freq={checkpoint_freq!r} apply to class trainables; "
-            "a function trainable saves its own checkpoints with tune.checkpoint_dir(...) or "
-            "tune.report(..., checkpoint=...): remove these arguments"
+            f"checkpoint_freq={checkpoint_freq!r} applies to class trainables; a function trainable saves its own "
+            "checkpoints with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...): remove checkpoint_freq"
         )
     experiment = _experiment(
         run_or_experiment,
@@ -81,6 +90,7 @@ def run(
         max_concurrent_trials=max_concurrent_trials,
         seed=seed,
         checkpoint_config=_keep_checkpoints(keep_checkpoints_num, checkpoint_score_attr),
+        resume=resume,
     )
     sweep, info = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
@@ -90,6 +100,7 @@ def run(
         verbose=verbose,
         progress_reporter=progress_reporter,
         raise_on_failed_trial=raise_on_failed_trial,
+        checkpoint_at_end=checkpoint_at_end,
     )
 
 
@@ -100,15 +111,47 @@ def finish(
     verbose: int,
     progress_reporter: CLIReporter | None,
     raise_on_failed_trial: bool,
+    checkpoint_at_end: bool = False,
 ) -> ExperimentAnalysis:
-    """After the run: the trials table (unless ``verbose=0``), then Ray's ``TuneError`` for failed trials."""
+    """After the run: the trials table (unless ``verbose=0``), a warning naming the trials that ended without
+    a checkpoint when ``checkpoint_at_end``, then Ray's ``TuneError`` for failed trials."""
     if verbose:
         (progress_reporter or CLIReporter()).report(analysis.trials, searched)
+    without = [t.trial_id for t in analysis.trials if t.status != "ERROR" and t.checkpoint is None]
+    if checkpoint_at_end and without:
+        log.warning(
+            "checkpoint_at_end=True, but trials %s ended without a checkpoint: a function trainable saves its "
+            "own, with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...)",
+            without,
+        )
     failed = [t.trial_id for t in analysis.trials if t.status == "ERROR"]
     if failed and raise_on_failed_trial:
         errors = "; ".join(f"{t.trial_id}: {(t.error_msg or '').splitlines()[0]}" for t in analysis.trials if t.error_msg)
         raise runner.TuneError(f"Trials did not complete: {failed} ({errors})")
     return analysis
+
+
+def _resume_mode(resume: Any, *, name: str | None, metric: str | None) -> str | None:
+    """``tune.run(resume=...)`` as the experiment's resume mode: None, "auto" or "required"."""
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        mode = "required"
+    elif isinstance(resume, str) and resume.upper() == "AUTO":
+        mode = "auto"
+    else:
+        raise ValueError(
+            f"resume={resume!r}: use resume='AUTO' (resume an interrupted run of the experiment if there is one, "
+            "else start) or resume=True (there must be one); the experiment's trials live in MLflow, so Ray's "
+            "LOCAL/REMOTE/PROMPT/ERRORED_ONLY do not apply"
+        )
+    if not name:
+        raise ValueError(f"resume={resume!r} needs name=...: the experiment whose interrupted run to pick up")
+    if not metric:
+        raise ValueError(
+            f"resume={resume!r} needs metric=... (and mode): an ended trial's result is read back by its metric"
+        )
+    return mode
 
 
 def _keep_checkpoints(keep: int | None, score_attr: str | None) -> CheckpointConfig | None:
@@ -224,8 +267,10 @@ def _experiment(
     max_concurrent_trials: int | None,
     seed: int | None,
     checkpoint_config: CheckpointConfig | None = None,
+    resume: bool | str = False,
 ) -> runner.Experiment:
     """Every argument checked, and the trial plan made, before any service starts or any trial runs."""
+    resume_mode = _resume_mode(resume, name=name, metric=metric or getattr(scheduler, "metric", None) or getattr(search_alg, "metric", None))
     if mode not in (None, "min", "max"):
         raise ValueError(f"mode={mode!r}: use 'min' (e.g. for a loss) or 'max' (e.g. for accuracy)")
     if metric is not None and not isinstance(metric, str):
@@ -283,5 +328,6 @@ def _experiment(
         searched=varying,
         search=search,
         checkpoint_config=checkpoint_config,
+        resume=resume_mode,
         search_space=space_as_data(search_alg.space if search_alg is not None and search_alg.space else param_space),
     )

@@ -10,6 +10,7 @@ through ``Settings``); otherwise the background services that ``sweepflow run`` 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -51,6 +52,7 @@ class Experiment:
     search: str = "random"
     checkpoint_config: CheckpointConfig | None = None  # retention; None: the best by the metric and the latest
     search_space: dict[str, Any] = field(default_factory=dict)  # its top level as data (the sweep report's axes)
+    resume: str | None = None  # "auto": pick up an interrupted run of it if any; "required": there must be one
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,10 +105,16 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
             _fits(client, experiment.plan, _dask_resources(client, experiment.plan))
+    resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     key = uuid.uuid4().hex
     _EXPERIMENTS[key] = replace(
         experiment,
-        info={"tracking_uri": tracking_uri, "scheduler_address": scheduler_address, "state_dir": settings.home},
+        info={
+            "tracking_uri": tracking_uri,
+            "scheduler_address": scheduler_address,
+            "state_dir": settings.home,
+            "resume_from": resume_from,
+        },
     )
     try:
         flow_fn = _flow()  # imports prefect: after the services' settings are in the environment
@@ -121,6 +129,42 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
         )
     finally:
         _EXPERIMENTS.pop(key, None)
+
+
+def parent_params(exp: Experiment) -> dict[str, Any]:
+    """The experiment's parent-run params: what its runs are compared by, and (with its search space) what a
+    resumed run must share with the interrupted one."""
+    return {
+        "trainable": exp.plan.name,
+        "num_trials": exp.sampler.total,
+        "metric": exp.metric,
+        "mode": exp.mode,
+        "scheduler": repr(exp.scheduler),
+        "search": exp.search,
+        "ranks_per_trial": exp.plan.num_ranks,
+        "resources_per_rank": exp.plan.resources,
+    }
+
+
+def resume_key(exp: Experiment) -> dict[str, Any]:
+    return json.loads(json.dumps({**parent_params(exp), "search_space": exp.search_space}, default=str))
+
+
+def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
+    """The interrupted run of this experiment (same name, same settings) to resume; checked before any work."""
+    from mlflow.tracking import MlflowClient
+
+    from sweepflow.tasks.sweep.resume import latest_interrupted
+
+    client = MlflowClient(tracking_uri)
+    mlflow_experiment = client.get_experiment_by_name(exp.name)
+    found = latest_interrupted(client, mlflow_experiment and mlflow_experiment.experiment_id, resume_key(exp))
+    if found is None and exp.resume == "required":
+        raise ValueError(
+            f"resume=True: experiment {exp.name!r} has no interrupted run with these settings to resume; run it "
+            "with resume='AUTO' (resume if there is one, else start) or without resume"
+        )
+    return found
 
 
 def _sqlite(home: str) -> str:
@@ -178,6 +222,7 @@ def _experiment_flow(
 
     from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
     from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
+    from sweepflow.tasks.sweep.resume import load_prior_sweep
     from sweepflow.tasks.tracking.runs import RunTracker
 
     exp = _EXPERIMENTS[experiment_key]
@@ -187,16 +232,7 @@ def _experiment_flow(
     local_store = tracking_uri.startswith("sqlite:")
     root = os.path.join(exp.storage_path or os.path.join(info["state_dir"], "tune"), exp.name)
     tracker = RunTracker(tracking_uri, exp.name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
-    params = {
-        "trainable": trainable,
-        "num_trials": num_trials,
-        "metric": metric,
-        "mode": mode,
-        "scheduler": scheduler,
-        "search": search,
-        "ranks_per_trial": exp.plan.num_ranks,
-        "resources_per_rank": exp.plan.resources,
-    }
+    params = parent_params(exp)
     scratch = os.path.join(root, "tmp")
     spec = ParentRun(
         name=flow_run.get_name() or exp.name,
@@ -204,13 +240,21 @@ def _experiment_flow(
         tags={"sweepflow.kind": "tune"},
         settings={**params, "search_space": exp.search_space, "stop": repr(exp.stop), "max_failures": exp.max_failures},
         settings_file="tune_experiment.json",
-        resume_key={**params, "search_space": exp.search_space},
+        resume_key=resume_key(exp),
         scratch_dir=scratch,
     )
+    resume_from = info["resume_from"]
     with cluster_client(info["scheduler_address"], use_gpu=exp.plan.use_gpu) as client:
         resources = _dask_resources(client, exp.plan)
         fits = _fits(client, exp.plan, resources)
-        with parent_run(tracker, spec) as parent:
+        with parent_run(tracker, spec, resume_from=resume_from) as parent:
+            prior = None
+            if resume_from:
+                prior = load_prior_sweep(tracker, parent, metric=exp.metric or "", mode=exp.mode or "max")
+                log(
+                    f"resuming experiment run {parent}: {len(prior.ended)} trial(s) ended (read back), "
+                    f"{len(prior.interrupted)} continue from their checkpoints"
+                )
             with _shared_parameters(client, exp.plan) as plan:
                 function: Callable[..., Any] = plan.function
                 if plan.config_key:
@@ -238,6 +282,7 @@ def _experiment_flow(
                     concurrency=exp.max_concurrent_trials or fits,
                     staging_dir=os.path.join(root, "staging"),
                     time_budget_s=exp.time_budget_s,
+                    prior=prior,
                     log=log,
                 ).run()
             # Recorded as a pipeline run's sweep is: leaderboard (MLflow + Prefect, with links), report, totals.

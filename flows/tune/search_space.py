@@ -201,6 +201,10 @@ class SearchSampler(Sampler):
             _set(config, tuple(key.split("/")), value)
         return number, config
 
+    def ask_known(self, config: dict[str, Any]) -> int:
+        """A resumed experiment's trial that already ran with ``config``, recorded as the search's next proposal."""
+        return self._tpe.ask_known({"/".join(path): value for path, value in _leaves(config)})
+
     def tell(self, number: int, value: float | None) -> None:
         self._tpe.tell(number, value)
 

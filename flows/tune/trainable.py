@@ -80,21 +80,24 @@ class ClassicFunction:
 
 class SharedValue:
     """A large object scattered to every Dask worker once (``tune.with_parameters``); each rank reads its
-    worker's copy instead of receiving it with every trial."""
+    worker's copy instead of receiving it with every trial.
+
+    It holds the scattered data's key, not its Future: a Future unpickled in a rank's thread may find no client
+    to bind to, and the driver holds the Futures (keeping the data alive) until the experiment ends anyway."""
 
     def __init__(self, future: Any) -> None:
-        self.future = future
+        self.key = future.key
 
     def get(self) -> Any:
-        from distributed import get_worker
+        from distributed import Future, get_client, get_worker
 
         try:
             worker = get_worker()
         except ValueError:  # not on a worker (a local call): ask the scheduler
-            return self.future.result()
-        if self.future.key in worker.data:
-            return worker.data[self.future.key]
-        return self.future.result()
+            worker = None
+        if worker is not None and self.key in worker.data:
+            return worker.data[self.key]
+        return Future(self.key, client=get_client()).result()
 
 
 # ------------------------------------------------------------------------------------------- wrappers

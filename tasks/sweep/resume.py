@@ -153,6 +153,21 @@ def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str
     return "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
+def latest_interrupted(client: Any, experiment_id: str | None, key: Mapping[str, Any]) -> str | None:
+    """The newest unfinished sweep parent run of the experiment with these settings (``key``), or None: what a
+    Tune experiment run again with ``resume`` picks up. ``client``: an MlflowClient."""
+    if experiment_id is None:
+        return None
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    unfinished = [r for r in runs if r.info.status != "FINISHED" and PARENT_TAG not in r.data.tags]
+    return unfinished[0].info.run_id if unfinished else None
+
+
 def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None:
     """The unfinished parent run a previous attempt of this Prefect flow run left (a retry resumes it)."""
     runs = tracker.client.search_runs(
