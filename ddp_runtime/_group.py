@@ -35,7 +35,7 @@ from ddp_runtime._worker import (
     verdicts_queue_name,
 )
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
-from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
+from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path, stop_met
 from ddp_runtime.result import RankError, RankHangError
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,9 @@ class GroupRun:
         if message["checkpoint"] is not None:
             self._track_checkpoint(message["checkpoint"], metrics)
         callback = self.trainer.on_report
-        return STOP if callback is not None and callback(dict(metrics)) else CONTINUE
+        if callback is not None and callback(dict(metrics)):
+            return STOP
+        return STOP if stop_met(self.trainer.run_config.stop, self.trainer.name, metrics) else CONTINUE
 
     def _track_checkpoint(self, path: str, metrics: dict[str, Any]) -> None:
         cfg = self.trainer.run_config.checkpoint_config

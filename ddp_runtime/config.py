@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,14 +108,21 @@ def default_storage_path() -> str:
     return os.path.join(os.path.expanduser("~"), "sweepflow_results")
 
 
+#: ``RunConfig.stop``: stop once a reported metric reaches a bound, or when ``stop(trial_id, metrics)`` is True.
+StopCriteria = Mapping[str, float] | Callable[[str, dict[str, Any]], bool]
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Where a run keeps its checkpoints: ``storage_path/name/``.
+    """How a run is kept and ended (Ray: ``ray.train.RunConfig``, which is also ``ray.tune.RunConfig``; the same
+    class serves ``TorchTrainer`` and ``sweepflow.tune.Tuner``).
 
-    ``storage_path`` is a local directory or any fsspec URI (``s3://bucket/prefix``), by default
-    ``default_storage_path()``; ``storage_options`` are passed to fsspec (for s3fs: ``key``, ``secret``,
+    Checkpoints live in ``storage_path/name/``: a local directory or any fsspec URI (``s3://bucket/prefix``), by
+    default ``default_storage_path()``; ``storage_options`` are passed to fsspec (for s3fs: ``key``, ``secret``,
     ``client_kwargs={"endpoint_url": ...}``). Every rank's worker must be able to reach it: on a multi-node
-    cluster use shared storage.
+    cluster use shared storage. ``stop`` ends a run (a trial) at the report that meets it: ``{"training_iteration":
+    10}`` (any reported metric reaching its bound) or a function ``stop(trial_id, metrics) -> bool``.
+    ``progress_reporter`` and ``verbose`` say how a Tune experiment prints its trials table (``verbose=0``: not).
     """
 
     name: str | None = None
@@ -122,12 +130,20 @@ class RunConfig:
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     storage_options: dict[str, Any] | None = None
+    stop: StopCriteria | None = None
+    progress_reporter: Any = None  # sweepflow.tune.CLIReporter
+    verbose: int = 1
 
     def __post_init__(self) -> None:
         if self.checkpoint_config is None:
             object.__setattr__(self, "checkpoint_config", CheckpointConfig())
         if self.failure_config is None:
             object.__setattr__(self, "failure_config", FailureConfig())
+        if self.stop is not None and not callable(self.stop) and not isinstance(self.stop, Mapping):
+            raise TypeError(
+                f'RunConfig.stop must be a dict like {{"training_iteration": 10}} or a function '
+                f"stop(trial_id, metrics) -> bool, got {self.stop!r}"
+            )
         if self.name is not None and (not self.name or "/" in self.name):
             raise ValueError(f"RunConfig.name must be a non-empty name without '/', got {self.name!r}")
 
@@ -170,3 +186,12 @@ class TorchConfig:
                 continue  # no bound on a group's time without progress
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"TorchConfig.{name} must be a positive number of seconds, got {value!r}")
+
+
+def stop_met(stop: StopCriteria | None, trial_id: str, metrics: Mapping[str, Any]) -> bool:
+    """Whether a report meets ``RunConfig.stop`` (a dict: any of its metrics reached its bound)."""
+    if stop is None:
+        return False
+    if callable(stop):
+        return bool(stop(trial_id, dict(metrics)))
+    return any(key in metrics and metrics[key] >= bound for key, bound in stop.items())

@@ -63,6 +63,11 @@ class TorchTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.client = client
         self.on_report = on_report
+        if self.run_config.progress_reporter is not None:
+            raise ValueError(
+                "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "
+                "Tuner(run_config=...) or tune.run(progress_reporter=...), not to a TorchTrainer"
+            )
         self.name = (
             self.run_config.name or f"TorchTrainer_{datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
         )
@@ -74,7 +79,11 @@ class TorchTrainer:
 
     def fit(self) -> Result:
         with self._client() as client:
-            return self._fit(client)
+            result = self._fit(client)
+        if self.run_config.verbose:  # RunConfig(verbose=0): nothing but warnings
+            last = result.metrics_history[-1] if result.metrics_history else {}
+            log.info("%s: %d report(s); last %s", self.name, len(result.metrics_history), last)
+        return result
 
     @contextlib.contextmanager
     def _client(self) -> Iterator[Client]:

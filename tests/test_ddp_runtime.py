@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -197,6 +198,32 @@ def test_report_callback_stops_a_group_and_releases_its_workers(gpu3, tmp_path):
     assert gpu3.run_on_scheduler(_our_queues) == []
 
 
+def test_run_config_stop_ends_a_trainer_at_the_report_that_meets_it(cluster, tmp_path, caplog):
+    # Ray's RunConfig(stop=...) (one class for TorchTrainer and Tuner): a dict of bounds, or a function.
+    caplog.set_level(logging.INFO, logger="ddp_runtime.trainer")
+    result = TorchTrainer(
+        report_forever,
+        train_loop_config={"interval": 0.01},
+        scaling_config=train.ScalingConfig(num_workers=1),
+        run_config=train.RunConfig(name="stop-dict", storage_path=str(tmp_path), stop={"i": 2}),
+        client=cluster,
+    ).fit()
+    assert result.stopped_early and [m["i"] for m in result.metrics_history] == [0, 1, 2]
+    assert "stop-dict: 3 report(s)" in caplog.text  # verbose=1 (the default): one line at the end
+    caplog.clear()
+    result = TorchTrainer(
+        report_forever,
+        train_loop_config={"interval": 0.01},
+        scaling_config=train.ScalingConfig(num_workers=1),
+        run_config=train.RunConfig(
+            name="stop-fn", storage_path=str(tmp_path), stop=lambda trial_id, m: m["training_iteration"] == 4, verbose=0
+        ),
+        client=cluster,
+    ).fit()
+    assert result.stopped_early and len(result.metrics_history) == 4
+    assert "stop-fn: " not in caplog.text  # verbose=0: nothing but warnings
+
+
 def _our_queues(dask_scheduler=None):
     return [name for name in dask_scheduler.extensions["queues"].queues if name.startswith("sweepflow-")]
 
@@ -309,6 +336,10 @@ def test_config_errors_say_what_to_fix():
         train.CheckpointConfig(checkpoint_score_order="best")
     with pytest.raises(RuntimeError, match="inside a training function"):
         train.report({"x": 1})
+    with pytest.raises(TypeError, match="RunConfig.stop must be a dict"):
+        train.RunConfig(stop=3)
+    with pytest.raises(ValueError, match="progress_reporter=...\\) draws a Tune experiment's trials table"):
+        TorchTrainer(report_forever, run_config=train.RunConfig(progress_reporter=object()))
 
 
 @pytest.mark.dask

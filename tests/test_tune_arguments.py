@@ -194,6 +194,7 @@ REFUSED: dict[tuple[str, str], Any] = {
     # Given twice with different values: only one could be used.
     ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
     ("ASHAScheduler", "mode+run"): _run(scheduler=ASHAScheduler(mode="max")),
+    ("RunConfig", "storage_options"): _tuner(run_config={"storage_options": {"key": "k"}}),
     ("run", "resume+ray-only-mode"): _run(resume="LOCAL"),
     ("run", "resume+without-name"): lambda: tune.run(trainable, config=SPACE, metric="loss", mode="min", resume=True),
 }

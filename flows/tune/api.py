@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tune import runner
@@ -180,23 +181,14 @@ class TuneConfig:
     seed: int | None = None
 
 
-@dataclass
-class RunConfig:
-    """Ray Tune's ``RunConfig`` (``ddp_runtime.RunConfig`` is accepted too): the experiment's name, where it
-    stores trials, when trials stop, how often a failed trial restarts, which checkpoints a trial keeps
-    (``ddp_runtime.CheckpointConfig``), and the trials table (``progress_reporter``; none with ``verbose=0``)."""
-
-    name: str | None = None
-    storage_path: str | None = None
-    stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool] | None = None
-    failure_config: Any = None
-    checkpoint_config: Any = None
-    progress_reporter: CLIReporter | None = None
-    verbose: int = 1
+#: Ray's ``tune.RunConfig`` is ``train.RunConfig``: here too, one class (``ddp_runtime.RunConfig``).
+RunConfig = train.RunConfig
 
 
 class Tuner:
-    """Current Ray Tune: ``Tuner(trainable, param_space=..., tune_config=TuneConfig(...), run_config=...).fit()``."""
+    """Current Ray Tune: ``Tuner(trainable, param_space=..., tune_config=TuneConfig(...), run_config=RunConfig(...))
+    .fit()``: the run config's name, storage path, stop criteria, failure and checkpoint configs shape the
+    experiment; its progress reporter and verbosity, the trials table."""
 
     def __init__(
         self,
@@ -213,13 +205,15 @@ class Tuner:
 
     def fit(self) -> ResultGrid:
         tc, rc = self.tune_config, self.run_config
-        failure = getattr(rc, "failure_config", None)
-        checkpoint = getattr(rc, "checkpoint_config", None)
-        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
-            raise TypeError(
-                f"RunConfig(checkpoint_config={checkpoint!r}): use ddp_runtime.CheckpointConfig(num_to_keep=..., "
-                "checkpoint_score_attribute=..., checkpoint_score_order=...)"
+        if not isinstance(rc, RunConfig):
+            raise TypeError(f"run_config={rc!r}: use sweepflow.tune.RunConfig (it is ddp_runtime.RunConfig)")
+        if rc.storage_options is not None:
+            raise ValueError(
+                "RunConfig(storage_options=...): a Tune experiment keeps its trials' checkpoints in MLflow's artifact "
+                "store; give the store's credentials in the environment (AWS_* for S3), not in the run config"
             )
+        # The default CheckpointConfig() means "not given": each trial keeps its best checkpoint and its latest.
+        checkpoint = None if rc.checkpoint_config == CheckpointConfig() else rc.checkpoint_config
         experiment = _experiment(
             self.trainable,
             param_space=self.param_space,
@@ -229,11 +223,11 @@ class Tuner:
             scheduler=tc.scheduler,
             search_alg=tc.search_alg,
             resources_per_trial=None,
-            name=getattr(rc, "name", None),
-            storage_path=getattr(rc, "storage_path", None),
-            stop=getattr(rc, "stop", None),
+            name=rc.name,
+            storage_path=rc.storage_path,
+            stop=rc.stop,
             time_budget_s=tc.time_budget_s,
-            max_failures=getattr(failure, "max_failures", 0) if failure is not None else 0,
+            max_failures=rc.failure_config.max_failures,
             max_concurrent_trials=tc.max_concurrent_trials,
             seed=tc.seed,
             checkpoint_config=checkpoint,
@@ -242,8 +236,8 @@ class Tuner:
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
             ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info),
             experiment.searched,
-            verbose=getattr(rc, "verbose", 1),
-            progress_reporter=getattr(rc, "progress_reporter", None),
+            verbose=rc.verbose,
+            progress_reporter=rc.progress_reporter,
             raise_on_failed_trial=False,
         )
         return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)

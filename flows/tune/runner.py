@@ -21,6 +21,7 @@ from typing import Any
 
 from ddp_runtime import CheckpointConfig
 from ddp_runtime.cluster import cluster_client, groups_that_fit
+from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
@@ -68,11 +69,7 @@ class _StopCriteria(TrialScheduler):
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         decision = self.inner.on_trial_result(trial_id, result)
-        if callable(self.stop):
-            met = bool(self.stop(trial_id, dict(result)))
-        else:
-            met = any(key in result and result[key] >= bound for key, bound in self.stop.items())
-        return Decision.DONE if met else decision
+        return Decision.DONE if stop_met(self.stop, trial_id, result) else decision
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
         self.inner.on_trial_complete(trial_id, result)
