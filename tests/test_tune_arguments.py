@@ -21,8 +21,8 @@ import ddp_runtime as train
 from sweepflow import tune
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tune import api, runner
-from sweepflow.tune.progress import CLIReporter
-from sweepflow.tune.results import ExperimentAnalysis
+from sweepflow.tune.analysis import ExperimentAnalysis
+from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import ASHAScheduler
 from sweepflow.tune.search.optuna import OptunaSearch
 

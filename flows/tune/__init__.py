@@ -36,9 +36,9 @@ _LAZY = {
     "Tuner": "sweepflow.tune.api",
     "TuneConfig": "sweepflow.tune.api",
     "RunConfig": "sweepflow.tune.api",
-    "CLIReporter": "sweepflow.tune.progress",
-    "ExperimentAnalysis": "sweepflow.tune.results",
-    "ResultGrid": "sweepflow.tune.results",
+    "CLIReporter": "sweepflow.tune.reporter",
+    "ExperimentAnalysis": "sweepflow.tune.analysis",
+    "ResultGrid": "sweepflow.tune.analysis",
     "TuneError": "sweepflow.tune.runner",
 }
 

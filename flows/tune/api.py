@@ -12,8 +12,8 @@ import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tune import runner
-from sweepflow.tune.progress import CLIReporter
-from sweepflow.tune.results import ExperimentAnalysis, ResultGrid
+from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
+from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import resolve as resolve_scheduler
 from sweepflow.tune.search.optuna import OptunaSearch
 from sweepflow.tune.search_space import (

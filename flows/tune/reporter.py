@@ -27,7 +27,7 @@ class CLIReporter:
             self.metric_columns = [*(self.metric_columns or []), metric]
 
     def table(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> str:
-        """``trials``: ``Trial`` objects (``sweepflow.tune.results``); ``searched``: the config paths the search
+        """``trials``: ``Trial`` objects (``sweepflow.tune.analysis``); ``searched``: the config paths the search
         varies ("a/b" for nested keys), shown when no ``parameter_columns`` were given (as Ray does)."""
         rows = []
         for t in trials:
