@@ -157,6 +157,10 @@ def tcp_store_on_free_port(
     return store, store.port
 
 
+#: The worker preload's background import thread (ranks wait for it before joining their group).
+PRELOAD_THREAD_NAME = "sweepflow-preload"
+
+
 def warm_torch_imports() -> None:
     """Import what the first ``DistributedDataParallel(...)`` of a process imports lazily.
 

@@ -10,7 +10,7 @@ import threading
 import torch
 import torch.distributed  # noqa: F401
 
-from ddp_runtime._compat import warm_torch_imports
+from ddp_runtime._compat import PRELOAD_THREAD_NAME, warm_torch_imports
 
-threading.Thread(target=warm_torch_imports, name="sweepflow-preload", daemon=True).start()
+threading.Thread(target=warm_torch_imports, name=PRELOAD_THREAD_NAME, daemon=True).start()
 del torch

@@ -6,7 +6,6 @@ data, so the driver sees which rank failed and Dask never retries a rank on its 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import re
@@ -126,10 +125,12 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     # and still importing torch, a busy host) would otherwise fail the group under TorchConfig.timeout_s with a
     # store-wait error that names nobody. Once all ranks are in, connecting takes milliseconds.
     # init_process_group touches torch._dynamo.trace_rules when torch._dynamo is in sys.modules, which it is
-    # while the worker preload is still importing it in the background (seconds on a busy host): that wait
-    # happens here, before joining, not inside init_process_group under the collective timeout.
-    if "torch._dynamo" in sys.modules:
-        importlib.import_module("torch._dynamo.trace_rules")
+    # while the worker preload is still importing it in the background (seconds on a busy host): wait for the
+    # preload here, before joining, not inside init_process_group under the collective timeout. (Joining the
+    # thread, not importing the module: an import here can deadlock with the preload's on the module locks.)
+    for thread in threading.enumerate():
+        if thread.name == _compat.PRELOAD_THREAD_NAME:
+            thread.join(spec.rendezvous_timeout_s)
     store.set(f"joined/{spec.world_rank}", "1")
     store.wait([f"joined/{rank}" for rank in range(spec.world_size)], store_timeout)
     dist.init_process_group(
