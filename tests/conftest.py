@@ -37,12 +37,31 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The modules that take longest (`make test`'s slowest list), longest first. `make test` hands whole modules to its
+#: two workers in collection order (--dist loadscope): starting the longest first keeps one worker from running a
+#: long module alone at the end while the other idles. Within a module the order is unchanged.
+LONGEST_FIRST = (
+    "test_stack_hygiene.py",
+    "test_cli.py",
+    "test_tune.py",
+    "test_faults_ranks.py",
+    "test_resume.py",
+    "test_ddp_runtime.py",
+    "test_stack_e2e.py",
+    "test_faults_services.py",
+    "test_sgd_pytorch.py",
+    "test_preflight.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
             for marker in FIXTURE_MARKERS.get(fixture, ()):
                 item.add_marker(marker)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order stays
 
 
 def free_port() -> int:
@@ -131,6 +150,10 @@ def services(monkeypatch, prefect_harness, mlflow_server, cluster, tmp_path):  #
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler.address)
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+    from prefect.settings import PREFECT_API_URL
+
+    # For subprocesses too: a driver without it would start (and leave running) a Prefect server of its own.
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
     return {"mlflow": mlflow_server, "dask": cluster.scheduler.address}
 
 
@@ -154,3 +177,48 @@ def _prefect_console_on_a_live_stream() -> Iterator[None]:
                 with handler.lock:  # not setStream(): it flushes the closed stream first
                     handler.stream = sys.__stderr__
                     handler.console.file = sys.__stderr__
+
+
+def _leftovers(basetemp: str) -> list:
+    """Processes still running that a test started and did not end: their command line, working directory or
+    environment (SWEEPFLOW_HOME, PREFECT_HOME, state dirs) points into this session's temporary directory."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    inside = basetemp.rstrip(os.sep) + os.sep  # not a sibling session's /tmp/pytest-of-root/pytest-30
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "cwd", "environ"]):
+        if process.info["pid"] in mine:
+            continue
+        info = process.info
+        texts = [*(info["cmdline"] or []), info["cwd"] or "", *(info["environ"] or {}).values()]
+        if any(inside in text or text == basetemp for text in texts):
+            found.append(process)
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Once, in the controlling process: end what tests left running (by pid: they are ours, under our
+    temporary directory) and say so, so that a leak is seen and never outlives the run into the next one."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checks once, at the end
+        return
+    import psutil
+
+    basetemp = str(session.config._tmp_path_factory.getbasetemp())
+    left = _leftovers(basetemp)
+    if not left:
+        return
+    lines = []
+    for process in left:
+        try:
+            lines.append(f"  pid {process.pid}: {' '.join(process.cmdline())[:200]}")
+            process.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(left, timeout=10)
+    for process in alive:
+        process.kill()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("!", "tests left processes running (ended now); a test does not clean up")
+        reporter.write_line("\n".join(lines))

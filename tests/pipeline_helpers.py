@@ -16,20 +16,38 @@ def scripted_quality(config: dict) -> None:
         )
 
 
-def slow_classifier(config: dict) -> None:
-    """The built-in train_image_classifier with each epoch's report held back ``config['epoch_sleep_s']``
-    seconds: real checkpoints (evaluation and registration work), and trials long enough to be interrupted
-    between two reports."""
-    from sweepflow.tasks.training.loop import train_image_classifier
+def held_classifier(config: dict) -> None:
+    """The built-in train_image_classifier (real checkpoints: evaluation and registration work), where the trial that starts
+    ``config['hold']``-th holds after its second report (its checkpoint committed) until the file ``go`` exists
+    in ``config['marks']``, having written ``held`` there: a sweep the resume test kills at a moment it can see,
+    whatever the machine's speed. With ``go`` there from the start, no trial holds."""
+    import os
 
+    marks = config["marks"]
+    order = 0
+    while True:  # claim the next start number: one file each, created atomically
+        order += 1
+        try:
+            os.close(os.open(os.path.join(marks, f"start_{order}"), os.O_CREAT | os.O_EXCL))
+            break
+        except FileExistsError:
+            continue
     real_report = train.report
+    reports = 0
 
-    def held_back(metrics: dict, checkpoint: train.Checkpoint | None = None) -> None:
-        time.sleep(float(config.get("epoch_sleep_s", 0.0)))
+    def held(metrics: dict, checkpoint: train.Checkpoint | None = None) -> None:
+        nonlocal reports
         real_report(metrics, checkpoint=checkpoint)
+        reports += 1
+        if order == config["hold"] and reports == 2 and not os.path.exists(os.path.join(marks, "go")):
+            open(os.path.join(marks, "held"), "w").close()
+            while not os.path.exists(os.path.join(marks, "go")):
+                time.sleep(0.05)
 
-    train.report = held_back  # the loop calls ddp_runtime.report at each epoch's end
+    train.report = held
     try:
+        from sweepflow.tasks.training.loop import train_image_classifier
+
         train_image_classifier(config)
     finally:
         train.report = real_report

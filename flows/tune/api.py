@@ -11,6 +11,7 @@ from typing import Any
 import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
 from sweepflow.tasks.sweep.samplers import Sampler
+from sweepflow.tasks.sweep.schedulers import merge_search_properties
 from sweepflow.tune import runner
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
 from sweepflow.tune.reporter import CLIReporter
@@ -277,23 +278,15 @@ def _experiment(
         raise ValueError(f"max_concurrent_trials must be >= 1, got {max_concurrent_trials}")
     if stop is not None and not callable(stop) and not isinstance(stop, Mapping):
         raise TypeError(f'stop must be a dict like {{"training_iteration": 10}} or a function, got {stop!r}')
-    sched = resolve_scheduler(scheduler)
-    sched.set_search_properties(metric, mode)  # a scheduler left without a metric/mode fails here, with the fix
     plan = plan_trial(trainable, resources_per_trial, dict(param_space))
     sampler: Sampler
     search = "random"
     if search_alg is not None:
         if not isinstance(search_alg, OptunaSearch):
             raise TypeError(f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...)")
-        for key, own, given in (("metric", search_alg.metric, metric), ("mode", search_alg.mode, mode)):
-            if own is not None and given is not None and own != given:
-                raise ValueError(
-                    f"OptunaSearch({key}={own!r}) and the experiment's {key}={given!r} differ: give {key} to the "
-                    "search algorithm or to tune.run / TuneConfig, not both"
-                )
-        s_metric, s_mode = search_alg.metric or metric, search_alg.mode or mode
-        if not s_metric or not s_mode:
-            raise ValueError("OptunaSearch needs metric and mode: pass them to it, or to tune.run / TuneConfig")
+        s_metric, s_mode = merge_search_properties(
+            "OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode)
+        )
         metric, mode = metric or s_metric, mode or s_mode
         sampler = SearchSampler(
             search_alg.space or param_space, num_samples=num_samples, metric=s_metric, mode=s_mode,
@@ -303,6 +296,8 @@ def _experiment(
         search = "tpe (optuna)"
     else:
         sampler = VariantSampler(param_space, num_samples, seed=seed)
+    sched = resolve_scheduler(scheduler)
+    sched.set_search_properties(metric, mode)  # a scheduler left without a metric/mode fails here, with the fix
     varying = tuple(
         "/".join(path) for path, value in _leaves(dict(param_space)) if isinstance(value, Domain) or _is_grid(value)
     )

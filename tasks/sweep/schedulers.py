@@ -45,6 +45,30 @@ class Decision(StrEnum):
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP
 
 
+
+def merge_search_properties(
+    owner: str, own: tuple[str | None, str | None], given: tuple[str | None, str | None]
+) -> tuple[str, str]:
+    """The metric and mode a scheduler or search algorithm (``owner``) uses: its own, else the experiment's
+    (``given``, from tune.run / TuneConfig). Both given and different is refused (as in Ray: only one could be
+    used), and so is neither (nothing to compare trials by); each error names the fix."""
+    if given[1] not in (None, "min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {given[1]!r}")
+    for name, mine, theirs in zip(("metric", "mode"), own, given, strict=True):
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ValueError(
+                f"{owner}({name}={mine!r}) and the experiment's {name}={theirs!r} differ: give {name} "
+                "to the scheduler or search algorithm, or to tune.run / TuneConfig, not both"
+            )
+    metric, mode = own[0] or given[0], own[1] or given[1]
+    if not metric or not mode:
+        raise ValueError(
+            f"{owner} needs the metric to compare trials by and its mode: pass metric=... and mode='min' or "
+            f"'max' to {owner}, or to tune.run / TuneConfig"
+        )
+    return metric, mode
+
+
 class TrialScheduler:
     """Interface shared by all schedulers; every method is safe to call from several threads.
 
@@ -224,21 +248,7 @@ class ASHAScheduler(TrialScheduler):
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric/mode fill what the scheduler was built without; two different ones are
         refused (as in Ray), since only one of them could be used."""
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        for name, own, given in (("metric", self.metric, metric), ("mode", self.mode, mode)):
-            if own is not None and given is not None and own != given:
-                raise ValueError(
-                    f"ASHAScheduler({name}={own!r}) and the experiment's {name}={given!r} differ: give {name} "
-                    "to the scheduler or to tune.run / TuneConfig, not both"
-                )
-        metric, mode = self.metric or metric, self.mode or mode
-        if not metric or not mode:
-            raise ValueError(
-                "ASHAScheduler needs the metric to compare trials by and its mode: pass metric=... and mode='min' "
-                "or 'max' to the scheduler, or to tune.run / TuneConfig"
-            )
-        self.metric, self.mode = metric, mode
+        self.metric, self.mode = merge_search_properties("ASHAScheduler", (self.metric, self.mode), (metric, mode))
 
     @property
     def _sign(self) -> float:

@@ -1,0 +1,76 @@
+"""The sweep report's cost as trials grow: ``write_sweep_report`` for 50 and for 200 synthetic trials.
+
+    .venv/bin/python benchmarks/bench_report.py [--sizes 50,200] [--repeats 3]
+
+Prints the best wall seconds per size (after one warm-up render, which pays matplotlib's imports and font
+cache) and the ratio of each size to the smallest: about linear in trials is the expectation (one row and one
+curve per trial). Taken side by side in one run, since the machine's speed swings between hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+
+import numpy as np
+
+from sweepflow.tasks.reporting.sweep_report import write_sweep_report
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+
+SPACE = {
+    "l1": {"type": "pow2", "low": 4, "high": 16},
+    "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
+    "batch_size": {"type": "choice", "values": [32, 64]},
+}
+STATUSES = (TrialStatus.COMPLETED, TrialStatus.STOPPED, TrialStatus.FAILED)
+
+
+def sweep(n: int) -> SweepResult:
+    """``n`` trials as an ASHA sweep leaves them: a third each completed, stopped early and failed."""
+    rng = np.random.default_rng(0)
+    trials = []
+    for i in range(n):
+        lr = float(10 ** rng.uniform(-4, -1))
+        status = STATUSES[i % 3]
+        epochs = 4 if status is TrialStatus.COMPLETED else 1
+        history = [
+            {"training_iteration": e, "epoch": e, "val_loss": 2.0 / e + abs(math.log10(lr) + 2)}
+            for e in range(1, epochs + 1)
+        ]
+        config = {"l1": int(rng.choice([4, 8, 16])), "lr": lr, "batch_size": 32}
+        trials.append(
+            TrialResult.from_history(
+                history, metric="val_loss", mode="min", trial_id=f"t{i:03d}", index=i, name=f"train_{i:03d}",
+                config=config, status=status, run_id=f"{i:03d}" + "ab" * 14, started_at=1e9 + 10 * i,
+                ended_at=1e9 + 10 * i + 7 * epochs + 1,
+            )
+        )  # fmt: skip
+    return SweepResult(trials=tuple(trials), metric="val_loss", mode="min")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="50,200", help="trial counts, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="renders per size; the best is kept")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as out:
+        write_sweep_report(sweep(sizes[0]), out_dir=f"{out}/warm", search_space=SPACE, title="warm-up")
+        best = {}
+        for n in sizes:
+            result = sweep(n)
+            times = []
+            for r in range(args.repeats):
+                start = time.perf_counter()
+                write_sweep_report(result, out_dir=f"{out}/{n}-{r}", search_space=SPACE, title=f"{n} trials")
+                times.append(time.perf_counter() - start)
+            best[n] = min(times)
+    base = sizes[0]
+    for n in sizes:
+        print(f"{n:5d} trials: {best[n]:6.2f} s  ({best[n] / best[base]:.2f}x {base} trials; {n / base:.0f}x the rows)")
+
+
+if __name__ == "__main__":
+    main()
