@@ -54,35 +54,31 @@ def _module_file(train_fn: str) -> str | None:
 
 
 def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
-    """Point this run at the state dir's background services (started in parallel if not running): a
-    Prefect server unless PREFECT_API_URL is set, an MLflow server unless a tracking URI is configured, a
-    Dask cluster unless a scheduler address is configured, and (``launcher``) the warm launcher."""
+    """Point this run at its services (``sweepflow.flows.run_services``: what is not configured is the state
+    dir's background service), and (``launcher``) the warm launcher."""
+    from sweepflow.flows.run_services import use_run_services
     from sweepflow.services import launcher as warm_launcher
-    from sweepflow.services.local import use_local_services
-    from sweepflow.tasks import WORKER_PRELOAD
 
     extra = {}
     if launcher:  # reads the environment once the Prefect settings are in it
         extra["launcher"] = lambda: warm_launcher.ensure(
             state_dir, dict(os.environ), entry=f"{__name__}:main", preload=["sweepflow.flows.pipeline"]
         )
-    addresses = use_local_services(
+    chosen = use_run_services(
+        settings,
         state_dir,
-        prefect=not settings.prefect_api_url,
-        mlflow=not config.mlflow.tracking_uri and not settings.tracking_uri,
-        dask=not config.dask.scheduler_address
-        and not settings.scheduler_address
-        and not config.resources.use_gpu,
-        worker_preload=[WORKER_PRELOAD],
+        tracking_uri=config.mlflow.tracking_uri,
+        scheduler_address=config.dask.scheduler_address,
+        use_gpu=config.resources.use_gpu,
         n_workers=config.dask.n_workers,
         code_files=[path for path in [_module_file(config.training.train_fn)] if path],
         extra=extra,
     )
     update = {}
-    if "mlflow" in addresses:
-        update["mlflow"] = config.mlflow.model_copy(update={"tracking_uri": addresses["mlflow"]})
-    if "dask" in addresses:
-        update["dask"] = config.dask.model_copy(update={"scheduler_address": addresses["dask"]})
+    if "mlflow" in chosen.started:
+        update["mlflow"] = config.mlflow.model_copy(update={"tracking_uri": chosen.tracking_uri})
+    if "dask" in chosen.started:
+        update["dask"] = config.dask.model_copy(update={"scheduler_address": chosen.scheduler_address})
     return config.model_copy(update=update)
 
 

@@ -33,7 +33,7 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "_shared_cluster": ("dask",),  # below: the session's LocalCluster with worker processes
     "cluster": ("dask",),  # below, or a test module's own (test_faults_*: they kill workers)
     "gpu3": ("dask",),  # test_ddp_runtime.py
-    "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess"),  # test_stack_e2e.py
+    "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess"),  # test_stack_hygiene.py
 }
 
 
@@ -47,7 +47,6 @@ LONGEST_FIRST = (
     "test_faults_ranks.py",
     "test_resume.py",
     "test_ddp_runtime.py",
-    "test_stack_e2e.py",
     "test_faults_services.py",
     "test_sgd_pytorch.py",
     "test_preflight.py",

@@ -25,10 +25,10 @@ from mlflow_server import sqlite_store
 SWEEPFLOW = os.path.join(os.path.dirname(sys.executable), "sweepflow")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = [
-    "sweep.num_samples=5",
+    "sweep.num_samples=4",
     "sweep.max_concurrent_trials=2",
     "sweep.seed=7",
-    "training.epochs=4",
+    "training.epochs=3",
     "training.train_fn=pipeline_helpers:held_classifier",
     "scheduler.type=fifo",
     "resources.ranks_per_trial=1",
@@ -40,7 +40,7 @@ SETTINGS = [
 def _command(state_dir: str, *extra: str, settings: list[str] | None = None) -> list[str]:
     """The sweep (SETTINGS; its last trial to start holds, see ``held_classifier``, marks in state_dir/marks)."""
     if settings is None:
-        settings = [*SETTINGS, f"training.base_config={{optimizer: adam, marks: {state_dir}/marks, hold: 5}}"]
+        settings = [*SETTINGS, f"training.base_config={{optimizer: adam, marks: {state_dir}/marks, hold: 4}}"]
     cmd = [SWEEPFLOW, "run", "--no-server", "--summary-json", os.path.join(state_dir, "summary.json"), *extra]
     for item in [*settings, f"state_dir={state_dir}"]:
         cmd += ["--set", item]
@@ -84,7 +84,7 @@ def _parent_created(db: str) -> bool:
 
 
 def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: float = 300) -> tuple[str, set]:
-    """The parent run id once the other four trials ended and the last one (held by ``held_classifier``) waits
+    """The parent run id once the other three trials ended and the last one (held by ``held_classifier``) waits
     between two reports, its checkpoint committed and its two reports in MLflow. Conditions, not timing: the
     held trial waits until told."""
     deadline = time.monotonic() + timeout
@@ -109,7 +109,7 @@ def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: f
             and os.path.isdir(checkpoints := os.path.join(r.info.artifact_uri.removeprefix("file://"), "checkpoints"))
             and any(name.startswith("checkpoint_") for name in os.listdir(checkpoints))
         ]
-        if len(ended) == 4 and waiting:
+        if len(ended) == 3 and waiting:
             return parents[0].info.run_id, ended
     raise AssertionError(f"no moment to interrupt the run within {timeout} s")
 
@@ -158,13 +158,13 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
 
     # One MLflow run per trial, the same runs as before the kill, each epoch logged exactly once.
     after = _trial_runs(client, parent)
-    assert sorted(after) == [f"trial_{i:04d}" for i in range(5)]
+    assert sorted(after) == [f"trial_{i:04d}" for i in range(4)]
     for trial_id, run in before.items():
         assert after[trial_id].info.run_id == run.info.run_id
     for trial_id, run in after.items():
         history = client.get_metric_history(run.info.run_id, "val_loss")
         steps = Counter(m.step for m in history)
-        assert steps == Counter({1: 1, 2: 1, 3: 1, 4: 1}), (trial_id, sorted(steps.items()))
+        assert steps == Counter({1: 1, 2: 1, 3: 1}), (trial_id, sorted(steps.items()))
         assert run.info.status == "FINISHED"
     # Ended trials were not trained again: nothing was logged to them after the kill.
     for trial_id in ended_before:

@@ -2,9 +2,9 @@
 parent run and a child run per trial: a script's ``tune.run``/``Tuner.fit`` is recorded exactly like a
 deployment's pipeline run.
 
-Services: ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI`` and ``DASK_SCHEDULER_ADDRESS`` when set (read once, here,
-through ``Settings``); otherwise the background services that ``sweepflow run`` starts and reuses, under
-``$SWEEPFLOW_HOME``.
+Services: decided by ``sweepflow.flows.run_services``, as for ``sweepflow run``: ``PREFECT_API_URL``,
+``MLFLOW_TRACKING_URI`` and ``DASK_SCHEDULER_ADDRESS`` when set (read once, here, through ``Settings``);
+otherwise the background services that ``sweepflow run`` starts and reuses, under ``$SWEEPFLOW_HOME``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +22,7 @@ from ddp_runtime import CheckpointConfig
 from ddp_runtime.cluster import cluster_client, groups_that_fit
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
+from sweepflow.flows.run_services import use_run_services
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -96,9 +96,10 @@ _EXPERIMENTS: dict[str, Experiment] = {}
 def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
-    addresses = _use_services(settings, experiment.plan)
-    tracking_uri = settings.tracking_uri or addresses.get("mlflow") or _sqlite(settings.home)
-    scheduler_address = settings.scheduler_address or addresses.get("dask")
+    chosen = use_run_services(
+        settings, settings.home, tracking_uri=None, scheduler_address=None, use_gpu=experiment.plan.use_gpu
+    )
+    tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
             _fits(client, experiment.plan, _dask_resources(client, experiment.plan))
@@ -162,34 +163,6 @@ def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
             "with resume='AUTO' (resume if there is one, else start) or without resume"
         )
     return found
-
-
-def _sqlite(home: str) -> str:
-    return f"sqlite:///{os.path.join(home, 'mlflow.db')}"
-
-
-def _prefect_configured(settings: Settings) -> bool:
-    """A Prefect API to use: PREFECT_API_URL, or one already set up in this process (e.g. a test harness)."""
-    if settings.prefect_api_url:
-        return True
-    if "prefect" in sys.modules:
-        from prefect.settings import PREFECT_API_URL
-
-        return bool(PREFECT_API_URL.value())
-    return False
-
-
-def _use_services(settings: Settings, plan: TrialPlan) -> dict[str, str]:
-    from sweepflow.services.local import use_local_services
-    from sweepflow.tasks import WORKER_PRELOAD
-
-    return use_local_services(
-        settings.home,
-        prefect=not _prefect_configured(settings),
-        mlflow=not settings.tracking_uri,
-        dask=not settings.scheduler_address and not plan.use_gpu,
-        worker_preload=[WORKER_PRELOAD],  # the same as the pipeline's: the state dir's one cluster serves both
-    )
 
 
 _FLOW: Any = None
