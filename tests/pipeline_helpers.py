@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import ddp_runtime as train
@@ -17,11 +18,11 @@ def scripted_quality(config: dict) -> None:
 
 
 def held_classifier(config: dict) -> None:
-    """The built-in train_image_classifier (real checkpoints: evaluation and registration work), where the trial that starts
-    ``config['hold']``-th holds after its second report (its checkpoint committed) until the file ``go`` exists
+    """The built-in train_image_classifier (real checkpoints: evaluation and registration work), where the
+    trial that starts ``config['hold']``-th holds after its second report (its checkpoint committed) until the file ``go`` exists
     in ``config['marks']``, having written ``held`` there: a sweep the resume test kills at a moment it can see,
     whatever the machine's speed. With ``go`` there from the start, no trial holds."""
-    import os
+    from sweepflow.tasks.training.loop import train_image_classifier
 
     marks = config["marks"]
     order = 0
@@ -46,8 +47,6 @@ def held_classifier(config: dict) -> None:
 
     train.report = held
     try:
-        from sweepflow.tasks.training.loop import train_image_classifier
-
         train_image_classifier(config)
     finally:
         train.report = real_report

@@ -8,11 +8,9 @@ uninterrupted run with the same seed produces.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -71,30 +69,17 @@ def _trial_runs(client: MlflowClient, parent: str) -> dict[str, object]:
     return {r.data.tags["sweepflow.trial_id"]: r for r in runs if "sweepflow.trial_id" in r.data.tags}
 
 
-def _parent_created(db: str) -> bool:
-    """Whether the run's MLflow store exists, fully migrated: its parent run (tagged with a resume key) is in."""
-    if not os.path.exists(db):
-        return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as con:
-            rows = con.execute("SELECT 1 FROM tags WHERE key = 'sweepflow.resume_key' LIMIT 1").fetchall()
-    except sqlite3.OperationalError:  # no such table yet, or locked by the writer
-        return False
-    return bool(rows)
-
-
 def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: float = 300) -> tuple[str, set]:
     """The parent run id once the other three trials ended and the last one (held by ``held_classifier``) waits
     between two reports, its checkpoint committed and its two reports in MLflow. Conditions, not timing: the
     held trial waits until told."""
     deadline = time.monotonic() + timeout
-    db = os.path.join(state_dir, "mlflow.db")
     held = os.path.join(state_dir, "marks", "held")
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.2)
-        if not os.path.exists(held) or not _parent_created(db):
-            continue  # opening the store before the parent run is in would race the run's own schema migrations
+        if not os.path.exists(held):
+            continue  # a trial holds: the store is migrated and the parent run is in (opening it sooner would race)
         client = _client(state_dir)
         parents = client.search_runs(
             [client.get_experiment_by_name("sweepflow").experiment_id], "tags.`sweepflow.resume_key` != ''"

@@ -284,12 +284,11 @@ def _experiment(
     if search_alg is not None:
         if not isinstance(search_alg, OptunaSearch):
             raise TypeError(f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...)")
-        s_metric, s_mode = merge_search_properties(
-            "OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode)
-        )
-        metric, mode = metric or s_metric, mode or s_mode
+        # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.
+        own = (search_alg.metric, search_alg.mode)
+        metric, mode = merge_search_properties("OptunaSearch", own, (metric, mode))
         sampler = SearchSampler(
-            search_alg.space or param_space, num_samples=num_samples, metric=s_metric, mode=s_mode,
+            search_alg.space or param_space, num_samples=num_samples, metric=metric, mode=mode,
             seed=search_alg.seed if search_alg.seed is not None else seed,
             n_startup_trials=search_alg.n_startup_trials,
         )

@@ -96,9 +96,7 @@ _EXPERIMENTS: dict[str, Experiment] = {}
 def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
-    chosen = use_run_services(
-        settings, settings.home, tracking_uri=None, scheduler_address=None, use_gpu=experiment.plan.use_gpu
-    )
+    chosen = use_run_services(settings, settings.home, use_gpu=experiment.plan.use_gpu)
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:

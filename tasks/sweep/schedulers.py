@@ -45,7 +45,6 @@ class Decision(StrEnum):
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP
 
 
-
 def merge_search_properties(
     owner: str, own: tuple[str | None, str | None], given: tuple[str | None, str | None]
 ) -> tuple[str, str]:
@@ -248,7 +247,8 @@ class ASHAScheduler(TrialScheduler):
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric/mode fill what the scheduler was built without; two different ones are
         refused (as in Ray), since only one of them could be used."""
-        self.metric, self.mode = merge_search_properties("ASHAScheduler", (self.metric, self.mode), (metric, mode))
+        own = (self.metric, self.mode)
+        self.metric, self.mode = merge_search_properties("ASHAScheduler", own, (metric, mode))
 
     @property
     def _sign(self) -> float:
