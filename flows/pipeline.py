@@ -30,12 +30,13 @@ from sweepflow.tasks.recording import (
     prefect_flow_run_url,
     record_sweep,
 )
-from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
+from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, find_interrupted_parent, load_prior_sweep, resume_key
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
+from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.runs import RunTracker, flatten, public_params
 
 

@@ -270,20 +270,20 @@ TUNE_CONFIG = {
 
 
 def test_trainable_plan_is_a_ddp_group_of_num_replicas():
-    plan = PyTorchTrainable._sweepflow_trial_plan(TUNE_CONFIG)
+    plan = PyTorchTrainable._sweepflow_trial_template(TUNE_CONFIG)
     assert plan["num_ranks"] == 2
     assert plan["resources_per_rank"] == {"CPU": 1, "GPU": 0} and plan["use_gpu"] is False
     assert callable(plan["function"])
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['lr'\].*config\['config'\]"):
-        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "lr": 0.1})
+        PyTorchTrainable._sweepflow_trial_template({**TUNE_CONFIG, "lr": 0.1})
     with pytest.raises(ValueError, match=r'config\["num_replicas"\] must be an int >= 1'):
-        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "num_replicas": 0})
+        PyTorchTrainable._sweepflow_trial_template({**TUNE_CONFIG, "num_replicas": 0})
     with pytest.raises(TypeError, match=r'config\["model_creator"\] is called as model_creator\(config\)'):
-        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "model_creator": lambda: None})
+        PyTorchTrainable._sweepflow_trial_template({**TUNE_CONFIG, "model_creator": lambda: None})
 
 
 def test_trainable_trains_until_stopped_and_resumes_from_its_checkpoint(cluster, tmp_path):
-    plan = PyTorchTrainable._sweepflow_trial_plan(TUNE_CONFIG)
+    plan = PyTorchTrainable._sweepflow_trial_template(TUNE_CONFIG)
     reports = []
 
     def stop_after_three(metrics):  # what a Tune scheduler / stop criterion does
@@ -369,9 +369,9 @@ def test_ray_train_example_runs_with_only_its_import_changed():
 
 def test_trainable_plan_refuses_a_searched_group_shape():
     with pytest.raises(ValueError, match=r'config\["num_replicas"\] is searched.*one tune.run per value'):
-        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "num_replicas": tune.grid_search([1, 2])})
+        PyTorchTrainable._sweepflow_trial_template({**TUNE_CONFIG, "num_replicas": tune.grid_search([1, 2])})
     with pytest.raises(ValueError, match=r'config\["use_gpu"\] is searched'):
-        PyTorchTrainable._sweepflow_trial_plan({**TUNE_CONFIG, "use_gpu": tune.choice([True, False])})
+        PyTorchTrainable._sweepflow_trial_template({**TUNE_CONFIG, "use_gpu": tune.choice([True, False])})
 
 
 # ------------------------------------------------------------------------------- under tune.run, with services

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from sweepflow.tasks.sweep.driver import TrialTemplate
 from sweepflow.tasks.sweep.results import ResourceUsage, SweepResult, TrialResult, TrialStatus, best_of
 from sweepflow.tasks.sweep.samplers import (
     GridSampler,
@@ -14,6 +13,7 @@ from sweepflow.tasks.sweep.samplers import (
     TPESampler,
     make_sampler,
 )
+from sweepflow.tasks.sweep.template import TrialTemplate
 
 SPACE = {
     "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
@@ -77,7 +77,7 @@ def test_trial_template_fills_each_trial_from_the_shared_part():
     spec = template.trial(3, {"lr": 0.01, "bs": 32})
     assert spec.trial_id == "trial_0003" and spec.name == "trial_0003-lr=0.01"
     assert spec.train_loop_config == {"epochs": 4, "lr": 0.01, "bs": 32, "data_path": "/d", "seed": 13}
-    assert spec.gpus_per_rank == 1.0 and spec.num_ranks == 2
+    assert spec.template is template and template.gpus_per_rank == 1.0
 
 
 def _trial(i: int, status: TrialStatus, best: float | None, **usage) -> TrialResult:

@@ -75,15 +75,20 @@ def _fingerprint(exp: runner.Experiment) -> dict[str, Any]:
         number, config = exp.sampler.ask()
         proposals.append(config)
         exp.sampler.tell(number, float(config["a"]))
-    plan = exp.plan
-    fields = {f.name: repr(getattr(exp, f.name)) for f in dataclasses.fields(exp) if f.name not in ("plan", "sampler")}
+    template = exp.template
+    fields = {f.name: repr(getattr(exp, f.name)) for f in dataclasses.fields(exp) if f.name not in ("template", "sampler")}
     return {
         **fields,
         "scheduler": _state(exp.scheduler),
         "proposals": proposals,
         "total": exp.sampler.total,
-        "trainable": getattr(plan.function, "fn", plan.function),
-        "plan": (plan.name, plan.num_ranks, plan.resources, plan.config_key, plan.base_config, sorted(plan.parameters)),
+        "trainable": getattr(template.train_fn, "fn", template.train_fn),
+        "template": (
+            template.num_ranks,
+            template.resources_per_rank,
+            template.train_loop_config,
+            sorted(getattr(template.train_fn, "parameters", {})),
+        ),
     }
 
 

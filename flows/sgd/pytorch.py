@@ -279,7 +279,7 @@ class PyTorchTrainable:
     """
 
     @classmethod
-    def _sweepflow_trial_plan(cls, config_example: dict[str, Any] | None) -> dict[str, Any]:
+    def _sweepflow_trial_template(cls, config_example: dict[str, Any] | None) -> dict[str, Any]:
         n, use_gpu = check_trainable_config(config_example)
         return {
             "function": trainable_rank,

@@ -25,7 +25,7 @@ from sweepflow.tune.search_space import (
     _leaves,
     space_as_data,
 )
-from sweepflow.tune.trainable import plan_trial
+from sweepflow.tune.trainable import plan_trial, trainable_name
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def _experiment(
     checkpoint_config: CheckpointConfig | None = None,
     resume: bool | str = False,
 ) -> runner.Experiment:
-    """Every argument checked, and the trial plan made, before any service starts or any trial runs."""
+    """Every argument checked, and the trial template made, before any service starts or any trial runs."""
     resume_mode = _resume_mode(resume, name=name, metric=metric or getattr(scheduler, "metric", None) or getattr(search_alg, "metric", None))
     if mode not in (None, "min", "max"):
         raise ValueError(f"mode={mode!r}: use 'min' (e.g. for a loss) or 'max' (e.g. for accuracy)")
@@ -278,7 +278,7 @@ def _experiment(
         raise ValueError(f"max_concurrent_trials must be >= 1, got {max_concurrent_trials}")
     if stop is not None and not callable(stop) and not isinstance(stop, Mapping):
         raise TypeError(f'stop must be a dict like {{"training_iteration": 10}} or a function, got {stop!r}')
-    plan = plan_trial(trainable, resources_per_trial, dict(param_space))
+    template = plan_trial(trainable, resources_per_trial, dict(param_space))
     sampler: Sampler
     search = "random"
     if search_alg is not None:
@@ -301,9 +301,10 @@ def _experiment(
         "/".join(path) for path, value in _leaves(dict(param_space)) if isinstance(value, Domain) or _is_grid(value)
     )
     return runner.Experiment(
-        plan=plan,
+        template=template,
+        trainable_name=trainable_name(trainable),
         sampler=sampler,
-        name=name or f"{plan.name}_{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+        name=name or f"{trainable_name(trainable)}_{time.strftime('%Y-%m-%d_%H-%M-%S')}",
         scheduler=sched,
         metric=metric or getattr(sched, "metric", None),
         mode=mode or getattr(sched, "mode", None),

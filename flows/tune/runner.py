@@ -26,7 +26,8 @@ from sweepflow.flows.run_services import use_run_services
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
-from sweepflow.tune.trainable import SharedValue, TrialPlan
+from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tune.trainable import SharedValue, shared_parameters, sharing
 
 
 class TuneError(RuntimeError):
@@ -37,7 +38,8 @@ class TuneError(RuntimeError):
 class Experiment:
     """Everything one ``tune.run`` / ``Tuner.fit`` runs, checked before any work."""
 
-    plan: TrialPlan
+    template: TrialTemplate  # what each trial runs (from the trainable); the runner adds the ranking and retention
+    trainable_name: str  # Ray names experiments after it
     sampler: Sampler
     name: str
     scheduler: TrialScheduler  # with the experiment's metric/mode set
@@ -78,29 +80,17 @@ class _StopCriteria(TrialScheduler):
         self.inner.on_trial_error(trial_id)
 
 
-class _ConfigUnder:
-    """A TorchTrainer trial: its ``train_loop_per_worker`` gets ``param_space[key]`` merged over its own config."""
-
-    def __init__(self, fn: Callable[[dict[str, Any]], Any], key: str) -> None:
-        self.fn, self.key = fn, key
-
-    def __call__(self, config: dict[str, Any]) -> Any:
-        merged = {k: v for k, v in config.items() if k != self.key}
-        merged.update(config.get(self.key) or {})
-        return self.fn(merged)
-
-
 _EXPERIMENTS: dict[str, Experiment] = {}
 
 
 def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
-    chosen = use_run_services(settings, settings.home, use_gpu=experiment.plan.use_gpu)
+    chosen = use_run_services(settings, settings.home, use_gpu=experiment.template.use_gpu)
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
-            _fits(client, experiment.plan, _dask_resources(client, experiment.plan))
+            _fits(client, experiment.template, _dask_resources(client, experiment.template))
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     key = uuid.uuid4().hex
     _EXPERIMENTS[key] = replace(
@@ -116,7 +106,7 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
         flow_fn = _flow()  # imports prefect: after the services' settings are in the environment
         return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
             experiment_key=key,
-            trainable=experiment.plan.name,
+            trainable=experiment.trainable_name,
             num_trials=experiment.sampler.total,
             metric=experiment.metric,
             mode=experiment.mode,
@@ -131,14 +121,14 @@ def parent_params(exp: Experiment) -> dict[str, Any]:
     """The experiment's parent-run params: what its runs are compared by, and (with its search space) what a
     resumed run must share with the interrupted one."""
     return {
-        "trainable": exp.plan.name,
+        "trainable": exp.trainable_name,
         "num_trials": exp.sampler.total,
         "metric": exp.metric,
         "mode": exp.mode,
         "scheduler": repr(exp.scheduler),
         "search": exp.search,
-        "ranks_per_trial": exp.plan.num_ranks,
-        "resources_per_rank": exp.plan.resources,
+        "ranks_per_trial": exp.template.num_ranks,
+        "resources_per_rank": exp.template.resources_per_rank,
     }
 
 
@@ -189,7 +179,7 @@ def _experiment_flow(
     from prefect.runtime import flow_run
 
     from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
-    from sweepflow.tasks.sweep.driver import Sweep, TrialTemplate
+    from sweepflow.tasks.sweep.driver import Sweep
     from sweepflow.tasks.sweep.resume import load_prior_sweep
     from sweepflow.tasks.tracking.runs import RunTracker
 
@@ -212,9 +202,9 @@ def _experiment_flow(
         scratch_dir=scratch,
     )
     resume_from = info["resume_from"]
-    with cluster_client(info["scheduler_address"], use_gpu=exp.plan.use_gpu) as client:
-        resources = _dask_resources(client, exp.plan)
-        fits = _fits(client, exp.plan, resources)
+    with cluster_client(info["scheduler_address"], use_gpu=exp.template.use_gpu) as client:
+        resources = _dask_resources(client, exp.template)
+        fits = _fits(client, exp.template, resources)
         with parent_run(tracker, spec, resume_from=resume_from) as parent:
             prior = None
             if resume_from:
@@ -223,22 +213,15 @@ def _experiment_flow(
                     f"resuming experiment run {parent}: {len(prior.ended)} trial(s) ended (read back), "
                     f"{len(prior.interrupted)} continue from their checkpoints"
                 )
-            with _shared_parameters(client, exp.plan) as plan:
-                function: Callable[..., Any] = plan.function
-                if plan.config_key:
-                    function = _ConfigUnder(function, plan.config_key)
+            with _shared_parameters(client, exp.template) as shared:
                 sweep = Sweep(
                     sampler=exp.sampler,
-                    template=TrialTemplate(
-                        train_fn=function,
-                        train_loop_config=dict(plan.base_config),
-                        num_ranks=plan.num_ranks,
+                    template=replace(
+                        shared,
                         resources_per_rank=resources,
-                        use_gpu=plan.use_gpu,
                         selection_metric=exp.metric,
                         selection_mode=exp.mode or "max",
                         max_reports=exp.scheduler.max_t or _stop_iterations(exp.stop),
-                        seed=None,
                         varying_names=exp.varying_names,
                         max_failures=exp.max_failures,
                         **_retention(exp.checkpoint_config),
@@ -292,34 +275,33 @@ def _stop_iterations(stop: Any) -> int:
     return 0
 
 
-def _dask_resources(client: Any, plan: TrialPlan) -> dict[str, float]:
-    """Ray's per-rank {"cpu", "gpu"} as Dask worker resources: GPU always; CPU when the workers declare it
-    (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
+def _dask_resources(client: Any, template: TrialTemplate) -> dict[str, float]:
+    """The template's per-rank resources as this cluster can grant them: GPU always; CPU only when the workers
+    declare it (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
     declared = {name for w in client.scheduler_info()["workers"].values() for name in (w.get("resources") or {})}
-    resources = {}
-    if plan.resources.get("gpu"):
-        resources["GPU"] = plan.resources["gpu"]
-    if plan.resources.get("cpu") and "CPU" in declared:
-        resources["CPU"] = plan.resources["cpu"]
-    return resources
+    return {name: v for name, v in template.resources_per_rank.items() if name != "CPU" or "CPU" in declared}
 
 
-def _fits(client: Any, plan: TrialPlan, resources: dict[str, float]) -> int:
+def _fits(client: Any, template: TrialTemplate, resources: dict[str, float]) -> int:
     """How many trials run at once; raises, naming the setting to change, when none fits."""
     import ddp_runtime as train
 
-    scaling = train.ScalingConfig(num_workers=plan.num_ranks, use_gpu=plan.use_gpu, resources_per_worker=resources or None)
-    return groups_that_fit(client, scaling, what=f"resources_per_trial / the trainable's resources {plan.resources}")
+    scaling = train.ScalingConfig(
+        num_workers=template.num_ranks, use_gpu=template.use_gpu, resources_per_worker=resources or None
+    )
+    asked = {name.lower(): v for name, v in template.resources_per_rank.items()}
+    return groups_that_fit(client, scaling, what=f"resources_per_trial / the trainable's resources {asked}")
 
 
 @contextlib.contextmanager
-def _shared_parameters(client: Any, plan: TrialPlan) -> Iterator[TrialPlan]:
+def _shared_parameters(client: Any, template: TrialTemplate) -> Iterator[TrialTemplate]:
     """``tune.with_parameters`` objects go to every worker once; trials read the worker's copy."""
-    if not plan.parameters:
-        yield plan
+    parameters = shared_parameters(template)
+    if not parameters:
+        yield template
         return
-    futures = client.scatter(dict(plan.parameters), broadcast=True, hash=False)
+    futures = client.scatter(parameters, broadcast=True, hash=False)
     try:
-        yield plan.sharing({name: SharedValue(future) for name, future in futures.items()})
+        yield sharing(template, {name: SharedValue(future) for name, future in futures.items()})
     finally:
         client.cancel(list(futures.values()))

@@ -5,40 +5,18 @@ Accepted trainables (as in Ray): a function ``fn(config)`` or classic ``fn(confi
 same wrapped by ``tune.with_parameters`` / ``tune.with_resources``, a ``DistributedTrainableCreator`` (a DDP
 group per trial), a ``ddp_runtime.torch.TorchTrainer`` (its ``train_loop_per_worker`` on its
 ``scaling_config``, the trial's ``param_space["train_loop_config"]`` merged over its own), and any object that
-defines ``_sweepflow_trial_plan(config)`` (e.g. ``sweepflow.sgd.pytorch.PyTorchTrainable``).
+defines ``_sweepflow_trial_template(config)`` (e.g. ``sweepflow.sgd.pytorch.PyTorchTrainable``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
+from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tune import session
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    """How every trial of an experiment runs."""
-
-    function: Callable[[dict[str, Any]], Any]  # runs on every rank with the trial's config
-    name: str  # the trainable's name (Ray names trials and experiments after it)
-    num_ranks: int = 1
-    resources: dict[str, float] = field(default_factory=dict)  # per rank, Ray's spelling: {"cpu": 2, "gpu": 0.5}
-    config_key: str | None = None  # TorchTrainer: the trial config goes to param_space[config_key]
-    base_config: dict[str, Any] = field(default_factory=dict)  # TorchTrainer: its own train_loop_config
-    parameters: dict[str, Any] = field(default_factory=dict)  # tune.with_parameters: sent to the workers once
-
-    @property
-    def use_gpu(self) -> bool:
-        return float(self.resources.get("gpu", 0) or 0) > 0
-
-    def sharing(self, shared: Mapping[str, SharedValue]) -> TrialPlan:
-        """This plan with its ``with_parameters`` objects replaced by their copies on the cluster."""
-        if not isinstance(self.function, ClassicFunction):
-            return self
-        return replace(self, function=ClassicFunction(self.function.fn, shared))
 
 
 def _name_of(fn: Any) -> str:
@@ -189,8 +167,14 @@ class DistributedTrainableCreator:
 # ------------------------------------------------------------------------------------------- planning
 
 
-def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, config_example: dict[str, Any]) -> TrialPlan:
-    """The trial plan for a trainable; raises with the fix when it cannot be run."""
+def trainable_name(trainable: Any) -> str:
+    """The trainable's name (Ray names trials and experiments after it)."""
+    return _name_of(trainable)
+
+
+def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, config_example: dict[str, Any]) -> TrialTemplate:
+    """What each trial of the trainable runs (the function on every rank, the group's shape); the sweep's
+    ranking and retention are filled in by the runner. Raises with the fix when it cannot be run."""
     parameters: dict[str, Any] = {}
     resources = _checked_resources("resources_per_trial", resources_per_trial)
     while isinstance(trainable, _WithParameters | _WithResources):
@@ -206,14 +190,8 @@ def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, co
                 "tune.run(DistributedTrainableCreator(...), resources_per_trial=...): the creator sets the resources "
                 "(num_workers, num_cpus_per_worker, num_gpus_per_worker); pass resources_per_trial=None"
             )
-        return TrialPlan(
-            function=ClassicFunction(trainable.func, parameters),
-            name=trainable.__name__,
-            num_ranks=trainable.num_workers,
-            resources=trainable.resources,
-            parameters=parameters,
-        )
-    planner = getattr(trainable, "_sweepflow_trial_plan", None)
+        return _template(ClassicFunction(trainable.func, parameters), trainable.num_workers, trainable.resources)
+    planner = getattr(trainable, "_sweepflow_trial_template", None)
     if planner is not None:
         if resources_per_trial or resources:
             raise ValueError(
@@ -221,22 +199,16 @@ def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, co
                 "config): clear resources_per_trial (or tune.with_resources)"
             )
         plan = planner(config_example)
-        return TrialPlan(
-            function=plan["function"],
-            name=_name_of(trainable),
-            num_ranks=int(plan.get("num_ranks", 1)),
-            resources={k.lower(): float(v) for k, v in (plan.get("resources_per_rank") or {}).items()},
-        )
+        per_rank = {k.lower(): float(v) for k, v in (plan.get("resources_per_rank") or {}).items()}
+        return _template(plan["function"], int(plan.get("num_ranks", 1)), per_rank)
     torch_trainer = _as_torch_trainer(trainable)
     if torch_trainer is not None:
         scaling = torch_trainer.scaling_config
         per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
-        return TrialPlan(
-            function=torch_trainer.train_loop_per_worker,
-            name="TorchTrainer",
-            num_ranks=scaling.num_workers,
-            resources=per_rank,
-            config_key="train_loop_config",
+        return _template(
+            _ConfigUnder(torch_trainer.train_loop_per_worker, "train_loop_config"),
+            scaling.num_workers,
+            per_rank,
             base_config=dict(torch_trainer.train_loop_config or {}),
         )
     if inspect.isclass(trainable):
@@ -246,12 +218,50 @@ def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, co
         )
     if not callable(trainable):
         raise TypeError(f"the trainable must be a function, got {type(trainable).__name__}")
-    return TrialPlan(
-        function=ClassicFunction(trainable, parameters),
-        name=_name_of(trainable),
-        resources=resources,
-        parameters=parameters,
+    return _template(ClassicFunction(trainable, parameters), 1, resources)
+
+
+def _template(
+    function: Callable[..., Any], num_ranks: int, resources: Mapping[str, float], base_config: dict[str, Any] | None = None
+) -> TrialTemplate:
+    """``resources``: per rank in Ray's spelling ({"cpu": 2, "gpu": 0.5}); the template holds Dask's ({"CPU": 2,
+    "GPU": 0.5}), zero entries left out (the runner drops CPU on a cluster whose workers do not declare it)."""
+    return TrialTemplate(
+        train_fn=function,
+        train_loop_config=dict(base_config or {}),
+        num_ranks=num_ranks,
+        resources_per_rank={name.upper(): float(v) for name, v in resources.items() if v},
+        use_gpu=float(resources.get("gpu", 0) or 0) > 0,
+        seed=None,  # Ray seeds nothing on its own: the trial's config is the user's
     )
+
+
+def shared_parameters(template: TrialTemplate) -> dict[str, Any]:
+    """The ``tune.with_parameters`` objects of the template's function (sent to the cluster once)."""
+    fn = template.train_fn
+    if not isinstance(fn, ClassicFunction):
+        return {}
+    return {name: v for name, v in fn.parameters.items() if not isinstance(v, SharedValue)}
+
+
+def sharing(template: TrialTemplate, shared: Mapping[str, SharedValue]) -> TrialTemplate:
+    """The template with its ``with_parameters`` objects replaced by their copies on the cluster."""
+    fn = template.train_fn
+    if not isinstance(fn, ClassicFunction):
+        return template
+    return replace(template, train_fn=ClassicFunction(fn.fn, shared))
+
+
+class _ConfigUnder:
+    """A TorchTrainer trial: its ``train_loop_per_worker`` gets ``param_space[key]`` merged over its own config."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Any], key: str) -> None:
+        self.fn, self.key = fn, key
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        merged = {k: v for k, v in config.items() if k != self.key}
+        merged.update(config.get(self.key) or {})
+        return self.fn(merged)
 
 
 def _as_torch_trainer(trainable: Any) -> Any:

@@ -16,7 +16,7 @@ import contextlib
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from distributed import Client
@@ -24,68 +24,15 @@ from prefect.utilities.annotations import quote
 
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
-from sweepflow.tasks.sweep.resume import PriorSweep, ResumeFrom, replay
+from sweepflow.tasks.sweep.resume import PriorSweep, replay
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
-from sweepflow.tasks.sweep.space import describe_trial
-from sweepflow.tasks.sweep.trial import SweepRuntime, TrialSpec, registered_runtime, run_trial
+from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial import SweepRuntime, registered_runtime, run_trial
 from sweepflow.tasks.tracking.runs import RunTracker
 
 _SLOT_FREED = object()  # wakes the loop: a trial gave its slot back, so the next one may start
-
-
-@dataclass(frozen=True)
-class TrialTemplate:
-    """What every trial of a sweep shares; a trial adds its number and its sampled hyperparameters."""
-
-    train_fn: str | Callable[..., Any]  # "module:function", or a function object; run on every rank
-    train_loop_config: dict[str, Any]  # fixed entries; the sampled ones override them
-    num_ranks: int
-    selection_metric: str
-    selection_mode: str
-    max_reports: int  # the scheduler's max_t (epochs for FIFO): a stop there means the trial is complete
-    resources_per_rank: dict[str, float] = field(default_factory=dict)
-    use_gpu: bool = False
-    seed: int | None = 0  # trial i trains with config["seed"] = seed + i (None: no seed entry)
-    varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
-    max_failures: int = 0
-    hang_timeout_s: float | None = None  # ddp_runtime TorchConfig.hang_timeout_s of every trial's group
-    system_metrics_interval_s: float = 0.0  # MLflow system metrics from each trial's rank 0; 0: off
-    # Checkpoint retention per trial: the best ``checkpoints_to_keep`` by ``checkpoint_score`` (default: the
-    # selection metric and mode), plus always the latest (a restart resumes from it); None keeps them all.
-    checkpoints_to_keep: int | None = 1
-    checkpoint_score: str | None = None
-    checkpoint_score_mode: str | None = None
-
-    def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> TrialSpec:
-        trial_id = f"trial_{index:04d}"
-        shown = [name for name in self.varying_names if name in params]
-        return TrialSpec(
-            trial_id=trial_id,
-            index=index,
-            name=f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id,
-            params=params,
-            train_fn=self.train_fn,
-            train_loop_config={
-                **self.train_loop_config,
-                **params,
-                **({"seed": self.seed + index} if self.seed is not None else {}),
-            },
-            num_ranks=self.num_ranks,
-            resources_per_rank=dict(self.resources_per_rank),
-            use_gpu=self.use_gpu,
-            selection_metric=self.selection_metric,
-            selection_mode=self.selection_mode,
-            max_reports=self.max_reports,
-            max_failures=self.max_failures,
-            hang_timeout_s=self.hang_timeout_s,
-            system_metrics_interval_s=self.system_metrics_interval_s,
-            checkpoints_to_keep=self.checkpoints_to_keep,
-            checkpoint_score=self.checkpoint_score,
-            checkpoint_score_mode=self.checkpoint_score_mode,
-            resume=resume,
-        )
 
 
 class Sweep:

@@ -18,7 +18,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,9 +41,10 @@ from sweepflow.tasks.sweep.results import (
     TrialResult,
     TrialStatus,
 )
-from sweepflow.tasks.sweep.resume import TAG_RESUMES, ResumeFrom, scheduler_keys
+from sweepflow.tasks.sweep.resume import TAG_RESUMES, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
+from sweepflow.tasks.sweep.template import Trial
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
@@ -61,39 +62,6 @@ TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot befor
 class MetricNotReported(ValueError):
     """The training function's first report lacks a metric the sweep selects or schedules by: every trial would
     be the same mistake, so the sweep stops at once with this message."""
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """What one trial runs (plain data: it is the Prefect task's parameter)."""
-
-    trial_id: str
-    index: int  # the trial's number: trials start in this order
-    name: str
-    params: dict[str, Any]  # the sampled hyperparameters
-    train_fn: str | Callable[..., Any]  # "module:function", or a function object (shipped by value)
-    train_loop_config: dict[str, Any]  # base config + params + data path
-    num_ranks: int
-    resources_per_rank: dict[str, float]
-    use_gpu: bool
-    selection_metric: str
-    selection_mode: str
-    max_reports: int  # the scheduler's max_t: a stop there means the trial is complete
-    max_failures: int = 0
-    hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
-    system_metrics_interval_s: float = 0.0  # MLflow system metrics from rank 0 (needs a tracking server)
-    checkpoints_to_keep: int | None = 1  # the best this many by checkpoint_score, plus the latest; None: all
-    checkpoint_score: str | None = None  # None: the selection metric
-    checkpoint_score_mode: str | None = None  # None: the selection mode
-    resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
-
-    @property
-    def gpus_per_rank(self) -> float:
-        return float(self.resources_per_rank.get("GPU", 0.0))
-
-    def identity(self) -> dict[str, Any]:
-        """The ``TrialResult`` fields that say which trial it is."""
-        return {"trial_id": self.trial_id, "index": self.index, "name": self.name, "config": self.params}
 
 
 @dataclass
@@ -153,7 +121,7 @@ def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
 
 
 @task(name="train-trial", cache_policy=NO_CACHE, retries=0)
-def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
+def run_trial(spec: Trial, runtime_id: str) -> TrialResult:
     """Train one trial as a DDP group; returns its result (status, metrics, best checkpoint, MLflow run, cost).
 
     The sweep submits a trial once it has taken a slot for it, so this task run, and the MLflow run it opens,
@@ -177,7 +145,7 @@ def run_trial(spec: TrialSpec, runtime_id: str) -> TrialResult:
     )
 
 
-def _open_run(spec: TrialSpec, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
+def _open_run(spec: Trial, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
     the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
     trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
@@ -196,7 +164,7 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime, queued_s: float) -> tuple[RunWr
             "sweepflow.trial_name": spec.name,
             TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
-            "sweepflow.train_fn": TrainFunction(spec.train_fn).path,
+            "sweepflow.train_fn": TrainFunction(spec.template.train_fn).path,
             **queued,
             **_prefect_task_run_tags(),
         },
@@ -207,9 +175,9 @@ def _open_run(spec: TrialSpec, rt: SweepRuntime, queued_s: float) -> tuple[RunWr
     writer.log_params(
         {
             **spec.params,
-            "num_ranks": spec.num_ranks,
-            "gpus_per_rank": spec.gpus_per_rank,
-            "resources_per_rank": spec.resources_per_rank,
+            "num_ranks": spec.template.num_ranks,
+            "gpus_per_rank": spec.template.gpus_per_rank,
+            "resources_per_rank": spec.template.resources_per_rank,
         }
     )
     return writer, artifact_uri
@@ -238,7 +206,7 @@ class _TrialRun:
     """One trial's DDP group, from its first report to its MLflow run's end."""
 
     def __init__(
-        self, spec: TrialSpec, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
+        self, spec: Trial, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
     ) -> None:
         self.spec, self.rt, self.writer, self.slot, self.logger = spec, rt, writer, slot, logger
         self.reached_max_t = (
@@ -252,7 +220,7 @@ class _TrialRun:
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
-        for name in (self.spec.selection_metric, getattr(self.rt.scheduler, "metric", None)):
+        for name in (self.spec.template.selection_metric, getattr(self.rt.scheduler, "metric", None)):
             value = metrics.get(name) if name else None
             if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
                 return f"{name}={value} at report {metrics['training_iteration']}"
@@ -260,11 +228,11 @@ class _TrialRun:
 
     def _best_so_far(self, metrics: dict[str, Any]) -> dict[str, float]:
         """``best_<metric>`` after this report: the trial's best value so far (non-finite values skipped)."""
-        value = metrics.get(self.spec.selection_metric)
+        value = metrics.get(self.spec.template.selection_metric)
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            better = max if self.spec.selection_mode == "max" else min
+            better = max if self.spec.template.selection_mode == "max" else min
             self.best_so_far = float(value if self.best_so_far is None else better(self.best_so_far, value))
-        return {} if self.best_so_far is None else {f"best_{self.spec.selection_metric}": self.best_so_far}
+        return {} if self.best_so_far is None else {f"best_{self.spec.template.selection_metric}": self.best_so_far}
 
     def on_report(self, metrics: dict[str, Any]) -> bool:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
@@ -287,7 +255,7 @@ class _TrialRun:
             self.slot.release()
             return True
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
-        at_max_t = metrics["training_iteration"] >= spec.max_reports
+        at_max_t = metrics["training_iteration"] >= spec.template.max_reports
         if decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
             self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
         elif decision is Decision.STOP or self.rt.out_of_time():
@@ -301,7 +269,7 @@ class _TrialRun:
 
     def _check_metrics(self, metrics: dict[str, Any]) -> None:
         wanted = {
-            "the selection metric": self.spec.selection_metric,
+            "the selection metric": self.spec.template.selection_metric,
             "the scheduler's metric": getattr(self.rt.scheduler, "metric", None),
         }
         for role, name in wanted.items():
@@ -343,9 +311,9 @@ class _TrialRun:
             rt.scheduler.on_trial_complete(spec.trial_id, fit.metrics)
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
             writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
-        summary = result.summary_metrics(spec.selection_metric)
-        if self.best_so_far is not None and summary.get(f"best_{spec.selection_metric}") == self.best_so_far:
-            del summary[f"best_{spec.selection_metric}"]  # logged with the report that reached it
+        summary = result.summary_metrics(spec.template.selection_metric)
+        if self.best_so_far is not None and summary.get(f"best_{spec.template.selection_metric}") == self.best_so_far:
+            del summary[f"best_{spec.template.selection_metric}"]  # logged with the report that reached it
         writer.log({**result.usage.metrics(), **summary}, step=max(result.epochs, 0))
         writer.set_tags(result.summary_tags())
         # Stopped by the sweep's own abort (an error elsewhere): KILLED, not a normal early stop.
@@ -396,34 +364,34 @@ class _TrialRun:
         """MLflow's system-metrics monitor on rank 0, logging to this trial's run: only with a tracking server
         (a SQLite store is written by the flow process alone: a second writer would lock it)."""
         uri = self.rt.tracker.tracking_uri
-        if self.spec.system_metrics_interval_s <= 0 or not uri.startswith(("http://", "https://")):
+        if self.spec.template.system_metrics_interval_s <= 0 or not uri.startswith(("http://", "https://")):
             return None
         return SystemMetrics(
-            uri, self.writer.run_id, self.spec.system_metrics_interval_s, auth_env=tracking_auth_env()
+            uri, self.writer.run_id, self.spec.template.system_metrics_interval_s, auth_env=tracking_auth_env()
         )
 
     def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
         spec = self.spec
         return TorchTrainer(
-            TrainFunction(spec.train_fn, system_metrics=self._system_metrics()),
+            TrainFunction(spec.template.train_fn, system_metrics=self._system_metrics()),
             train_loop_config=spec.train_loop_config,
             scaling_config=train.ScalingConfig(
-                num_workers=spec.num_ranks,
-                use_gpu=spec.use_gpu,
-                resources_per_worker=spec.resources_per_rank or None,
+                num_workers=spec.template.num_ranks,
+                use_gpu=spec.template.use_gpu,
+                resources_per_worker=spec.template.resources_per_rank or None,
             ),
             run_config=train.RunConfig(
                 name="checkpoints",
                 storage_path=storage,
                 storage_options=self.rt.storage_options,
                 checkpoint_config=train.CheckpointConfig(
-                    num_to_keep=spec.checkpoints_to_keep,  # plus the latest, always kept
-                    checkpoint_score_attribute=spec.checkpoint_score or spec.selection_metric,
-                    checkpoint_score_order=spec.checkpoint_score_mode or spec.selection_mode,
+                    num_to_keep=spec.template.checkpoints_to_keep,  # plus the latest, always kept
+                    checkpoint_score_attribute=spec.template.checkpoint_score or spec.template.selection_metric,
+                    checkpoint_score_order=spec.template.checkpoint_score_mode or spec.template.selection_mode,
                 ),
-                failure_config=train.FailureConfig(max_failures=spec.max_failures),
+                failure_config=train.FailureConfig(max_failures=spec.template.max_failures),
             ),
-            torch_config=train.TorchConfig(hang_timeout_s=spec.hang_timeout_s),
+            torch_config=train.TorchConfig(hang_timeout_s=spec.template.hang_timeout_s),
             client=self.rt.client,
             on_report=self.on_report,
             resume_from_checkpoint=resume_from,
@@ -448,17 +416,17 @@ class _TrialRun:
         ]
         epochs = len(history)
         usage = ResourceUsage(
-            ranks=spec.num_ranks,
-            gpus_per_rank=spec.gpus_per_rank,
+            ranks=spec.template.num_ranks,
+            gpus_per_rank=spec.template.gpus_per_rank,
             group_seconds=fit.held_s,
             # What early stopping spared: the epochs up to max_t this trial did not train, at its own pace.
-            saved_epochs=max(spec.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
+            saved_epochs=max(spec.template.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
             epoch_seconds=fit.train_time_s / len(fit.metrics_history) if fit.metrics_history else 0.0,
         )
         return TrialResult.from_history(
             history,
-            metric=spec.selection_metric,
-            mode=spec.selection_mode,
+            metric=spec.template.selection_metric,
+            mode=spec.template.selection_mode,
             **spec.identity(),
             status=status,
             run_id=self.writer.run_id,

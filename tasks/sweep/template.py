@@ -1,0 +1,88 @@
+"""What a trial runs (``TrialTemplate``: the function on every rank, the DDP group's shape, how the sweep ranks,
+checkpoints and restarts it) and which trial it is (``Trial``: its number and sampled hyperparameters).
+
+The pipeline (``sweepflow run``) and ``sweepflow.tune`` (from the trainable) both build a template; the sweep
+driver makes each ``Trial`` from it, and the ``train-trial`` task runs one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sweepflow.tasks.sweep.space import describe_trial
+
+if TYPE_CHECKING:
+    from sweepflow.tasks.sweep.resume import ResumeFrom
+
+
+@dataclass(frozen=True)
+class TrialTemplate:
+    """What a trial runs: the function every rank runs, its group's shape, and how the sweep ranks, checkpoints
+    and restarts it. Every trial of a sweep shares it; a ``Trial`` adds its number and sampled hyperparameters.
+    ``sweepflow run``'s pipeline and ``sweepflow.tune`` (from the trainable) both build one."""
+
+    train_fn: str | Callable[..., Any]  # "module:function", or a function object (shipped by value); every rank
+    train_loop_config: dict[str, Any] = field(default_factory=dict)  # fixed entries; the sampled ones override
+    num_ranks: int = 1
+    resources_per_rank: dict[str, float] = field(default_factory=dict)  # Dask worker resources, e.g. {"GPU": 1}
+    use_gpu: bool = False
+    selection_metric: str | None = None  # what the sweep ranks trials by (None: Tune without a metric)
+    selection_mode: str = "max"
+    max_reports: int = 0  # the scheduler's max_t (epochs for FIFO; 0: none): a stop there means the trial is complete
+    seed: int | None = 0  # trial i trains with config["seed"] = seed + i (None: no seed entry)
+    varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
+    max_failures: int = 0
+    hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
+    system_metrics_interval_s: float = 0.0  # MLflow system metrics from rank 0 (needs a tracking server); 0: off
+    # Checkpoint retention per trial: the best ``checkpoints_to_keep`` by ``checkpoint_score`` (default: the
+    # selection metric and mode), plus always the latest (a restart resumes from it); None keeps them all.
+    checkpoints_to_keep: int | None = 1
+    checkpoint_score: str | None = None
+    checkpoint_score_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1:
+            raise ValueError(f"a trial needs at least one rank, got num_ranks={self.num_ranks}")
+        if self.selection_mode not in ("min", "max"):
+            raise ValueError(f"selection_mode must be 'min' or 'max', got {self.selection_mode!r}")
+        if self.max_reports < 0:
+            raise ValueError(f"max_reports must be >= 0 (the scheduler's max_t; 0: none), got {self.max_reports}")
+
+    @property
+    def gpus_per_rank(self) -> float:
+        return float(self.resources_per_rank.get("GPU", 0.0))
+
+    def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> Trial:
+        """Trial number ``index`` of the sweep, with its sampled ``params`` (``resume``: it continues in its run)."""
+        trial_id = f"trial_{index:04d}"
+        shown = [name for name in self.varying_names if name in params]
+        name = f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id
+        return Trial(template=self, trial_id=trial_id, index=index, name=name, params=params, resume=resume)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial of a sweep: which one it is, and its template (plain data: it is the Prefect task's parameter)."""
+
+    template: TrialTemplate
+    trial_id: str
+    index: int  # the trial's number: trials start in this order
+    name: str
+    params: dict[str, Any]  # the sampled hyperparameters
+    resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
+
+    @property
+    def train_loop_config(self) -> dict[str, Any]:
+        """The template's fixed entries, the sampled ones over them, and the trial's seed."""
+        seed = self.template.seed
+        return {
+            **self.template.train_loop_config,
+            **self.params,
+            **({"seed": seed + self.index} if seed is not None else {}),
+        }
+
+    def identity(self) -> dict[str, Any]:
+        """The ``TrialResult`` fields that say which trial it is."""
+        return {"trial_id": self.trial_id, "index": self.index, "name": self.name, "config": self.params}
