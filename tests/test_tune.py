@@ -135,8 +135,8 @@ def test_script_functions_ship_by_value_and_with_parameters_reach_every_trial(se
     def closure_trainable(config, data=None):  # a closure: not importable on the workers
         from distributed import get_worker
 
-        # The table is the copy scattered into this worker's store, not a copy shipped with the trial.
-        in_store = any(value is data for value in get_worker().data.values())
+        # The table is this worker's copy (sent once, as a worker plugin), not a copy shipped with the trial.
+        in_store = any(data is getattr(p, "values", {}).get("data") for p in get_worker().plugins.values())
         tune.report({"score": config["x"] + offset + float(data[-1]), "in_store": float(in_store)})
 
     grid = tune.Tuner(

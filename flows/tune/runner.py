@@ -27,7 +27,7 @@ from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tune.trainable import SharedValue, shared_parameters, sharing
+from sweepflow.tune.trainable import SharedParameters, SharedValue, shared_parameters, sharing
 
 
 class TuneError(RuntimeError):
@@ -295,13 +295,14 @@ def _fits(client: Any, template: TrialTemplate, resources: dict[str, float]) -> 
 
 @contextlib.contextmanager
 def _shared_parameters(client: Any, template: TrialTemplate) -> Iterator[TrialTemplate]:
-    """``tune.with_parameters`` objects go to every worker once; trials read the worker's copy."""
+    """``tune.with_parameters`` objects go to every worker once (a worker plugin); trials read the worker's copy."""
     parameters = shared_parameters(template)
     if not parameters:
         yield template
         return
-    futures = client.scatter(parameters, broadcast=True, hash=False)
+    plugin = SharedParameters(parameters)
+    client.register_plugin(plugin, name=plugin.name)
     try:
-        yield sharing(template, {name: SharedValue(future) for name, future in futures.items()})
+        yield sharing(template, {name: SharedValue(plugin.name, name) for name in parameters})
     finally:
-        client.cancel(list(futures.values()))
+        client.unregister_worker_plugin(plugin.name)

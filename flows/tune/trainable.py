@@ -11,9 +11,12 @@ defines ``_sweepflow_trial_template(config)`` (e.g. ``sweepflow.sgd.pytorch.PyTo
 from __future__ import annotations
 
 import inspect
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tune import session
@@ -56,26 +59,35 @@ class ClassicFunction:
             session.report(result)
 
 
+class SharedParameters(WorkerPlugin):
+    """``tune.with_parameters`` objects, sent to every Dask worker once as a worker plugin (and to a worker that
+    joins or is restarted later: Dask hands registered plugins to every new worker). Not ``client.scatter``: Dask's
+    active memory manager drops the extra replicas of scattered data within seconds, and a restarted worker has
+    none, so ranks would fetch the objects per trial, or wait on a key nobody told the scheduler they need."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.name = f"sweepflow-with-parameters-{uuid.uuid4().hex[:12]}"
+        self.values = dict(values)
+
+
 class SharedValue:
-    """A large object scattered to every Dask worker once (``tune.with_parameters``); each rank reads its
-    worker's copy instead of receiving it with every trial.
+    """One ``with_parameters`` object as a rank reads it: its worker's copy, from the ``SharedParameters`` plugin
+    named ``plugin`` (the reference is what travels with each trial, not the object)."""
 
-    It holds the scattered data's key, not its Future: a Future unpickled in a rank's thread may find no client
-    to bind to, and the driver holds the Futures (keeping the data alive) until the experiment ends anyway."""
-
-    def __init__(self, future: Any) -> None:
-        self.key = future.key
+    def __init__(self, plugin: str, name: str) -> None:
+        self.plugin, self.name = plugin, name
 
     def get(self) -> Any:
-        from distributed import Future, get_client, get_worker
+        from distributed import get_worker
 
         try:
-            worker = get_worker()
-        except ValueError:  # not on a worker (a local call): ask the scheduler
-            worker = None
-        if worker is not None and self.key in worker.data:
-            return worker.data[self.key]
-        return Future(self.key, client=get_client()).result()
+            plugin = get_worker().plugins[self.plugin]
+        except (ValueError, KeyError) as exc:  # not on a worker, or the experiment that shared it has ended
+            raise RuntimeError(
+                f"tune.with_parameters object {self.name!r} is only available on the Dask workers of the "
+                "experiment that shared it, while it runs; call the trainable through tune.run / Tuner.fit"
+            ) from exc
+        return plugin.values[self.name]
 
 
 # ------------------------------------------------------------------------------------------- wrappers
