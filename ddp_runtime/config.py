@@ -65,11 +65,14 @@ class ScalingConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoint retention: keep the best ``num_to_keep`` by a reported metric (the latest is always kept,
-    so a restart can resume from it)."""
+    so a restart can resume from it). ``checkpoint_frequency`` (every n steps) and ``checkpoint_at_end`` drive a
+    Tune class trainable's ``save_checkpoint``; a training function saves its own (``report(checkpoint=...)``)."""
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: Literal["min", "max"] = "max"
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None and (
@@ -80,6 +83,14 @@ class CheckpointConfig:
             raise ValueError(
                 f"CheckpointConfig.num_to_keep must be None (keep all) or an int >= 1, got {self.num_to_keep!r}"
             )
+        if (
+            isinstance(self.checkpoint_frequency, bool)
+            or not isinstance(self.checkpoint_frequency, int)
+            or self.checkpoint_frequency < 0
+        ):
+            raise ValueError(
+                f"CheckpointConfig.checkpoint_frequency must be an int >= 0 (0: none), got {self.checkpoint_frequency!r}"
+            )
         if self.checkpoint_score_order not in ("min", "max"):
             raise ValueError(
                 f"CheckpointConfig.checkpoint_score_order must be 'min' or 'max', got {self.checkpoint_score_order!r}"
@@ -88,9 +99,12 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class FailureConfig:
-    """How many times a failed group is restarted (from its latest checkpoint) before ``fit()`` fails."""
+    """How many times a failed group is restarted (from its latest checkpoint) before ``fit()`` fails; in a Tune
+    experiment, ``fail_fast`` ends the experiment at its first failed trial (True: the others stop and none
+    starts; "raise": the same, and ``Tuner.fit`` raises instead of returning the grid)."""
 
     max_failures: int = 0
+    fail_fast: bool | str = False
 
     def __post_init__(self) -> None:
         if (
@@ -100,6 +114,10 @@ class FailureConfig:
         ):
             raise ValueError(
                 f"FailureConfig.max_failures must be an int >= 0 (or -1 for unlimited), got {self.max_failures!r}"
+            )
+        if self.fail_fast not in (True, False, "raise"):
+            raise ValueError(
+                f'FailureConfig.fail_fast must be True, False or "raise", got {self.fail_fast!r}'
             )
 
 

@@ -68,6 +68,13 @@ class TorchTrainer:
                 "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "
                 "Tuner(run_config=...) or tune.run(progress_reporter=...), not to a TorchTrainer"
             )
+        checkpoints = self.run_config.checkpoint_config
+        if checkpoints.checkpoint_frequency or checkpoints.checkpoint_at_end:
+            raise ValueError(
+                "CheckpointConfig(checkpoint_frequency=..., checkpoint_at_end=...) drives a Tune class trainable's "
+                "save_checkpoint; a training function saves its own: call report(metrics, "
+                "checkpoint=Checkpoint.from_directory(d)) where you want one, and drop those two settings"
+            )
         self.name = (
             self.run_config.name or f"TorchTrainer_{datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
         )

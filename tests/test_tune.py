@@ -5,6 +5,7 @@ MLflow parent run with a child run per trial."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -355,6 +356,104 @@ def test_a_non_finite_loss_fails_its_trial_at_that_report_and_the_sweep_goes_on(
     _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
     run = next(c for c in children if c.data.params["quality"] == "0.0")
     assert run.info.status == "FAILED" and "diverged" in run.data.tags["sweepflow.error"]
+
+
+def scored_trainable(config):
+    """Fails for x == 0; otherwise reports score = x * step for 3 steps."""
+    if config["x"] == 0:
+        raise ValueError("x must not be 0")
+    for step in range(1, 4):
+        tune.report({"score": config["x"] * step})
+
+
+class StopOnceAScoreReaches(tune.Stopper):
+    """What a Ray user writes: no trial stopped on its own, the experiment once any score reached ``bound``."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound, self.reached = bound, False
+
+    def __call__(self, trial_id, result):
+        self.reached = self.reached or result["score"] >= self.bound
+        return False
+
+    def stop_all(self):
+        return self.reached
+
+
+def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment(services):
+    def tuner(fail_fast):
+        return tune.Tuner(
+            scored_trainable,
+            param_space={"x": tune.grid_search([0, 1, 2])},
+            tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
+            run_config=tune.RunConfig(name="fail-fast", verbose=0, failure_config=tune.FailureConfig(fail_fast=fail_fast)),
+        )
+
+    grid = tuner(True).fit()  # trial 0 fails first: nothing else starts
+    assert [str(r.error) for r in grid] and len(list(grid)) == 1 and "x must not be 0" in str(list(grid)[0].error)
+    with pytest.raises(tune.TuneError, match="x must not be 0"):
+        tuner("raise").fit()
+
+    analysis = tune.run(
+        scored_trainable,
+        config={"x": tune.grid_search([1, 2, 3])},
+        metric="score",
+        mode="max",
+        stop=StopOnceAScoreReaches(4),
+        max_concurrent_trials=1,
+        verbose=0,
+    )
+    by_x = {t.config["x"]: t for t in analysis.trials}
+    assert sorted(by_x) == [1, 2]  # x=3 never started
+    assert by_x[1].last_result["training_iteration"] == 3
+    assert by_x[2].status == "TERMINATED" and by_x[2].last_result["score"] == 4  # complete at the report
+    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
+
+
+class AccumulatingTrainable(tune.Trainable):
+    """What a Ray user writes: a class trainable whose state is one number. Its trial with lr=0.5 crashes once
+    at step 3, after its step-2 checkpoint: with max_failures it restarts from that checkpoint."""
+
+    def setup(self, config, offset=0.0, marker_dir=""):
+        self.lr, self.offset, self.marker_dir = config["lr"], offset, marker_dir
+        self.value, self.restored = 0.0, 0.0
+
+    def step(self):
+        marker = os.path.join(self.marker_dir, "crashed")
+        if self.lr == 0.5 and self.iteration == 2 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("crash once at step 3")
+        self.value += self.lr
+        return {"score": self.value + self.offset, "restored": self.restored}
+
+    def save_checkpoint(self, checkpoint_dir):
+        return {"value": self.value}
+
+    def load_checkpoint(self, checkpoint):
+        self.value, self.restored = checkpoint["value"], 1.0
+
+
+def test_a_class_trainable_steps_checkpoints_and_restarts_from_its_checkpoint(services, tmp_path):
+    analysis = tune.run(
+        tune.with_parameters(AccumulatingTrainable, offset=10.0, marker_dir=str(tmp_path)),
+        config={"lr": tune.grid_search([0.5, 1.0])},
+        stop={"training_iteration": 4},
+        checkpoint_freq=2,
+        checkpoint_at_end=True,
+        max_failures=1,
+        metric="score",
+        mode="max",
+        verbose=0,
+    )
+    by_lr = {t.config["lr"]: t for t in analysis.trials}
+    for lr, trial in by_lr.items():
+        assert trial.status == "TERMINATED" and trial.last_result["training_iteration"] == 4
+        assert trial.last_result["score"] == pytest.approx(10.0 + 4 * lr)  # the state carried over the restart
+        with open(os.path.join(trial.checkpoint.value, "_sweepflow_trainable_state.pkl"), "rb") as f:
+            assert pickle.load(f) == {"value": pytest.approx(4 * lr)}  # checkpoint_at_end: the step-4 state
+    assert by_lr[0.5].last_result["restored"] == 1.0 and by_lr[1.0].last_result["restored"] == 0.0
+    assert os.path.exists(tmp_path / "crashed")
 
 
 @pytest.mark.subprocess

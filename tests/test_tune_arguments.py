@@ -24,6 +24,7 @@ from sweepflow.tune import api, runner
 from sweepflow.tune.analysis import ExperimentAnalysis
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import ASHAScheduler
+from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch
 
 
@@ -130,6 +131,31 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("run", "max_concurrent_trials"): (_run(), _run(max_concurrent_trials=1)),
     ("run", "seed"): (_run(), _run(seed=1)),
     ("run", "resume"): (_run(), _run(resume="AUTO")),
+    ("run", "fail_fast"): (_run(), _run(fail_fast=True)),
+    ("FailureConfig", "max_failures"): (
+        _tuner(),
+        _tuner(run_config={"failure_config": train.FailureConfig(max_failures=2)}),
+    ),
+    ("FailureConfig", "fail_fast"): (
+        _tuner(),
+        _tuner(run_config={"failure_config": train.FailureConfig(fail_fast=True)}),
+    ),
+    ("ConcurrencyLimiter", "searcher"): (
+        _run(search_alg=ConcurrencyLimiter(BasicVariantGenerator(random_state=0), 2)),
+        _run(search_alg=ConcurrencyLimiter(OptunaSearch(seed=0), 2)),
+    ),
+    ("ConcurrencyLimiter", "max_concurrent"): (
+        _run(search_alg=ConcurrencyLimiter(OptunaSearch(seed=0), 2)),
+        _run(search_alg=ConcurrencyLimiter(OptunaSearch(seed=0), 1)),
+    ),
+    ("BasicVariantGenerator", "max_concurrent"): (
+        _run(search_alg=BasicVariantGenerator(random_state=0)),
+        _run(search_alg=BasicVariantGenerator(random_state=0, max_concurrent=1)),
+    ),
+    ("BasicVariantGenerator", "random_state"): (
+        _run(search_alg=BasicVariantGenerator(random_state=0)),
+        _run(search_alg=BasicVariantGenerator(random_state=1)),
+    ),
     ("TuneConfig", "metric"): (_tuner(), _tuner({"metric": "acc"})),
     ("TuneConfig", "mode"): (_tuner(), _tuner({"mode": "max"})),
     ("TuneConfig", "search_alg"): (_tuner(), _tuner({"search_alg": OptunaSearch(seed=0)})),
@@ -193,6 +219,10 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
 }
 
 REFUSED: dict[tuple[str, str], Any] = {
+    ("ConcurrencyLimiter", "batch"): lambda: ConcurrencyLimiter(OptunaSearch(), 2, batch=True),
+    ("BasicVariantGenerator", "points_to_evaluate"): lambda: BasicVariantGenerator(points_to_evaluate=[{"a": 1}]),
+    ("BasicVariantGenerator", "constant_grid_search"): lambda: BasicVariantGenerator(constant_grid_search=True),
+    ("FailureConfig", "fail_fast+unknown"): lambda: train.FailureConfig(fail_fast="later"),
     ("run", "checkpoint_freq"): _run(checkpoint_freq=2),
     ("ASHAScheduler", "brackets"): lambda: ASHAScheduler(brackets=3),
     ("ASHAScheduler", "stop_last_trials"): lambda: ASHAScheduler(stop_last_trials=False),
@@ -216,6 +246,9 @@ def _accepted() -> set[tuple[str, str]]:
         "RunConfig": tune.RunConfig,
         "OptunaSearch": OptunaSearch,
         "ASHAScheduler": ASHAScheduler,
+        "FailureConfig": train.FailureConfig,
+        "ConcurrencyLimiter": ConcurrencyLimiter,
+        "BasicVariantGenerator": BasicVariantGenerator,
     }
     return {
         (where, name)

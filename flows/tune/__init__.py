@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ddp_runtime import Checkpoint
+from ddp_runtime import Checkpoint, CheckpointConfig, FailureConfig
+from sweepflow.tune.class_trainable import Trainable
 from sweepflow.tune.search_space import (
     choice,
     grid_search,
@@ -40,10 +41,14 @@ _LAZY = {
     "ExperimentAnalysis": "sweepflow.tune.analysis",
     "ResultGrid": "sweepflow.tune.analysis",
     "TuneError": "sweepflow.tune.runner",
+    "Stopper": "sweepflow.tune.stopper",
 }
 
 __all__ = [
     "Checkpoint",
+    "CheckpointConfig",
+    "FailureConfig",
+    "Trainable",
     "checkpoint_dir",
     "choice",
     "function",

@@ -16,6 +16,7 @@ from sweepflow.tune import runner
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import resolve as resolve_scheduler
+from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch
 from sweepflow.tune.search_space import (
     Domain,
@@ -52,6 +53,7 @@ def run(
     verbose: int = 3,
     progress_reporter: CLIReporter | None = None,
     max_failures: int = 0,
+    fail_fast: bool | str = False,
     max_concurrent_trials: int | None = None,
     raise_on_failed_trial: bool = True,
     seed: int | None = None,
@@ -62,19 +64,14 @@ def run(
     Checkpoints are the ones the trainable writes (``tune.checkpoint_dir`` / ``report(checkpoint=...)``); each
     trial keeps the best ``keep_checkpoints_num`` by ``checkpoint_score_attr`` (``"min-<metric>"`` for lowest
     first; default: the experiment's metric and mode) plus its latest. Without ``keep_checkpoints_num`` a trial
-    keeps its best and its latest. ``checkpoint_freq`` drives a class trainable's ``save_checkpoint`` in Ray; a
-    function trainable saves its own, so it is refused. ``checkpoint_at_end=True`` (which Ray's CIFAR tutorial
-    passes with a function trainable) asks for every trial to end with a checkpoint: the trials that did not are
+    keeps its best and its latest. ``checkpoint_freq`` and ``checkpoint_at_end`` drive a class trainable's
+    ``save_checkpoint``; a function trainable saves its own, so ``checkpoint_freq`` is refused for it, and
+    ``checkpoint_at_end=True`` (which Ray's CIFAR tutorial passes with a function trainable) asks for every trial to end with a checkpoint: the trials that did not are
     named in a warning when the experiment ends.
 
     ``resume="AUTO"`` picks up the newest interrupted run of the experiment ``name`` with the same settings (its
     ended trials are read back from MLflow, its running ones continue from their checkpoints, the rest start)
     or starts anew when there is none; ``resume=True`` requires one."""
-    if checkpoint_freq:
-        raise ValueError(
-            f"checkpoint_freq={checkpoint_freq!r} applies to class trainables; a function trainable saves its own "
-            "checkpoints with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...): remove checkpoint_freq"
-        )
     experiment = _experiment(
         run_or_experiment,
         param_space=config or {},
@@ -89,10 +86,13 @@ def run(
         stop=stop,
         time_budget_s=time_budget_s,
         max_failures=max_failures,
+        fail_fast=train.FailureConfig(max_failures=max_failures, fail_fast=fail_fast).fail_fast,
         max_concurrent_trials=max_concurrent_trials,
         seed=seed,
         checkpoint_config=_keep_checkpoints(keep_checkpoints_num, checkpoint_score_attr),
         resume=resume,
+        checkpoint_frequency=checkpoint_freq,
+        checkpoint_at_end=checkpoint_at_end,
     )
     sweep, info = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
@@ -229,9 +229,13 @@ class Tuner:
             stop=rc.stop,
             time_budget_s=tc.time_budget_s,
             max_failures=rc.failure_config.max_failures,
+            fail_fast=rc.failure_config.fail_fast,
             max_concurrent_trials=tc.max_concurrent_trials,
             seed=tc.seed,
             checkpoint_config=checkpoint,
+            checkpoint_frequency=rc.checkpoint_config.checkpoint_frequency,
+            checkpoint_at_end=rc.checkpoint_config.checkpoint_at_end,
+            refuse_at_end_for_functions=True,
         )
         sweep, info = runner.run(experiment)
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
@@ -239,7 +243,7 @@ class Tuner:
             experiment.searched,
             verbose=rc.verbose,
             progress_reporter=rc.progress_reporter,
-            raise_on_failed_trial=False,
+            raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
         )
         return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
 
@@ -259,12 +263,25 @@ def _experiment(
     stop: Any,
     time_budget_s: float | None,
     max_failures: int,
+    fail_fast: bool | str,
     max_concurrent_trials: int | None,
     seed: int | None,
     checkpoint_config: CheckpointConfig | None = None,
     resume: bool | str = False,
+    checkpoint_frequency: int = 0,
+    checkpoint_at_end: bool | None = False,
+    refuse_at_end_for_functions: bool = False,
 ) -> runner.Experiment:
     """Every argument checked, and the trial template made, before any service starts or any trial runs."""
+    # Ray's wrappers: a limiter lowers the experiment's concurrency; the variant generator is the default search.
+    if isinstance(search_alg, ConcurrencyLimiter):
+        max_concurrent_trials = min(max_concurrent_trials or search_alg.max_concurrent, search_alg.max_concurrent)
+        search_alg = search_alg.searcher
+    if isinstance(search_alg, BasicVariantGenerator):
+        if search_alg.max_concurrent:
+            max_concurrent_trials = min(max_concurrent_trials or search_alg.max_concurrent, search_alg.max_concurrent)
+        seed = search_alg.random_state if search_alg.random_state is not None else seed
+        search_alg = None
     resume_mode = _resume_mode(resume, name=name, metric=metric or getattr(scheduler, "metric", None) or getattr(search_alg, "metric", None))
     if mode not in (None, "min", "max"):
         raise ValueError(f"mode={mode!r}: use 'min' (e.g. for a loss) or 'max' (e.g. for accuracy)")
@@ -278,12 +295,22 @@ def _experiment(
         raise ValueError(f"max_concurrent_trials must be >= 1, got {max_concurrent_trials}")
     if stop is not None and not callable(stop) and not isinstance(stop, Mapping):
         raise TypeError(f'stop must be a dict like {{"training_iteration": 10}} or a function, got {stop!r}')
-    template = plan_trial(trainable, resources_per_trial, dict(param_space))
+    template = plan_trial(
+        trainable,
+        resources_per_trial,
+        dict(param_space),
+        checkpoint_frequency=checkpoint_frequency,
+        checkpoint_at_end=bool(checkpoint_at_end),
+        refuse_at_end_for_functions=refuse_at_end_for_functions,
+    )
     sampler: Sampler
     search = "random"
     if search_alg is not None:
         if not isinstance(search_alg, OptunaSearch):
-            raise TypeError(f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...)")
+            raise TypeError(
+                f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...) or "
+                "sweepflow.tune.search.BasicVariantGenerator(...), optionally in a ConcurrencyLimiter"
+            )
         # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.
         own = (search_alg.metric, search_alg.mode)
         metric, mode = merge_search_properties("OptunaSearch", own, (metric, mode))
@@ -312,6 +339,7 @@ def _experiment(
         max_concurrent_trials=max_concurrent_trials,
         time_budget_s=time_budget_s,
         max_failures=max_failures,
+        fail_fast=fail_fast,
         storage_path=storage_path,
         varying_names=tuple(v for v in varying if "/" not in v),
         searched=varying,

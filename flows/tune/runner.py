@@ -27,6 +27,8 @@ from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tune.class_trainable import ClassTrainableRun
+from sweepflow.tune.stopper import Stopper, max_reports
 from sweepflow.tune.trainable import SharedParameters, SharedValue, shared_parameters, sharing
 
 
@@ -49,6 +51,7 @@ class Experiment:
     max_concurrent_trials: int | None = None
     time_budget_s: float | None = None
     max_failures: int = 0
+    fail_fast: bool | str = False  # FailureConfig.fail_fast: the first failed trial ends the experiment
     storage_path: str | None = None
     varying_names: tuple[str, ...] = ()  # searched top-level keys (trial names show them)
     searched: tuple[str, ...] = ()  # every searched path, "a/b" for nested keys (the trials table shows them)
@@ -71,7 +74,11 @@ class _StopCriteria(TrialScheduler):
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         decision = self.inner.on_trial_result(trial_id, result)
-        return Decision.DONE if stop_met(self.stop, trial_id, result) else decision
+        if stop_met(self.stop, trial_id, result):
+            decision = Decision.DONE
+        if isinstance(self.stop, Stopper) and self.stop.stop_all():
+            return Decision.STOP_ALL
+        return decision
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
         self.inner.on_trial_complete(trial_id, result)
@@ -214,6 +221,9 @@ def _experiment_flow(
                     f"{len(prior.interrupted)} continue from their checkpoints"
                 )
             with _shared_parameters(client, exp.template) as shared:
+                ends_at = exp.scheduler.max_t or max_reports(exp.stop)
+                if isinstance(shared.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
+                    shared = replace(shared, train_fn=shared.train_fn.ending_at(ends_at))
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=replace(
@@ -221,7 +231,7 @@ def _experiment_flow(
                         resources_per_rank=resources,
                         selection_metric=exp.metric,
                         selection_mode=exp.mode or "max",
-                        max_reports=exp.scheduler.max_t or _stop_iterations(exp.stop),
+                        max_reports=ends_at,
                         varying_names=exp.varying_names,
                         max_failures=exp.max_failures,
                         **_retention(exp.checkpoint_config),
@@ -234,6 +244,7 @@ def _experiment_flow(
                     staging_dir=os.path.join(root, "staging"),
                     time_budget_s=exp.time_budget_s,
                     prior=prior,
+                    fail_fast=bool(exp.fail_fast),
                     log=log,
                 ).run()
             # Recorded as a pipeline run's sweep is: leaderboard (MLflow + Prefect, with links), report, totals.
@@ -267,12 +278,6 @@ def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:
         "checkpoint_score": checkpoint.checkpoint_score_attribute,
         "checkpoint_score_mode": checkpoint.checkpoint_score_order if checkpoint.checkpoint_score_attribute else None,
     }
-
-
-def _stop_iterations(stop: Any) -> int:
-    if isinstance(stop, Mapping) and "training_iteration" in stop:
-        return int(stop["training_iteration"])
-    return 0
 
 
 def _dask_resources(client: Any, template: TrialTemplate) -> dict[str, float]:

@@ -20,6 +20,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tune import session
+from sweepflow.tune.class_trainable import ClassTrainableRun, is_class_trainable
 
 
 def _name_of(fn: Any) -> str:
@@ -107,9 +108,8 @@ def function(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def with_parameters(trainable: Any, **kwargs: Any) -> Any:
-    """Pass large objects (datasets, ...) to the trainable as keyword arguments, sent to the cluster once."""
-    if not kwargs:
-        raise ValueError("tune.with_parameters(trainable, **kwargs) needs at least one keyword argument")
+    """Pass large objects (datasets, ...) to the trainable as keyword arguments, sent to the cluster once.
+    Without keyword arguments it is the trainable itself (as in Ray)."""
     return _WithParameters(trainable, kwargs)
 
 
@@ -184,17 +184,52 @@ def trainable_name(trainable: Any) -> str:
     return _name_of(trainable)
 
 
-def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, config_example: dict[str, Any]) -> TrialTemplate:
+def plan_trial(
+    trainable: Any,
+    resources_per_trial: Mapping[str, Any] | None,
+    config_example: dict[str, Any],
+    *,
+    checkpoint_frequency: int = 0,
+    checkpoint_at_end: bool = False,
+    refuse_at_end_for_functions: bool = False,
+) -> TrialTemplate:
     """What each trial of the trainable runs (the function on every rank, the group's shape); the sweep's
-    ranking and retention are filled in by the runner. Raises with the fix when it cannot be run."""
+    ranking and retention are filled in by the runner. ``checkpoint_frequency``/``checkpoint_at_end`` drive a
+    class trainable's checkpoints. Raises with the fix when it cannot be run."""
     parameters: dict[str, Any] = {}
     resources = _checked_resources("resources_per_trial", resources_per_trial)
+    given_resources = bool(resources)
     while isinstance(trainable, _WithParameters | _WithResources):
         if isinstance(trainable, _WithParameters):
             parameters.update(trainable.parameters)
         else:
             resources = dict(trainable.resources)
+            given_resources = True
         trainable = trainable.trainable
+
+    if is_class_trainable(trainable):
+        requested = trainable.default_resource_request(dict(config_example))
+        if requested is not None and not given_resources:
+            resources = _checked_resources(f"{trainable.__name__}.default_resource_request", requested)
+        run = ClassTrainableRun(
+            trainable,
+            parameters=parameters,
+            checkpoint_frequency=checkpoint_frequency,
+            checkpoint_at_end=checkpoint_at_end,
+        )
+        return _template(run, 1, resources)
+    if checkpoint_frequency:
+        raise ValueError(
+            f"checkpoint frequency {checkpoint_frequency!r} drives a class trainable's save_checkpoint; a function "
+            "trainable saves its own checkpoints with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...): "
+            "remove checkpoint_freq / CheckpointConfig(checkpoint_frequency=...)"
+        )
+    if checkpoint_at_end and refuse_at_end_for_functions:
+        raise ValueError(
+            "CheckpointConfig(checkpoint_at_end=True) drives a class trainable's save_checkpoint; a function "
+            "trainable saves its own with tune.report(..., checkpoint=...): report one with its last result and "
+            "drop checkpoint_at_end"
+        )
 
     if isinstance(trainable, DistributedTrainableCreator):
         if resources_per_trial:
@@ -225,8 +260,8 @@ def plan_trial(trainable: Any, resources_per_trial: Mapping[str, Any] | None, co
         )
     if inspect.isclass(trainable):
         raise TypeError(
-            f"tune.run({trainable.__name__}): class trainables (tune.Trainable subclasses) are not supported; "
-            "write the training as a function fn(config) that calls tune.report(...)"
+            f"tune.run({trainable.__name__}): a class trainable must subclass sweepflow.tune.Trainable (setup, step, "
+            "save_checkpoint, load_checkpoint); or write the training as a function fn(config) calling tune.report"
         )
     if not callable(trainable):
         raise TypeError(f"the trainable must be a function, got {type(trainable).__name__}")
@@ -251,7 +286,7 @@ def _template(
 def shared_parameters(template: TrialTemplate) -> dict[str, Any]:
     """The ``tune.with_parameters`` objects of the template's function (sent to the cluster once)."""
     fn = template.train_fn
-    if not isinstance(fn, ClassicFunction):
+    if not isinstance(fn, ClassicFunction | ClassTrainableRun):
         return {}
     return {name: v for name, v in fn.parameters.items() if not isinstance(v, SharedValue)}
 
@@ -259,9 +294,11 @@ def shared_parameters(template: TrialTemplate) -> dict[str, Any]:
 def sharing(template: TrialTemplate, shared: Mapping[str, SharedValue]) -> TrialTemplate:
     """The template with its ``with_parameters`` objects replaced by their copies on the cluster."""
     fn = template.train_fn
-    if not isinstance(fn, ClassicFunction):
-        return template
-    return replace(template, train_fn=ClassicFunction(fn.fn, shared))
+    if isinstance(fn, ClassicFunction):
+        return replace(template, train_fn=ClassicFunction(fn.fn, shared))
+    if isinstance(fn, ClassTrainableRun):
+        return replace(template, train_fn=fn.sharing(shared))
+    return template
 
 
 class _ConfigUnder:

@@ -53,9 +53,11 @@ class Sweep:
         time_budget_s: float | None = None,
         artifacts_destination: str | None = None,
         prior: PriorSweep | None = None,
+        fail_fast: bool = False,
         log: Callable[[str], None] = print,
     ) -> None:
-        """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``)."""
+        """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``);
+        ``fail_fast``: the first failed trial ends the sweep (the running trials stop, none starts)."""
         if getattr(sampler, "total", None) is None:
             raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
         if concurrency < 1:
@@ -71,6 +73,7 @@ class Sweep:
         self.time_budget_s = time_budget_s
         self.artifacts_destination = artifacts_destination
         self.prior = prior
+        self.fail_fast = fail_fast
         self.log = log
 
     def run(self) -> SweepResult:
@@ -158,6 +161,8 @@ class Sweep:
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
             self.sampler.tell(number, result.best if result.status.selectable else None)
             finished.append(self._with_bookkeeping(result, submitted_at))
+            if self.fail_fast and result.status is TrialStatus.FAILED:
+                runtime.end_early(f"fail_fast: {result.name} failed")
         not_started = self.sampler.total - len(finished)
         if not_started:
             why = runtime.aborted or "time budget spent"

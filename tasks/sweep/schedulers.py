@@ -40,6 +40,7 @@ class Decision(StrEnum):
     CONTINUE = "CONTINUE"
     STOP = "STOP"  # prune it (or, at the scheduler's max_t, it is done)
     DONE = "DONE"  # it met a stop criterion (e.g. Tune's ``stop={...}``): complete, not pruned
+    STOP_ALL = "STOP_ALL"  # it is complete, and so is the sweep: the others stop, none starts (Stopper.stop_all)
 
 
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP

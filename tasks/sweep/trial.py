@@ -80,6 +80,7 @@ class SweepRuntime:
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
     writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
+    killed: bool = True  # the stop is an error elsewhere (their runs end KILLED), not a rule (stop_all, fail_fast)
     _grants: dict[int, tuple[HeldSlot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
 
     def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
@@ -90,7 +91,15 @@ class SweepRuntime:
         return self._grants.pop(index)
 
     def abort(self, reason: str) -> None:
-        self.aborted = self.aborted or reason
+        """An error elsewhere: the running trials stop (their runs end KILLED) and none starts."""
+        if self.aborted is None:
+            self.aborted, self.killed = reason, True
+
+    def end_early(self, reason: str) -> None:
+        """A rule ends the sweep (a stopper's ``stop_all``, ``fail_fast``): the running trials stop as stopped
+        early, none starts."""
+        if self.aborted is None:
+            self.aborted, self.killed = reason, False
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -256,7 +265,10 @@ class _TrialRun:
             return True
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
         at_max_t = metrics["training_iteration"] >= spec.template.max_reports
-        if decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
+        if decision is Decision.STOP_ALL:
+            self.rt.end_early(f"the experiment's stopper ended it at {spec.name}'s report {step}")
+            self.reached_max_t = True  # this trial is complete
+        elif decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
             self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
         elif decision is Decision.STOP or self.rt.out_of_time():
             reason = "ASHA" if decision is Decision.STOP else "time budget"
@@ -320,6 +332,7 @@ class _TrialRun:
         aborted = (
             result.status is TrialStatus.STOPPED
             and self.rt.aborted is not None
+            and self.rt.killed
             and result.stop_reason == self.rt.aborted
         )
         writer.finish("KILLED" if aborted else result.status.mlflow_status)

@@ -1,0 +1,203 @@
+"""Class trainables (Ray's ``tune.Trainable``): ``setup``/``step``/``save_checkpoint``/``load_checkpoint``/
+``reset_config``/``cleanup``, run as a one-rank trial whose loop is ``step()`` then ``tune.report``.
+
+A trial builds the object, restores it from the trial's checkpoint when it restarts (``max_failures``) or
+resumes, and steps it until the sweep stops the trial (a stop criterion, the scheduler, a stopper) or a result
+says ``done``. Checkpoints are taken every ``checkpoint_frequency`` steps and, with ``checkpoint_at_end``, at
+the step the experiment's stop criterion ends the trial on (``stop={"training_iteration": n}``,
+``MaximumIterationStopper``, the scheduler's ``max_t``) or the one that says ``done``: the trial cannot be asked
+for a checkpoint after the sweep stopped it, so other stops keep the latest periodic one. A ``save_checkpoint``
+that returns a dict has it stored and handed back to ``load_checkpoint``; one that returns None (or a path) has
+written files into the directory, and ``load_checkpoint`` gets the directory.
+
+Loads without Prefect or MLflow: this runs on the workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_runtime import Checkpoint
+from sweepflow.tune import session
+
+_DICT_FILE = "_sweepflow_trainable_state.pkl"  # a dict returned by save_checkpoint
+_META_FILE = "_sweepflow_trainable_meta.json"  # the step count the checkpoint was taken at
+
+
+class Trainable:
+    """Subclass it: ``setup(config)``, ``step() -> dict``, and for checkpoints ``save_checkpoint(checkpoint_dir)``
+    and ``load_checkpoint(checkpoint)``. Ray 1's names (``_setup``, ``_train``, ``_save``, ``_restore``) work too."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **parameters: Any) -> None:
+        self.config = dict(config or {})
+        self._iteration = 0
+        self._started = time.time()
+        self.setup(copy.deepcopy(self.config), **parameters)
+
+    # ------------------------------------------------------------------ what a subclass defines
+    def setup(self, config: dict[str, Any], **parameters: Any) -> None:
+        legacy = getattr(self, "_setup", None)
+        if legacy is not None:
+            legacy(config, **parameters)
+
+    def step(self) -> dict[str, Any]:
+        legacy = getattr(self, "_train", None)
+        if legacy is None:
+            raise NotImplementedError(f"{type(self).__name__} must define step(self) -> dict of metrics")
+        return legacy()
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any] | str | None:
+        legacy = getattr(self, "_save", None)
+        if legacy is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} is asked for a checkpoint (checkpoint_frequency / checkpoint_at_end): "
+                "define save_checkpoint(self, checkpoint_dir) and load_checkpoint(self, checkpoint)"
+            )
+        return legacy(checkpoint_dir)
+
+    def load_checkpoint(self, checkpoint: dict[str, Any] | str) -> None:
+        legacy = getattr(self, "_restore", None)
+        if legacy is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} restarts from a checkpoint: define load_checkpoint(self, checkpoint)"
+            )
+        legacy(checkpoint)
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Ray calls it to reuse the object for another config; each trial here builds its own, so returning
+        False (the default) is always right."""
+        return False
+
+    def cleanup(self) -> None:
+        legacy = getattr(self, "_stop", None)
+        if legacy is not None:
+            legacy()
+
+    @classmethod
+    def default_resource_request(cls, config: dict[str, Any]) -> Mapping[str, float] | None:
+        """Resources per trial, Ray's spelling (``{"cpu": 2, "gpu": 1}``); None: the experiment's."""
+        return None
+
+    # ------------------------------------------------------------------ what Ray's Trainable also offers
+    @property
+    def iteration(self) -> int:
+        return self._iteration
+
+    @property
+    def training_iteration(self) -> int:
+        return self._iteration
+
+    @property
+    def trial_id(self) -> str:
+        return session.get_trial_id() or "default"
+
+    @property
+    def trial_name(self) -> str:
+        return self.trial_id
+
+    @property
+    def logdir(self) -> str:
+        return session.get_trial_dir() or os.getcwd()
+
+    def train(self) -> dict[str, Any]:
+        """One ``step()``, with Ray's bookkeeping keys added."""
+        started = time.time()
+        result = self.step()
+        if not isinstance(result, Mapping):
+            raise TypeError(f"{type(self).__name__}.step() must return a dict of metrics, got {type(result).__name__}")
+        self._iteration += 1
+        now = time.time()
+        return {
+            **result,
+            "time_this_iter_s": now - started,
+            "time_total_s": now - self._started,
+        }
+
+    def save(self, checkpoint_dir: str) -> str:
+        """Save into ``checkpoint_dir`` (the object's own files, or its returned dict) with the step count."""
+        returned = self.save_checkpoint(checkpoint_dir)
+        if isinstance(returned, Mapping):
+            with open(os.path.join(checkpoint_dir, _DICT_FILE), "wb") as f:
+                pickle.dump(dict(returned), f)
+        with open(os.path.join(checkpoint_dir, _META_FILE), "w") as f:
+            json.dump({"iteration": self._iteration}, f)
+        return checkpoint_dir
+
+    def restore(self, checkpoint_dir: str) -> None:
+        saved = os.path.join(checkpoint_dir, _DICT_FILE)
+        if os.path.exists(saved):
+            with open(saved, "rb") as f:
+                self.load_checkpoint(pickle.load(f))
+        else:
+            self.load_checkpoint(checkpoint_dir)
+        meta = os.path.join(checkpoint_dir, _META_FILE)
+        if os.path.exists(meta):
+            with open(meta) as f:
+                self._iteration = int(json.load(f)["iteration"])
+
+    def stop(self) -> None:
+        self.cleanup()
+
+
+def is_class_trainable(trainable: Any) -> bool:
+    return isinstance(trainable, type) and issubclass(trainable, Trainable)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassTrainableRun:
+    """What each trial of a class trainable runs (on its one rank): build, restore, step and report."""
+
+    cls: type[Trainable]
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)  # with_parameters: given to setup
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: bool = False
+    end_at: int = 0  # the step the stop criterion ends every trial on (0: not known)
+
+    def ending_at(self, end_at: int) -> ClassTrainableRun:
+        """The same, knowing the step every trial ends on (for ``checkpoint_at_end``)."""
+        return dataclasses.replace(self, end_at=end_at)
+
+    def sharing(self, shared: Mapping[str, Any]) -> ClassTrainableRun:
+        """The same, with its ``with_parameters`` objects replaced by their copies on the cluster."""
+        return dataclasses.replace(self, parameters=dict(shared))
+
+    def _save_now(self, iteration: int, done: bool) -> bool:
+        if self.checkpoint_frequency and iteration % self.checkpoint_frequency == 0:
+            return True
+        return self.checkpoint_at_end and (done or iteration == self.end_at)
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        from sweepflow.tune.trainable import SharedValue  # here: that module imports this one
+
+        kwargs = {name: v.get() if isinstance(v, SharedValue) else v for name, v in self.parameters.items()}
+        trainable = self.cls(config, **kwargs)
+        try:
+            checkpoint = session.get_checkpoint()
+            if checkpoint is not None:
+                with checkpoint.as_directory() as directory:
+                    trainable.restore(directory)
+            while True:
+                result = trainable.train()
+                done = bool(result.pop("done", False))
+                if self._save_now(trainable.iteration, done):
+                    directory = tempfile.mkdtemp(prefix="sweepflow-trainable-")
+                    try:
+                        trainable.save(directory)
+                        session.report(result, checkpoint=Checkpoint.from_directory(directory))
+                    finally:
+                        shutil.rmtree(directory, ignore_errors=True)
+                else:
+                    session.report(result)
+                if done:
+                    return
+        finally:
+            trainable.stop()
