@@ -456,6 +456,27 @@ def test_a_class_trainable_steps_checkpoints_and_restarts_from_its_checkpoint(se
     assert os.path.exists(tmp_path / "crashed")
 
 
+def _child_exits_cleanly() -> None:
+    """A forked child that does nothing: its exit code is the process's own health."""
+
+
+def test_the_process_forks_cleanly_after_fit_and_tune_run(services):
+    """What a DataLoader(num_workers=2) over the best checkpoint does after tuning: fork children that must exit 0."""
+    fork = __import__("multiprocessing").get_context("fork")
+    tune.Tuner(
+        lambda config: tune.report({"score": config["x"]}),
+        param_space={"x": tune.uniform(0.0, 1.0)},
+        tune_config=tune.TuneConfig(metric="score", mode="max", num_samples=1),
+        run_config=tune.RunConfig(name="forks", verbose=0),
+    ).fit()
+    for _ in range(2):  # after fit(), and after a second experiment in the same process
+        child = fork.Process(target=_child_exits_cleanly)
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        tune.run(lambda config: tune.report(score=1.0), num_samples=1, verbose=0)
+
+
 @pytest.mark.subprocess
 def test_an_interrupted_experiment_resumes_where_it_stopped(services, tmp_path):
     """tune.run(resume="AUTO") after the experiment's driver and workers were killed: the ended trials are read
