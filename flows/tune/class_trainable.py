@@ -28,6 +28,7 @@ from typing import Any
 
 from ddp_runtime import Checkpoint
 from sweepflow.tune import session
+from sweepflow.tune.shared import SharedValue
 
 _DICT_FILE = "_sweepflow_trainable_state.pkl"  # a dict returned by save_checkpoint
 _META_FILE = "_sweepflow_trainable_meta.json"  # the step count the checkpoint was taken at
@@ -176,8 +177,6 @@ class ClassTrainableRun:
         return self.checkpoint_at_end and (done or iteration == self.end_at)
 
     def __call__(self, config: dict[str, Any]) -> None:
-        from sweepflow.tune.trainable import SharedValue  # here: that module imports this one
-
         kwargs = {name: v.get() if isinstance(v, SharedValue) else v for name, v in self.parameters.items()}
         trainable = self.cls(config, **kwargs)
         try:

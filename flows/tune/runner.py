@@ -28,8 +28,9 @@ from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tune.class_trainable import ClassTrainableRun
+from sweepflow.tune.shared import SharedParameters, SharedValue
 from sweepflow.tune.stopper import Stopper, max_reports
-from sweepflow.tune.trainable import SharedParameters, SharedValue, shared_parameters, sharing
+from sweepflow.tune.trainable import shared_parameters, sharing
 
 
 class TuneError(RuntimeError):

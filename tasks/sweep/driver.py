@@ -91,6 +91,7 @@ class Sweep:
             staging_dir=self.staging_dir,
             deadline=time.monotonic() + self.time_budget_s if self.time_budget_s else None,
             artifacts_destination=self.artifacts_destination,
+            fail_fast=self.fail_fast,
         )
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
             cleanup.callback(runtime.join_writers)
@@ -161,8 +162,6 @@ class Sweep:
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
             self.sampler.tell(number, result.best if result.status.selectable else None)
             finished.append(self._with_bookkeeping(result, submitted_at))
-            if self.fail_fast and result.status is TrialStatus.FAILED:
-                runtime.end_early(f"fail_fast: {result.name} failed")
         not_started = self.sampler.total - len(finished)
         if not_started:
             why = runtime.aborted or "time budget spent"

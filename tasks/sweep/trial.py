@@ -81,6 +81,7 @@ class SweepRuntime:
     writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
     killed: bool = True  # the stop is an error elsewhere (their runs end KILLED), not a rule (stop_all, fail_fast)
+    fail_fast: bool = False  # a failed trial ends the sweep (before its slot frees: no other trial starts)
     _grants: dict[int, tuple[HeldSlot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
 
     def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
@@ -145,6 +146,8 @@ def run_trial(spec: Trial, runtime_id: str) -> TrialResult:
         writer, artifact_uri = _open_run(spec, rt, queued_s)
         mlflow_start_s = time.perf_counter() - opened
         result = _TrialRun(spec, rt, writer, slot, get_run_logger()).train(artifact_uri)
+        if rt.fail_fast and result.status is TrialStatus.FAILED:
+            rt.end_early(f"fail_fast: {spec.name} failed")
     finally:
         slot.release()
     return replace(
