@@ -18,6 +18,7 @@ from typing import Any
 
 from ddp_runtime import Checkpoint, CheckpointConfig, FailureConfig
 from sweepflow.tune.class_trainable import Trainable
+from sweepflow.tune.not_built import refusing
 from sweepflow.tune.search_space import (
     choice,
     grid_search,
@@ -31,6 +32,8 @@ from sweepflow.tune.search_space import (
 )
 from sweepflow.tune.session import checkpoint_dir, get_checkpoint, get_trial_dir, get_trial_id, report
 from sweepflow.tune.trainable import function, with_parameters, with_resources
+
+_refuse = refusing(__name__)
 
 _LAZY = {
     "run": "sweepflow.tune.api",
@@ -73,4 +76,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'sweepflow.tune' has no attribute {name!r}")
+    return _refuse(name)  # a Ray name not built here: an ImportError saying why and what to use

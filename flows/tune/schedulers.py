@@ -15,6 +15,7 @@ from sweepflow.tasks.sweep.schedulers import (
     FIFOScheduler,
     TrialScheduler,
 )
+from sweepflow.tune.not_built import refusing
 
 __all__ = ["ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler", "TrialScheduler", "resolve"]
 
@@ -28,3 +29,5 @@ def resolve(scheduler: Any) -> TrialScheduler:
             f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...) or FIFOScheduler()"
         )
     return scheduler
+
+__getattr__ = refusing(__name__)  # Ray names not built here: refused with the reason and the fix

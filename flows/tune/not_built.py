@@ -1,0 +1,91 @@
+"""Ray Tune names sweepflow does not have (yet): asking for one raises an ``ImportError`` that names the Ray
+feature, says why it is not here, and gives the nearest equivalent, never a bare "cannot import name".
+
+Each ``sweepflow.tune`` module that mirrors a Ray module ends with ``__getattr__ = refusing(__name__)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+_PBT = (
+    "Population Based Training is not built yet (trials cannot yet exchange checkpoints mid-run); "
+    "use ASHAScheduler for early stopping, or OptunaSearch to search the space"
+)
+_SEARCHER = (
+    "is not wrapped (one search library is: Optuna); use sweepflow.tune.search.optuna.OptunaSearch, or the "
+    "default random/grid search"
+)
+_LOGGER = (
+    "is not needed: every trial is already an MLflow run (params, every reported metric, checkpoints, status), "
+    "and the experiment an MLflow parent run; read them in the MLflow UI or with mlflow.search_runs"
+)
+
+#: sweepflow module -> Ray name -> why it is not here and what to use.
+NOT_BUILT: dict[str, dict[str, str]] = {
+    "sweepflow.tune": {
+        "Callback": "tune.Callback hooks are not built yet; every trial's results are in MLflow (its run) and "
+        "Prefect (its task run) as they arrive: read them there",
+        "Experiment": "tune.Experiment specs are not supported; call tune.run(trainable, config=..., ...) or "
+        "Tuner(...).fit() once per experiment",
+        "run_experiments": "tune.run_experiments is not supported; call tune.run once per experiment",
+        "register_trainable": "there is no trainable registry: pass the function or class itself to tune.run/Tuner",
+        "register_env": "there is no RLlib environment registry here: sweepflow tunes PyTorch training functions; "
+        "give your trainable the code that builds its environment",
+        "SyncConfig": "there is nothing to sync: checkpoints go to MLflow's artifact store (local or S3) directly; "
+        "give RunConfig(storage_path=...) or the tracking server's artifact root instead",
+        "PlacementGroupFactory": "placement groups are Ray's: give per-trial resources as a dict, "
+        "tune.with_resources(trainable, {'cpu': 1, 'gpu': 1}), or a TorchTrainer's ScalingConfig for a DDP group",
+        "JupyterNotebookReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
+        "ProgressReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
+        "PopulationBasedTraining": _PBT,
+    },
+    "sweepflow.tune.schedulers": {
+        "PopulationBasedTraining": _PBT,
+        "PopulationBasedTrainingReplay": _PBT,
+        "PB2": _PBT,
+        "HyperBandScheduler": "synchronous HyperBand is not built yet; use ASHAScheduler (asynchronous "
+        "successive halving, one bracket)",
+        "HyperBandForBOHB": "BOHB is not built; use ASHAScheduler with OptunaSearch",
+        "MedianStoppingRule": "the median stopping rule is not built yet; use ASHAScheduler (it also stops trials "
+        "that fall behind the others at the same step)",
+        "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
+        "tune.with_resources",
+    },
+    "sweepflow.tune.search": {
+        "Searcher": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
+        "SearchGenerator": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
+        "Repeater": "Repeater is not built yet; repeat a configuration with tune.grid_search over a 'repeat' key",
+        "HyperOptSearch": f"HyperOptSearch {_SEARCHER}",
+        "BayesOptSearch": f"BayesOptSearch {_SEARCHER}",
+        "AxSearch": f"AxSearch {_SEARCHER}",
+        "HEBOSearch": f"HEBOSearch {_SEARCHER}",
+        "NevergradSearch": f"NevergradSearch {_SEARCHER}",
+        "ZOOptSearch": f"ZOOptSearch {_SEARCHER}",
+        "TuneBOHB": f"TuneBOHB {_SEARCHER}",
+    },
+    "sweepflow.tune.logger": {
+        "LoggerCallback": f"LoggerCallback {_LOGGER}",
+        "CSVLoggerCallback": f"CSVLoggerCallback {_LOGGER}; ExperimentAnalysis.dataframe() gives the table",
+        "JsonLoggerCallback": f"JsonLoggerCallback {_LOGGER}",
+        "TBXLoggerCallback": f"TBXLoggerCallback {_LOGGER}",
+    },
+}
+
+
+class NotBuiltError(ImportError):
+    """A Ray Tune name sweepflow does not have; the message says why and what to use."""
+
+
+def refusing(module: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that refuses the Ray names listed for ``module`` with their reasons."""
+    listed = NOT_BUILT.get(module, {})
+
+    def __getattr__(name: str) -> Any:
+        if name in listed:
+            ray_module = module.replace("sweepflow.", "ray.", 1)
+            raise NotBuiltError(f"{ray_module}.{name}: {listed[name]}", name=name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
