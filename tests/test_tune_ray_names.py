@@ -51,3 +51,11 @@ def test_a_ray_tune_name_is_here_or_refused_with_the_reason(module, name):
             exec(f"from sweepflow.{module} import {name}", {})
     except AttributeError as exc:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"sweepflow.{module}.{name}: a bare AttributeError ({exc}); build it or refuse it with the fix")
+
+
+def test_tuner_restore_says_how_to_resume():
+    from sweepflow import tune
+
+    for call in (lambda: tune.Tuner.restore("/tmp/exp", trainable=print), lambda: tune.Tuner.can_restore("/tmp/exp")):
+        with pytest.raises(NotImplementedError, match="resume='AUTO'"):
+            call()

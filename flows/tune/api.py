@@ -186,6 +186,13 @@ class TuneConfig:
 RunConfig = train.RunConfig
 
 
+_RESTORE_INSTEAD = (
+    "{call} is not built yet: run the same experiment again with tune.run(trainable, name=<its name>, "
+    "resume='AUTO', ...): its ended trials are read back from MLflow and the interrupted one continues from its "
+    "checkpoint"
+)
+
+
 class Tuner:
     """Current Ray Tune: ``Tuner(trainable, param_space=..., tune_config=TuneConfig(...), run_config=RunConfig(...))
     .fit()``: the run config's name, storage path, stop criteria, failure and checkpoint configs shape the
@@ -203,6 +210,15 @@ class Tuner:
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or TuneConfig()
         self.run_config = run_config or RunConfig()
+
+    @classmethod
+    def restore(cls, path: str, trainable: Any = None, **kwargs: Any) -> Tuner:
+        """Ray's restore-from-path is not built yet; an interrupted experiment resumes by name (see the error)."""
+        raise NotImplementedError(_RESTORE_INSTEAD.format(call=f"Tuner.restore({path!r}, ...)"))
+
+    @classmethod
+    def can_restore(cls, path: str) -> bool:
+        raise NotImplementedError(_RESTORE_INSTEAD.format(call=f"Tuner.can_restore({path!r})"))
 
     def fit(self) -> ResultGrid:
         tc, rc = self.tune_config, self.run_config
