@@ -4,6 +4,7 @@ MLflow parent run with a child run per trial."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
@@ -380,7 +381,19 @@ class StopOnceAScoreReaches(tune.Stopper):
         return self.reached
 
 
-def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment(services):
+def _child_exits_cleanly() -> None:
+    """A forked child that does nothing: its exit code is the process's own health."""
+
+
+def _forks_cleanly() -> bool:
+    """What a DataLoader(num_workers=2) over the best checkpoint does after tuning: fork a child that must exit 0."""
+    child = multiprocessing.get_context("fork").Process(target=_child_exits_cleanly)
+    child.start()
+    child.join(timeout=60)
+    return child.exitcode == 0
+
+
+def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment_and_the_process_forks_cleanly_after(services):
     def tuner(fail_fast):
         return tune.Tuner(
             scored_trainable,
@@ -390,7 +403,8 @@ def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment(services):
         )
 
     grid = tuner(True).fit()  # trial 0 fails first: nothing else starts
-    assert [str(r.error) for r in grid] and len(list(grid)) == 1 and "x must not be 0" in str(list(grid)[0].error)
+    assert len(list(grid)) == 1 and "x must not be 0" in str(list(grid)[0].error)
+    assert _forks_cleanly()  # after Tuner.fit
     with pytest.raises(tune.TuneError, match="x must not be 0"):
         tuner("raise").fit()
 
@@ -409,6 +423,7 @@ def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment(services):
     assert by_x[2].status == "TERMINATED" and by_x[2].last_result["score"] == 4  # complete at the report
     _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
+    assert _forks_cleanly()  # after tune.run, the third experiment in this process
 
 
 class AccumulatingTrainable(tune.Trainable):
@@ -454,27 +469,6 @@ def test_a_class_trainable_steps_checkpoints_and_restarts_from_its_checkpoint(se
             assert pickle.load(f) == {"value": pytest.approx(4 * lr)}  # checkpoint_at_end: the step-4 state
     assert by_lr[0.5].last_result["restored"] == 1.0 and by_lr[1.0].last_result["restored"] == 0.0
     assert os.path.exists(tmp_path / "crashed")
-
-
-def _child_exits_cleanly() -> None:
-    """A forked child that does nothing: its exit code is the process's own health."""
-
-
-def test_the_process_forks_cleanly_after_fit_and_tune_run(services):
-    """What a DataLoader(num_workers=2) over the best checkpoint does after tuning: fork children that must exit 0."""
-    fork = __import__("multiprocessing").get_context("fork")
-    tune.Tuner(
-        lambda config: tune.report({"score": config["x"]}),
-        param_space={"x": tune.uniform(0.0, 1.0)},
-        tune_config=tune.TuneConfig(metric="score", mode="max", num_samples=1),
-        run_config=tune.RunConfig(name="forks", verbose=0),
-    ).fit()
-    for _ in range(2):  # after fit(), and after a second experiment in the same process
-        child = fork.Process(target=_child_exits_cleanly)
-        child.start()
-        child.join(timeout=60)
-        assert child.exitcode == 0
-        tune.run(lambda config: tune.report(score=1.0), num_samples=1, verbose=0)
 
 
 @pytest.mark.subprocess
