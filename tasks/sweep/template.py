@@ -1,8 +1,8 @@
 """What a trial runs (``TrialTemplate``: the function on every rank, the DDP group's shape, how the sweep ranks,
-checkpoints and restarts it) and which trial it is (``Trial``: its number and sampled hyperparameters).
+checkpoints and restarts it) and which trial it is (``SweepTrial``: its number and sampled hyperparameters).
 
 The pipeline (``sweepflow run``) and ``sweepflow.tune`` (from the trainable) both build a template; the sweep
-driver makes each ``Trial`` from it, and the ``train-trial`` task runs one.
+driver makes each ``SweepTrial`` from it, and the ``train-trial`` task runs one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrialTemplate:
     """What a trial runs: the function every rank runs, its group's shape, and how the sweep ranks, checkpoints
-    and restarts it. Every trial of a sweep shares it; a ``Trial`` adds its number and sampled hyperparameters.
+    and restarts it. Every trial of a sweep shares it; a ``SweepTrial`` adds its number and sampled hyperparameters.
     ``sweepflow run``'s pipeline and ``sweepflow.tune`` (from the trainable) both build one."""
 
     train_fn: str | Callable[..., Any]  # "module:function", or a function object (shipped by value); every rank
@@ -54,16 +54,16 @@ class TrialTemplate:
     def gpus_per_rank(self) -> float:
         return float(self.resources_per_rank.get("GPU", 0.0))
 
-    def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> Trial:
+    def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> SweepTrial:
         """Trial number ``index`` of the sweep, with its sampled ``params`` (``resume``: it continues in its run)."""
         trial_id = f"trial_{index:04d}"
         shown = [name for name in self.varying_names if name in params]
         name = f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id
-        return Trial(template=self, trial_id=trial_id, index=index, name=name, params=params, resume=resume)
+        return SweepTrial(template=self, trial_id=trial_id, index=index, name=name, params=params, resume=resume)
 
 
 @dataclass(frozen=True)
-class Trial:
+class SweepTrial:
     """One trial of a sweep: which one it is, and its template (plain data: it is the Prefect task's parameter)."""
 
     template: TrialTemplate

@@ -44,7 +44,7 @@ from sweepflow.tasks.sweep.results import (
 from sweepflow.tasks.sweep.resume import TAG_RESUMES, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
-from sweepflow.tasks.sweep.template import Trial
+from sweepflow.tasks.sweep.template import SweepTrial
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
@@ -131,7 +131,7 @@ def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
 
 
 @task(name="train-trial", cache_policy=NO_CACHE, retries=0)
-def run_trial(spec: Trial, runtime_id: str) -> TrialResult:
+def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
     """Train one trial as a DDP group; returns its result (status, metrics, best checkpoint, MLflow run, cost).
 
     The sweep submits a trial once it has taken a slot for it, so this task run, and the MLflow run it opens,
@@ -157,7 +157,7 @@ def run_trial(spec: Trial, runtime_id: str) -> TrialResult:
     )
 
 
-def _open_run(spec: Trial, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
+def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
     the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
     trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
@@ -218,7 +218,7 @@ class _TrialRun:
     """One trial's DDP group, from its first report to its MLflow run's end."""
 
     def __init__(
-        self, spec: Trial, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
+        self, spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
     ) -> None:
         self.spec, self.rt, self.writer, self.slot, self.logger = spec, rt, writer, slot, logger
         self.reached_max_t = (
