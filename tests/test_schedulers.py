@@ -292,3 +292,32 @@ def test_asha_thread_safety() -> None:
         th.join()
     assert not errors
     assert s.rung_cutoffs()[1] == pytest.approx(float(np.median(values)))
+
+
+def test_median_stopping_rule_stops_a_trial_below_the_median_of_the_others_running_means():
+    from sweepflow.tasks.sweep.schedulers import MedianStoppingRule
+
+    rule = MedianStoppingRule(metric="acc", mode="max", grace_period=2, min_samples_required=2)
+    for trial, values in {"a": [0.5, 0.7, 0.9], "b": [0.4, 0.6, 0.8]}.items():  # running means at t=2: 0.6, 0.5
+        rule.on_trial_add(trial)
+        for t, v in enumerate(values, start=1):
+            assert rule.on_trial_result(trial, {"acc": v, "training_iteration": t}) is CONTINUE  # < 2 others
+        rule.on_trial_complete(trial, None)
+    rule.on_trial_add("good")
+    assert rule.on_trial_result("good", {"acc": 0.3, "training_iteration": 1}) is CONTINUE  # in its grace period
+    assert rule.on_trial_result("good", {"acc": 0.56, "training_iteration": 2}) is CONTINUE  # best 0.56 > 0.55
+    rule.on_trial_add("bad")
+    assert rule.on_trial_result("bad", {"acc": 0.2, "training_iteration": 1}) is CONTINUE
+    # Others that reached t=2: a (mean 0.6), b (0.5), good (0.43): median 0.5 > its best 0.45.
+    assert rule.on_trial_result("bad", {"acc": 0.45, "training_iteration": 2}) is STOP
+
+    low = MedianStoppingRule(metric="loss", mode="min", grace_period=1, min_samples_required=1)
+    low.on_trial_add("x")
+    low.on_trial_result("x", {"loss": 1.0, "training_iteration": 1})
+    low.on_trial_add("y")
+    assert low.on_trial_result("y", {"loss": 2.0, "training_iteration": 1}) is STOP  # min mode: higher is worse
+    assert low.stop_reason == "median stopping rule"
+    with pytest.raises(ValueError, match="hard_stop"):
+        MedianStoppingRule(hard_stop=False)
+    with pytest.raises(ValueError, match="no numeric 'loss'"):
+        low.on_trial_result("y", {"training_iteration": 2})

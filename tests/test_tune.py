@@ -21,7 +21,7 @@ from ddp_runtime.torch import TorchTrainer
 from sweepflow import tune
 from sweepflow.sgd.integration.torch import DistributedTrainableCreator
 from sweepflow.sgd.torch import distributed_checkpoint_dir, is_distributed_trainable
-from sweepflow.tune.schedulers import ASHAScheduler
+from sweepflow.tune.schedulers import ASHAScheduler, MedianStoppingRule
 from sweepflow.tune.search.optuna import OptunaSearch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -469,6 +469,21 @@ def test_a_class_trainable_steps_checkpoints_and_restarts_from_its_checkpoint(se
             assert pickle.load(f) == {"value": pytest.approx(4 * lr)}  # checkpoint_at_end: the step-4 state
     assert by_lr[0.5].last_result["restored"] == 1.0 and by_lr[1.0].last_result["restored"] == 0.0
     assert os.path.exists(tmp_path / "crashed")
+
+
+def test_the_median_stopping_rule_stops_a_trial_behind_the_others(services):
+    analysis = tune.run(
+        scored_trainable,  # score = x * step, 3 steps
+        config={"x": tune.grid_search([3, 2, 1])},
+        scheduler=MedianStoppingRule(metric="score", mode="max", grace_period=2, min_samples_required=2),
+        max_concurrent_trials=1,
+        verbose=0,
+    )
+    by_x = {t.config["x"]: t for t in analysis.trials}
+    assert [by_x[x].last_result["training_iteration"] for x in (3, 2, 1)] == [3, 3, 2]
+    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    outcome = next(c for c in children if c.data.params["x"] == "1").data.tags["sweepflow.outcome"]
+    assert outcome == "stopped early (median stopping rule) at epoch 2"
 
 
 @pytest.mark.subprocess

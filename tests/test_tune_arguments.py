@@ -23,7 +23,7 @@ from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tune import api, runner
 from sweepflow.tune.analysis import ExperimentAnalysis
 from sweepflow.tune.reporter import CLIReporter
-from sweepflow.tune.schedulers import ASHAScheduler
+from sweepflow.tune.schedulers import ASHAScheduler, MedianStoppingRule
 from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch
 
@@ -208,6 +208,26 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
         _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="loss", mode="max")),
     ),
     ("ASHAScheduler", "max_t"): (_run(scheduler=ASHAScheduler()), _run(scheduler=ASHAScheduler(max_t=4))),
+    ("MedianStoppingRule", "time_attr"): (
+        _run(scheduler=MedianStoppingRule()),
+        _run(scheduler=MedianStoppingRule(time_attr="epoch")),
+    ),
+    ("MedianStoppingRule", "metric"): (
+        _run(metric=None, mode=None, scheduler=MedianStoppingRule(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=MedianStoppingRule(metric="acc", mode="min")),
+    ),
+    ("MedianStoppingRule", "mode"): (
+        _run(metric=None, mode=None, scheduler=MedianStoppingRule(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=MedianStoppingRule(metric="loss", mode="max")),
+    ),
+    ("MedianStoppingRule", "grace_period"): (
+        _run(scheduler=MedianStoppingRule()),
+        _run(scheduler=MedianStoppingRule(grace_period=3)),
+    ),
+    ("MedianStoppingRule", "min_samples_required"): (
+        _run(scheduler=MedianStoppingRule()),
+        _run(scheduler=MedianStoppingRule(min_samples_required=1)),
+    ),
     ("ASHAScheduler", "grace_period"): (
         _run(scheduler=ASHAScheduler()),
         _run(scheduler=ASHAScheduler(grace_period=2)),
@@ -219,6 +239,8 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
 }
 
 REFUSED: dict[tuple[str, str], Any] = {
+    ("MedianStoppingRule", "hard_stop"): lambda: MedianStoppingRule(hard_stop=False),
+    ("MedianStoppingRule", "min_time_slice"): lambda: MedianStoppingRule(min_time_slice=5),
     ("ConcurrencyLimiter", "batch"): lambda: ConcurrencyLimiter(OptunaSearch(), 2, batch=True),
     ("BasicVariantGenerator", "points_to_evaluate"): lambda: BasicVariantGenerator(points_to_evaluate=[{"a": 1}]),
     ("BasicVariantGenerator", "constant_grid_search"): lambda: BasicVariantGenerator(constant_grid_search=True),
@@ -246,6 +268,7 @@ def _accepted() -> set[tuple[str, str]]:
         "RunConfig": tune.RunConfig,
         "OptunaSearch": OptunaSearch,
         "ASHAScheduler": ASHAScheduler,
+        "MedianStoppingRule": MedianStoppingRule,
         "FailureConfig": train.FailureConfig,
         "ConcurrencyLimiter": ConcurrencyLimiter,
         "BasicVariantGenerator": BasicVariantGenerator,

@@ -48,8 +48,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "HyperBandScheduler": "synchronous HyperBand is not built yet; use ASHAScheduler (asynchronous "
         "successive halving, one bracket)",
         "HyperBandForBOHB": "BOHB is not built; use ASHAScheduler with OptunaSearch",
-        "MedianStoppingRule": "the median stopping rule is not built yet; use ASHAScheduler (it also stops trials "
-        "that fall behind the others at the same step)",
         "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
         "tune.with_resources",
     },

@@ -69,6 +69,7 @@ class _StopCriteria(TrialScheduler):
     def __init__(self, inner: TrialScheduler, stop: Mapping[str, float] | Callable[[str, dict[str, Any]], bool]):
         super().__init__()
         self.inner, self.stop = inner, stop
+        self.stop_reason = inner.stop_reason
 
     def on_trial_add(self, trial_id: str) -> None:
         self.inner.on_trial_add(trial_id)

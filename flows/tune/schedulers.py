@@ -13,11 +13,12 @@ from sweepflow.tasks.sweep.schedulers import (
     ASHAScheduler,
     AsyncHyperBandScheduler,
     FIFOScheduler,
+    MedianStoppingRule,
     TrialScheduler,
 )
 from sweepflow.tune.not_built import refusing
 
-__all__ = ["ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler", "TrialScheduler", "resolve"]
+__all__ = ["ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler", "MedianStoppingRule", "TrialScheduler", "resolve"]
 
 
 def resolve(scheduler: Any) -> TrialScheduler:
@@ -26,7 +27,7 @@ def resolve(scheduler: Any) -> TrialScheduler:
         return FIFOScheduler()
     if not isinstance(scheduler, TrialScheduler):
         raise TypeError(
-            f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...) or FIFOScheduler()"
+            f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...) or FIFOScheduler()"
         )
     return scheduler
 

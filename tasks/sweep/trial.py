@@ -267,14 +267,15 @@ class _TrialRun:
             self.slot.release()
             return True
         decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
-        at_max_t = metrics["training_iteration"] >= spec.template.max_reports
+        max_t = spec.template.max_reports  # 0: no known end (a stop is then always early)
+        at_max_t = max_t > 0 and metrics["training_iteration"] >= max_t
         if decision is Decision.STOP_ALL:
             self.rt.end_early(f"the experiment's stopper ended it at {spec.name}'s report {step}")
             self.reached_max_t = True  # this trial is complete
         elif decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
             self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
         elif decision is Decision.STOP or self.rt.out_of_time():
-            reason = "ASHA" if decision is Decision.STOP else "time budget"
+            reason = self.rt.scheduler.stop_reason if decision is Decision.STOP else "time budget"
             self.stop_reason = reason
             self.logger.info("%s: stopping at report %s (%s)", spec.name, step, reason)
         else:
