@@ -327,14 +327,16 @@ def processes_of(
 
 
 def _gone(process: psutil.Process) -> bool:
-    try:  # reap it if it is our child (a service that failed to start), so it does not linger as a zombie
-        os.waitpid(process.pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child: its parent (or init) reaps it
     try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+        gone = not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
-        return True
+        gone = True
+    if gone:  # reaped after it exited (before, a zombie could slip between the reap and the check and linger)
+        try:  # our child (a service this process started): reap it so it does not linger as a zombie
+            os.waitpid(process.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass  # not our child: its parent (or init) reaps it
+    return gone
 
 
 def _wait_gone(processes: Sequence[psutil.Process], timeout: float) -> None:
