@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-_PBT = (
-    "Population Based Training is not built yet (trials cannot yet exchange checkpoints mid-run); "
-    "use ASHAScheduler for early stopping, or OptunaSearch to search the space"
+_PB2 = (
+    "PB2 (PBT with a GP-bandit explore) is not built; use PopulationBasedTraining, whose explore resamples or "
+    "perturbs each hyperparameter in hyperparam_mutations"
 )
 _SEARCHER = (
     "is not wrapped (one search library is: Optuna); use sweepflow.tune.search.optuna.OptunaSearch, or the "
@@ -39,12 +39,11 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "tune.with_resources(trainable, {'cpu': 1, 'gpu': 1}), or a TorchTrainer's ScalingConfig for a DDP group",
         "JupyterNotebookReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
         "ProgressReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
-        "PopulationBasedTraining": _PBT,
     },
     "sweepflow.tune.schedulers": {
-        "PopulationBasedTraining": _PBT,
-        "PopulationBasedTrainingReplay": _PBT,
-        "PB2": _PBT,
+        "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
+        "each trial's config history in its MLflow run (pbt/config_history.json)",
+        "PB2": _PB2,
         "HyperBandScheduler": "synchronous HyperBand is not built yet; use ASHAScheduler (asynchronous "
         "successive halving, one bracket)",
         "HyperBandForBOHB": "BOHB is not built; use ASHAScheduler with OptunaSearch",

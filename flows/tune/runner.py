@@ -74,6 +74,12 @@ class _StopCriteria(TrialScheduler):
     def on_trial_add(self, trial_id: str) -> None:
         self.inner.on_trial_add(trial_id)
 
+    def on_trial_config(self, trial_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        return self.inner.on_trial_config(trial_id, config)
+
+    def take_exploit(self, trial_id: str) -> Any:
+        return self.inner.take_exploit(trial_id)
+
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         decision = self.inner.on_trial_result(trial_id, result)
         if stop_met(self.stop, trial_id, result):
@@ -99,7 +105,8 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
-            _fits(client, experiment.template, _dask_resources(client, experiment.template))
+            fits = _fits(client, experiment.template, _dask_resources(client, experiment.template))
+        _whole_population_fits(experiment, fits)
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     key = uuid.uuid4().hex
     _EXPERIMENTS[key] = replace(
@@ -214,6 +221,7 @@ def _experiment_flow(
     with cluster_client(info["scheduler_address"], use_gpu=exp.template.use_gpu) as client:
         resources = _dask_resources(client, exp.template)
         fits = _fits(client, exp.template, resources)
+        _whole_population_fits(exp, fits)
         with parent_run(tracker, spec, resume_from=resume_from) as parent:
             prior = None
             if resume_from:
@@ -225,7 +233,7 @@ def _experiment_flow(
             with _shared_parameters(client, exp.template) as shared:
                 ends_at = exp.scheduler.max_t or max_reports(exp.stop)
                 if isinstance(shared.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
-                    shared = replace(shared, train_fn=shared.train_fn.ending_at(ends_at))
+                    shared = replace(shared, train_fn=_for_pbt(shared.train_fn.ending_at(ends_at), exp.scheduler))
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=replace(
@@ -269,6 +277,30 @@ def _experiment_flow(
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
     return sweep, info
+
+
+def _whole_population_fits(exp: Experiment, fits: int) -> None:
+    """Synchronous PBT holds every trial at each interval until all of them get there: they must all run at
+    once. Refused before any trial runs, with the settings to change."""
+    if not getattr(exp.scheduler, "population_must_run_at_once", False):
+        return
+    at_once = min(exp.max_concurrent_trials or fits, fits)
+    if at_once < exp.sampler.total:
+        raise ValueError(
+            f"PopulationBasedTraining(synch=True) waits for all {exp.sampler.total} trials at every interval, but "
+            f"only {at_once} can run at once here (the cluster's room or max_concurrent_trials): lower "
+            f"num_samples to {at_once}, give the cluster more workers, or use synch=False"
+        )
+
+
+def _for_pbt(run: ClassTrainableRun, scheduler: TrialScheduler) -> ClassTrainableRun:
+    """A class trainable under PBT saves a checkpoint every ``perturbation_interval`` steps (Ray saves one when
+    PBT asks; here a donor's latest checkpoint must already be there), unless it was given its own frequency."""
+    interval = getattr(scheduler, "perturbation_interval", None)
+    if interval is None or run.checkpoint_frequency:
+        return run
+    per_step = getattr(scheduler, "time_attr", None) == "training_iteration"
+    return replace(run, checkpoint_frequency=max(int(interval), 1) if per_step else 1)
 
 
 def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:

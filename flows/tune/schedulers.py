@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sweepflow.tasks.sweep.pbt import PopulationBasedTraining
 from sweepflow.tasks.sweep.schedulers import (
     ASHAScheduler,
     AsyncHyperBandScheduler,
@@ -18,7 +19,15 @@ from sweepflow.tasks.sweep.schedulers import (
 )
 from sweepflow.tune.not_built import refusing
 
-__all__ = ["ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler", "MedianStoppingRule", "TrialScheduler", "resolve"]
+__all__ = [
+    "ASHAScheduler",
+    "AsyncHyperBandScheduler",
+    "FIFOScheduler",
+    "MedianStoppingRule",
+    "PopulationBasedTraining",
+    "TrialScheduler",
+    "resolve",
+]
 
 
 def resolve(scheduler: Any) -> TrialScheduler:
@@ -27,7 +36,8 @@ def resolve(scheduler: Any) -> TrialScheduler:
         return FIFOScheduler()
     if not isinstance(scheduler, TrialScheduler):
         raise TypeError(
-            f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...) or FIFOScheduler()"
+            f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...), "
+            "PopulationBasedTraining(...) or FIFOScheduler()"
         )
     return scheduler
 

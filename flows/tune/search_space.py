@@ -219,11 +219,6 @@ def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str,
     return out
 
 
-def flat_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial config as MLflow params: nested keys joined with "/"."""
-    return {"/".join(path): value for path, value in _leaves(dict(config))}
-
-
 def space_as_data(param_space: Mapping[str, Any]) -> dict[str, Any]:
     """The top level of a ``param_space`` in the sweep's data form (what the sweep report draws its axes from):
     domains as their data, ``grid_search`` as a grid, ``sample_from`` by its kind (a function has no bounds),

@@ -136,6 +136,9 @@ class Sweep:
                 else:
                     number, params = self.sampler.ask()
                 spec = self.template.trial(submitted, params, prior.resume_from() if prior else None)
+                filled = self.scheduler.on_trial_config(spec.trial_id, spec.params)  # PBT adds mutated names
+                if filled != spec.params:
+                    spec = self.template.trial(submitted, filled, spec.resume)
                 runtime.grant(spec.index, slot, queued_s=time.perf_counter() - next_in_line_since)
                 try:
                     # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by

@@ -122,6 +122,9 @@ class TrialResult:
     usage: ResourceUsage = field(default_factory=ResourceUsage)
     restarts: int = 0  # group restarts after failures (FailureConfig.max_failures)
     stop_reason: str | None = None  # why a STOPPED trial stopped: "ASHA", "time budget", or the sweep's abort
+    # PBT: its configs over time, from the one it started with: {"iteration", "config"[, "donor", ...]} (empty:
+    # never exploited another trial)
+    config_history: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_history(

@@ -41,6 +41,7 @@ class Decision(StrEnum):
     STOP = "STOP"  # prune it (or, at the scheduler's max_t, it is done)
     DONE = "DONE"  # it met a stop criterion (e.g. Tune's ``stop={...}``): complete, not pruned
     STOP_ALL = "STOP_ALL"  # it is complete, and so is the sweep: the others stop, none starts (Stopper.stop_all)
+    EXPLOIT = "EXPLOIT"  # PBT: continue from another trial's checkpoint with a new config (``take_exploit``)
 
 
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP
@@ -88,6 +89,15 @@ class TrialScheduler:
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric and mode, for a scheduler built without them (as Ray's Tune passes them).
         Raises, naming the fix, when the scheduler needs them and neither it nor the experiment has them."""
+
+    def on_trial_config(self, trial_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        """The config a trial trains with, as it starts (or continues after an exploit): the scheduler may add to
+        it (PBT samples the mutated names a config lacks). Most schedulers take it as it is."""
+        return config
+
+    def take_exploit(self, trial_id: str) -> Any:
+        """After an ``EXPLOIT`` decision: what the trial continues from (``pbt.Exploit``); None for the others."""
+        return None
 
     def on_trial_add(self, trial_id: str) -> None:
         raise NotImplementedError

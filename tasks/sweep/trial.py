@@ -32,6 +32,7 @@ from prefect.settings import PREFECT_API_URL
 import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
 from ddp_runtime.torch import TorchTrainer
+from sweepflow.tasks.sweep.pbt import Exploit
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import (
     TAG_CONFIG,
@@ -57,6 +58,9 @@ from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_
 from sweepflow.tasks.training.function import SystemMetrics, TrainFunction
 
 TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot before its run started
+TAG_EXPLOITS = "sweepflow.pbt.exploits"  # how many times the trial continued from another's checkpoint (PBT)
+TAG_LAST_EXPLOIT = "sweepflow.pbt.last_exploit"  # the latest: "copied trial_0003 at report 8; lr=0.012"
+PBT_HISTORY_ARTIFACT = "pbt"  # its config_history.json: the trial's configs over time, who it copied
 
 
 class MetricNotReported(ValueError):
@@ -82,6 +86,8 @@ class SweepRuntime:
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
     killed: bool = True  # the stop is an error elsewhere (their runs end KILLED), not a rule (stop_all, fail_fast)
     fail_fast: bool = False  # a failed trial ends the sweep (before its slot frees: no other trial starts)
+    # trial id -> where its checkpoints are (``<storage>/checkpoints``): PBT copies a donor's latest from there
+    storages: dict[str, str] = field(default_factory=dict)
     _grants: dict[int, tuple[HeldSlot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
 
     def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
@@ -229,6 +235,12 @@ class _TrialRun:
         # A resumed trial: the reports its checkpoint covers (this group's reports are numbered after them).
         self.covered: list[dict[str, Any]] = []
         self.best_so_far: float | None = None  # best finite value of the selection metric reported so far
+        self.resumed_reports = 0  # of ``covered``, the reports an interrupted sweep's run already had
+        self.started = time.time()  # the scheduler's ``time_total_s`` counts from here (across groups)
+        # PBT: the exploit this trial's group stopped for, what its earlier groups cost, and its configs over time.
+        self.exploit: tuple[Exploit, StoredCheckpoint] | None = None
+        self.earlier_groups: list[train.Result] = []
+        self.config_history: list[dict[str, Any]] = []
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -266,7 +278,7 @@ class _TrialRun:
             self.stop_reason = self.rt.aborted
             self.slot.release()
             return True
-        decision = self.rt.scheduler.on_trial_result(spec.trial_id, metrics)
+        decision = self.rt.scheduler.on_trial_result(spec.trial_id, self._as_scheduled(metrics))
         max_t = spec.template.max_reports  # 0: no known end (a stop is then always early)
         at_max_t = max_t > 0 and metrics["training_iteration"] >= max_t
         if decision is Decision.STOP_ALL:
@@ -278,10 +290,114 @@ class _TrialRun:
             reason = self.rt.scheduler.stop_reason if decision is Decision.STOP else "time budget"
             self.stop_reason = reason
             self.logger.info("%s: stopping at report %s (%s)", spec.name, step, reason)
+        elif decision is Decision.EXPLOIT:
+            # The group stops here and the trial goes on from the donor's checkpoint: it keeps its slot.
+            return self._plan_exploit(metrics["training_iteration"])
         else:
             return False
         self.slot.release()  # the group only tears down from here: the next trial may start
         return True
+
+    def _as_scheduled(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The report as schedulers see it: with Ray's ``time_total_s`` (seconds since the trial started, across
+        its groups) when the trainable does not report one (it is not logged: MLflow has the run's times)."""
+        return metrics if "time_total_s" in metrics else {**metrics, "time_total_s": time.time() - self.started}
+
+    def _plan_exploit(self, iteration: int) -> bool:
+        """PBT put this trial in the bottom quantile: stop its group (True) to continue from the donor's latest
+        checkpoint, or go on (False) when the donor has none yet."""
+        plan = self.rt.scheduler.take_exploit(self.spec.trial_id)
+        if plan is None:
+            return False
+        donor = self._latest_checkpoint_of(plan.donor)
+        if donor is None:
+            self.logger.warning(
+                "%s: PBT would continue it from %s, which has no checkpoint yet, so it goes on as it is; report a "
+                "checkpoint at least every perturbation_interval (tune.report(..., checkpoint=...))",
+                self.spec.name,
+                plan.donor,
+            )
+            return False
+        self.exploit = (plan, donor)
+        self.logger.info(
+            "%s: exploits %s at report %d (%s %.4g vs its %.4g); continues from its checkpoint with %s",
+            self.spec.name,
+            plan.donor,
+            iteration,
+            self.spec.template.selection_metric or "metric",
+            plan.donor_score,
+            plan.score,
+            plan.config,
+        )
+        return True
+
+    def _latest_checkpoint_of(self, trial_id: str) -> StoredCheckpoint | None:
+        root = self.rt.storages.get(trial_id)
+        if root is None:
+            return None
+        committed = RunStorage(root, "checkpoints", self.rt.storage_options).list_committed()
+        return committed[-1] if committed else None
+
+    def _continue_from_donor(self, storage: str, fit: train.Result) -> train.Checkpoint:
+        """Carry out the exploit the last group stopped for: the donor's latest checkpoint copied into this trial's
+        storage (its own from then on: the donor may delete its copy), the explored config taken on, and both
+        recorded in the trial's MLflow run. Returns the copy, which the next group starts from."""
+        assert self.exploit is not None
+        plan, seen = self.exploit
+        self.exploit = None
+        offset = len(self.covered)
+        self.covered = [
+            *self.covered,
+            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
+        ]
+        self.earlier_groups.append(fit)
+        copied, source = _copy_latest(
+            RunStorage(self.rt.storages[plan.donor], "checkpoints", self.rt.storage_options),
+            RunStorage(storage, "checkpoints", self.rt.storage_options),
+            seen,
+        )
+        spec = self.spec
+        config = self.rt.scheduler.on_trial_config(spec.trial_id, plan.config)
+        if not self.config_history:
+            self.config_history.append({"iteration": 0, "config": spec.params})
+        self.config_history.append(
+            {
+                "iteration": len(self.covered),
+                "donor": plan.donor,
+                "donor_checkpoint": source.index,
+                "score": plan.score,
+                "donor_score": plan.donor_score,
+                "config": config,
+            }
+        )
+        self.spec = replace(spec, params=config)
+        self._record_exploit(plan.donor, config)
+        return copied
+
+    def _record_exploit(self, donor: str, config: dict[str, Any]) -> None:
+        """The exploit in the trial's MLflow run: a count and the latest as tags, the numeric hyperparameters as
+        ``hparam/<name>`` metrics over the reports (MLflow charts them), the whole history as an artifact."""
+        iteration = len(self.covered)
+        last = self.covered[-1] if self.covered else {}
+        step = int(last.get("epoch", iteration))
+        exploits = len(self.config_history) - 1
+        before = _flat(self.config_history[-2]["config"])
+        changed = {k: v for k, v in _flat(config).items() if before.get(k) != v}
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items())
+        self.writer.set_tags(
+            {
+                TAG_EXPLOITS: exploits,
+                TAG_LAST_EXPLOIT: f"copied {donor} at report {iteration}" + (f"; {shown}" if shown else ""),
+            }
+        )
+        if exploits == 1:  # the values it started with, at step 0
+            self.writer.log(_numeric_hparams(self.config_history[0]["config"]), step=0)
+        self.writer.log(_numeric_hparams(config), step=step)
+        history_dir = os.path.join(self.rt.staging_dir, f"pbt-{self.writer.run_id}")
+        os.makedirs(history_dir, exist_ok=True)
+        with open(os.path.join(history_dir, "config_history.json"), "w") as f:
+            json.dump(self.config_history, f, indent=1, default=str)
+        self.writer.log_artifacts(history_dir, PBT_HISTORY_ARTIFACT)
 
     def _check_metrics(self, metrics: dict[str, Any]) -> None:
         wanted = {
@@ -304,20 +420,28 @@ class _TrialRun:
         )  # the tracking server stores artifacts: stage checkpoints, upload at the end
         if proxied:
             storage = os.path.join(rt.staging_dir, writer.run_id)
+        rt.storages[spec.trial_id] = storage
         rt.scheduler.on_trial_add(spec.trial_id)
         resume_from = self._resume_point(storage) if spec.resume is not None else None
+        self.resumed_reports = len(self.covered)
         rt.progress.update(spec.trial_id)
         fit_started = time.perf_counter()
-        try:
-            fit = self._trainer(storage, resume_from).fit()
-            error = None
-        except train.TrainingFailedError as exc:
-            fit, error = exc.result, exc.result.error
-        except BaseException:
-            # Not a training failure (e.g. the cluster can never fit the trial): close the child run, then fail.
-            rt.scheduler.on_trial_error(spec.trial_id)
-            writer.finish(TrialStatus.FAILED.mlflow_status)
-            raise
+        while True:  # one group, or (PBT) one per exploit: each continues from the donor's checkpoint
+            try:
+                fit = self._trainer(storage, resume_from).fit()
+                error = None
+            except train.TrainingFailedError as exc:
+                fit, error = exc.result, exc.result.error
+            except BaseException:
+                # Not a training failure (e.g. the cluster can never fit the trial): close the child run, then fail.
+                rt.scheduler.on_trial_error(spec.trial_id)
+                writer.finish(TrialStatus.FAILED.mlflow_status)
+                raise
+            if error is not None or self.exploit is None or rt.aborted:
+                break
+            resume_from = self._continue_from_donor(storage, fit)
+        spec = self.spec  # with the config it ended with (PBT)
+        fit = _over_groups(fit, self.earlier_groups)
         fit_s = time.perf_counter() - fit_started
         result = self._result(fit, error)
         if result.status is TrialStatus.FAILED:
@@ -388,7 +512,7 @@ class _TrialRun:
         )
 
     def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
-        spec = self.spec
+        spec = self.spec  # its config may have changed since the trial started (PBT)
         return TorchTrainer(
             TrainFunction(spec.template.train_fn, system_metrics=self._system_metrics()),
             train_loop_config=spec.train_loop_config,
@@ -432,13 +556,14 @@ class _TrialRun:
             *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
         ]
         epochs = len(history)
+        trained = epochs - self.resumed_reports  # the reports this task's groups made
         usage = ResourceUsage(
             ranks=spec.template.num_ranks,
             gpus_per_rank=spec.template.gpus_per_rank,
             group_seconds=fit.held_s,
             # What early stopping spared: the epochs up to max_t this trial did not train, at its own pace.
             saved_epochs=max(spec.template.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
-            epoch_seconds=fit.train_time_s / len(fit.metrics_history) if fit.metrics_history else 0.0,
+            epoch_seconds=fit.train_time_s / trained if trained > 0 else 0.0,
         )
         return TrialResult.from_history(
             history,
@@ -457,6 +582,7 @@ class _TrialRun:
             usage=usage,
             restarts=fit.num_failures if error is None else max(fit.num_failures - 1, 0),
             stop_reason=self.stop_reason if status is TrialStatus.STOPPED else None,
+            config_history=tuple(self.config_history),
         )
 
 
@@ -478,3 +604,58 @@ def _reports_up_to(latest: StoredCheckpoint, history: list[dict[str, Any]]) -> l
         ):
             return history[: i + 1]
     return [*history, {**latest.metrics, "training_iteration": len(history) + 1}]
+
+
+def _over_groups(last: train.Result, earlier: list[train.Result]) -> train.Result:
+    """The trial's last group's result with the cost of its earlier groups (PBT exploits) added in."""
+    if not earlier:
+        return last
+    return replace(
+        last,
+        train_time_s=last.train_time_s + sum(r.train_time_s for r in earlier),
+        held_s=last.held_s + sum(r.held_s for r in earlier),
+        num_failures=last.num_failures + sum(r.num_failures for r in earlier),
+        started_at=earlier[0].started_at or last.started_at,
+    )
+
+
+def _copy_latest(source: RunStorage, target: RunStorage, seen: StoredCheckpoint) -> tuple[train.Checkpoint, StoredCheckpoint]:
+    """Copy ``source``'s latest committed checkpoint into ``target`` as its next one (committed there the same
+    way). The donor keeps training meanwhile and may replace (and delete) its latest while it is copied: then
+    the newer one is taken. ``seen``: the latest when the exploit was decided (the floor)."""
+    for _ in range(5):
+        committed = [c for c in source.list_committed() if c.index >= seen.index]
+        if not committed:
+            break
+        latest = committed[-1]
+        own = target.list_committed()
+        index = own[-1].index + 1 if own else 0
+        try:
+            with latest.checkpoint.as_directory() as directory:
+                return target.persist(directory, index, latest.metrics), latest
+        except FileNotFoundError:
+            continue  # deleted by the donor's retention while being copied: take its newer one
+    raise RuntimeError(
+        f"PBT could not copy a checkpoint from {source.uri}: its checkpoints kept disappearing while being copied; "
+        "keep more of them (CheckpointConfig(num_to_keep=...) / keep_checkpoints_num)"
+    )
+
+
+def _numeric_hparams(config: dict[str, Any]) -> dict[str, float]:
+    """A config's numeric values as ``hparam/<name>`` metrics (nested names joined by '/')."""
+    return {
+        f"hparam/{name}": float(value)
+        for name, value in _flat(config).items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config``'s leaves by name, nested names joined by "/"."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
