@@ -148,14 +148,21 @@ def test_pbt_beats_random_search_at_the_same_budget_and_records_every_exploit(se
 
     assert all(t.result.config_history == () for t in plain.trials)  # nothing exploited without PBT
     assert best(plain) <= FIXED_LR_CEILING < best(tuned), (best(plain), best(tuned))
-    # A recipient counts its own reports on from where it was; its trainable goes on from the donor's step.
-    assert all(t.status == "TERMINATED" and t.last_result["step"] == 40 for t in tuned.trials)
+    # A recipient counts its own reports on from where it was; its trainable goes on from the donor's step (so it
+    # may end sooner: one that copied a donor at step 40 has nothing left to do).
+    assert all(t.status == "TERMINATED" for t in tuned.trials)
 
     # Every exploit is recorded: in the result, and in the trial's MLflow run (tags, the hyperparameters as
     # metrics over time, the whole history as an artifact).
     exploited = [t for t in tuned.trials if len(t.result.config_history) > 1]
     assert exploited and pbt.num_perturbations >= sum(len(t.result.config_history) - 1 for t in exploited)
     client = MlflowClient(services["mlflow"])
+    report = {a.path for a in client.list_artifacts(tuned.info["parent_run_id"], "report")}
+    assert "report/pbt.png" in report and not any(  # the lineage plot: only for PBT sweeps
+        a.path == "report/pbt.png" for a in client.list_artifacts(plain.info["parent_run_id"], "report")
+    )
+    if os.environ.get("SWEEPFLOW_KEEP_REPORT"):  # to look at it: the whole page, as the report opens
+        client.download_artifacts(tuned.info["parent_run_id"], "report", os.environ["SWEEPFLOW_KEEP_REPORT"])
     for trial in exploited:
         history = trial.result.config_history
         assert history[0] == {"iteration": 0, "config": history[0]["config"]}

@@ -56,7 +56,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus, flat_config
 
 __all__ = ["HTML_NAME", "ParamAxis", "axis_positions", "make_axis", "write_sweep_report"]
 
@@ -589,6 +589,68 @@ def _plot_best_so_far(result: SweepResult) -> bytes | None:
     return _png(fig)
 
 
+def _pbt_params(trials: Sequence[TrialResult]) -> list[str]:
+    """The numeric hyperparameters PBT changed in some trial (nested names joined by '/'), at most four."""
+    changed: list[str] = []
+    for t in trials:
+        first = flat_config(t.config_history[0]["config"]) if t.config_history else {}
+        for entry in t.config_history[1:]:
+            for name, value in flat_config(entry["config"]).items():
+                if _is_number(value) and first.get(name) != value and name not in changed:
+                    changed.append(name)
+    return sorted(changed)[:4]
+
+
+def _plot_pbt(result: SweepResult) -> bytes | None:
+    """Population Based Training: each mutated hyperparameter of each trial over its reports (a step line that
+    changes at its exploits), and below, who copied whom: an arrow from the donor's row to the recipient's at
+    the report it happened."""
+    trials = sorted((t for t in result.trials if len(t.config_history) > 1), key=lambda t: t.index)
+    if not trials:
+        return None
+    shown = sorted({t.trial_id for t in trials} | {e["donor"] for t in trials for e in t.config_history[1:]})
+    everyone = sorted((t for t in result.trials if t.trial_id in shown), key=lambda t: t.index)
+    params = _pbt_params(everyone)
+    fig = _new_figure(12, 2.6 * (len(params) + 1))
+    axes = fig.subplots(len(params) + 1, 1, sharex=True, squeeze=False)[:, 0]
+    colors = {t.trial_id: colormaps["tab10"](i % 10) for i, t in enumerate(everyone)}
+    for ax, name in zip(axes, params, strict=False):
+        for t in everyone:
+            history = t.config_history or ({"iteration": 0, "config": t.config},)
+            xs = [int(e["iteration"]) for e in history] + [max(t.epochs, int(history[-1]["iteration"]))]
+            ys = [flat_config(e["config"]).get(name) for e in history]
+            ys = [float(y) if _is_number(y) else math.nan for y in ys]
+            ax.step(xs, [*ys, ys[-1]], where="post", color=colors[t.trial_id], linewidth=1.6, label=t.trial_id)
+            ax.scatter(xs[1:-1], ys[1:], color=colors[t.trial_id], s=18, zorder=3)
+        values = [v for t in everyone for e in t.config_history for k, v in flat_config(e["config"]).items() if k == name]
+        positive = [float(v) for v in values if _is_number(v) and v > 0]
+        if positive and len(positive) == len(values) and max(positive) / min(positive) > 20:
+            ax.set_yscale("log")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+    lineage = axes[-1]
+    rows = {t.trial_id: i for i, t in enumerate(everyone)}
+    for t in everyone:
+        lineage.hlines(rows[t.trial_id], 0, max(t.epochs, 1), color=colors[t.trial_id], linewidth=1.2, alpha=0.6)
+        for entry in t.config_history[1:]:
+            x, donor = int(entry["iteration"]), entry["donor"]
+            lineage.annotate(
+                "",
+                xy=(x, rows[t.trial_id]),
+                xytext=(x, rows.get(donor, rows[t.trial_id])),
+                arrowprops={"arrowstyle": "->", "color": colors.get(donor, "black"), "lw": 1.2},
+            )
+    lineage.set_yticks(range(len(everyone)), [t.trial_id for t in everyone], fontsize=8)
+    lineage.set_ylim(-0.5, len(everyone) - 0.5)
+    lineage.set_ylabel("copied from → to")
+    lineage.set_xlabel("reports (training_iteration)")
+    lineage.grid(True, axis="x", alpha=0.3)
+    lineage.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if params:
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    return _png(fig)
+
+
 # --------------------------------------------------------------------------------------------------
 # HTML
 # --------------------------------------------------------------------------------------------------
@@ -856,8 +918,8 @@ def write_sweep_report(
     parallel-coordinates axes (log for loguniform/pow2, categorical for choice/grid). ``links`` are shown as
     anchors in the header, except ``"run_url_template"`` (with ``{run_id}``), which turns run ids into links.
 
-    The keys are "html" and, when there was something to draw, "learning_curves", "parallel_coordinates"
-    and "best_so_far" (a sweep in which no trial ran gets an HTML page saying so, and no plots).
+    The keys are "html" and, when there was something to draw, "learning_curves", "parallel_coordinates",
+    "best_so_far" and (Population Based Training) "pbt" (a sweep in which no trial ran gets an HTML page saying so, and no plots).
     """
     links = dict(links or {})
     search_space = dict(search_space or {})
@@ -902,6 +964,19 @@ def write_sweep_report(
                 f"No trial reported {metric}.",
             ),
         ]
+        pbt = _plot_pbt(result)
+        if pbt is not None:  # a Population Based Training sweep
+            plots.append(
+                _Plot(
+                    "pbt",
+                    "Population Based Training: hyperparameters over time, and who copied whom",
+                    "Top: each trial's mutated hyperparameters over its reports (dots: an exploit gave it new "
+                    "values). Bottom: an arrow from the donor's row to the trial that continued from its checkpoint, "
+                    "at the report it happened.",
+                    pbt,
+                    "",
+                )
+            )
         for plot in plots:
             sections.append(_figure_html(plot))
             if plot.png is not None:

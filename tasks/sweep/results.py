@@ -293,3 +293,14 @@ class SweepResult:
         if not frame.empty and self.metric:
             frame = frame.sort_values(f"best_{self.metric}", ascending=(self.mode == "min"), na_position="last")
         return frame.reset_index(drop=True)
+
+
+def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's leaves by name, nested names joined by "/" (PBT's config histories, as metrics and plots)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(flat_config(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

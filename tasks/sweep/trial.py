@@ -41,6 +41,7 @@ from sweepflow.tasks.sweep.results import (
     ResourceUsage,
     TrialResult,
     TrialStatus,
+    flat_config,
 )
 from sweepflow.tasks.sweep.resume import TAG_RESUMES, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -381,8 +382,8 @@ class _TrialRun:
         last = self.covered[-1] if self.covered else {}
         step = int(last.get("epoch", iteration))
         exploits = len(self.config_history) - 1
-        before = _flat(self.config_history[-2]["config"])
-        changed = {k: v for k, v in _flat(config).items() if before.get(k) != v}
+        before = flat_config(self.config_history[-2]["config"])
+        changed = {k: v for k, v in flat_config(config).items() if before.get(k) != v}
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items())
         self.writer.set_tags(
             {
@@ -645,17 +646,6 @@ def _numeric_hparams(config: dict[str, Any]) -> dict[str, float]:
     """A config's numeric values as ``hparam/<name>`` metrics (nested names joined by '/')."""
     return {
         f"hparam/{name}": float(value)
-        for name, value in _flat(config).items()
+        for name, value in flat_config(config).items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     }
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``config``'s leaves by name, nested names joined by "/"."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
