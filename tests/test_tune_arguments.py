@@ -23,7 +23,7 @@ from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tune import api, runner
 from sweepflow.tune.analysis import ExperimentAnalysis
 from sweepflow.tune.reporter import CLIReporter
-from sweepflow.tune.schedulers import ASHAScheduler, MedianStoppingRule
+from sweepflow.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
 from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch
 
@@ -228,6 +228,23 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
         _run(scheduler=MedianStoppingRule()),
         _run(scheduler=MedianStoppingRule(min_samples_required=1)),
     ),
+    ("HyperBandScheduler", "time_attr"): (
+        _run(scheduler=HyperBandScheduler()),
+        _run(scheduler=HyperBandScheduler(time_attr="epoch")),
+    ),
+    ("HyperBandScheduler", "metric"): (
+        _run(metric=None, mode=None, scheduler=HyperBandScheduler(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=HyperBandScheduler(metric="acc", mode="min")),
+    ),
+    ("HyperBandScheduler", "mode"): (
+        _run(metric=None, mode=None, scheduler=HyperBandScheduler(metric="loss", mode="min")),
+        _run(metric=None, mode=None, scheduler=HyperBandScheduler(metric="loss", mode="max")),
+    ),
+    ("HyperBandScheduler", "max_t"): (_run(scheduler=HyperBandScheduler()), _run(scheduler=HyperBandScheduler(max_t=9))),
+    ("HyperBandScheduler", "reduction_factor"): (
+        _run(scheduler=HyperBandScheduler()),
+        _run(scheduler=HyperBandScheduler(reduction_factor=2)),
+    ),
     ("ASHAScheduler", "grace_period"): (
         _run(scheduler=ASHAScheduler()),
         _run(scheduler=ASHAScheduler(grace_period=2)),
@@ -248,6 +265,7 @@ REFUSED: dict[tuple[str, str], Any] = {
     ("run", "checkpoint_freq"): _run(checkpoint_freq=2),
     ("ASHAScheduler", "brackets"): lambda: ASHAScheduler(brackets=3),
     ("ASHAScheduler", "stop_last_trials"): lambda: ASHAScheduler(stop_last_trials=False),
+    ("HyperBandScheduler", "stop_last_trials"): lambda: HyperBandScheduler(stop_last_trials=False),
     # Given twice with different values: only one could be used.
     ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
     ("ASHAScheduler", "mode+run"): _run(scheduler=ASHAScheduler(mode="max")),
@@ -269,6 +287,7 @@ def _accepted() -> set[tuple[str, str]]:
         "OptunaSearch": OptunaSearch,
         "ASHAScheduler": ASHAScheduler,
         "MedianStoppingRule": MedianStoppingRule,
+        "HyperBandScheduler": HyperBandScheduler,
         "FailureConfig": train.FailureConfig,
         "ConcurrencyLimiter": ConcurrencyLimiter,
         "BasicVariantGenerator": BasicVariantGenerator,

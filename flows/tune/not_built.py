@@ -44,8 +44,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
         "each trial's config history in its MLflow run (pbt/config_history.json)",
         "PB2": _PB2,
-        "HyperBandScheduler": "synchronous HyperBand is not built yet; use ASHAScheduler (asynchronous "
-        "successive halving, one bracket)",
         "HyperBandForBOHB": "BOHB is not built; use ASHAScheduler with OptunaSearch",
         "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
         "tune.with_resources",

@@ -23,6 +23,7 @@ from ddp_runtime.cluster import cluster_client, groups_that_fit
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
+from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -79,6 +80,12 @@ class _StopCriteria(TrialScheduler):
 
     def take_exploit(self, trial_id: str) -> Any:
         return self.inner.take_exploit(trial_id)
+
+    def wait_to_resume(self, trial_id: str, give_up: Callable[[], bool]) -> Decision:
+        return self.inner.wait_to_resume(trial_id, give_up)
+
+    def no_more_trials(self, total: int) -> None:
+        self.inner.no_more_trials(total)
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         decision = self.inner.on_trial_result(trial_id, result)
@@ -233,7 +240,7 @@ def _experiment_flow(
             with _shared_parameters(client, exp.template) as shared:
                 ends_at = exp.scheduler.max_t or max_reports(exp.stop)
                 if isinstance(shared.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
-                    shared = replace(shared, train_fn=_for_pbt(shared.train_fn.ending_at(ends_at), exp.scheduler))
+                    shared = replace(shared, train_fn=_checkpointed_for(exp.scheduler, shared.train_fn.ending_at(ends_at)))
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=replace(
@@ -293,13 +300,14 @@ def _whole_population_fits(exp: Experiment, fits: int) -> None:
         )
 
 
-def _for_pbt(run: ClassTrainableRun, scheduler: TrialScheduler) -> ClassTrainableRun:
-    """A class trainable under PBT saves a checkpoint every ``perturbation_interval`` steps (Ray saves one when
-    PBT asks; here a donor's latest checkpoint must already be there), unless it was given its own frequency."""
+def _checkpointed_for(scheduler: TrialScheduler, run: ClassTrainableRun) -> ClassTrainableRun:
+    """A class trainable under PBT or HyperBand is checkpointed by itself (Ray saves one when the scheduler asks;
+    here it must already be there): every ``perturbation_interval`` steps for PBT (counted in steps), else every
+    step; a frequency the user gave stays."""
     interval = getattr(scheduler, "perturbation_interval", None)
-    if interval is None or run.checkpoint_frequency:
+    if run.checkpoint_frequency or not (interval or isinstance(scheduler, HyperBandScheduler)):
         return run
-    per_step = getattr(scheduler, "time_attr", None) == "training_iteration"
+    per_step = interval and getattr(scheduler, "time_attr", None) == "training_iteration"
     return replace(run, checkpoint_frequency=max(int(interval), 1) if per_step else 1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
 from sweepflow.tasks.sweep.pbt import PopulationBasedTraining
 from sweepflow.tasks.sweep.schedulers import (
     ASHAScheduler,
@@ -23,6 +24,7 @@ __all__ = [
     "ASHAScheduler",
     "AsyncHyperBandScheduler",
     "FIFOScheduler",
+    "HyperBandScheduler",
     "MedianStoppingRule",
     "PopulationBasedTraining",
     "TrialScheduler",
@@ -37,7 +39,7 @@ def resolve(scheduler: Any) -> TrialScheduler:
     if not isinstance(scheduler, TrialScheduler):
         raise TypeError(
             f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...), "
-            "PopulationBasedTraining(...) or FIFOScheduler()"
+            "HyperBandScheduler(...), PopulationBasedTraining(...) or FIFOScheduler()"
         )
     return scheduler
 

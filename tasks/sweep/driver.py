@@ -119,7 +119,8 @@ class Sweep:
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         runtime.slots.on_release = lambda: events.put(_SLOT_FREED)
         finished: list[TrialResult] = []
-        submitted = 0
+        submitted = 0  # trials the sweep is done with starting (read back from a resumed sweep, or submitted)
+        tasks_submitted = 0  # trials submitted as tasks: each tells the scheduler it started
         next_in_line_since = time.perf_counter()  # when the next trial began to wait for a slot
         while True:
             while submitted < self.sampler.total and not runtime.aborted and not runtime.out_of_time():
@@ -149,9 +150,13 @@ class Sweep:
                     runtime.take_grant(spec.index)[0].release()
                     raise
                 future.add_done_callback(events.put)
+                tasks_submitted += 1
                 in_flight[future] = (number, time.perf_counter())
                 submitted += 1
                 next_in_line_since = time.perf_counter()
+            if submitted >= self.sampler.total or runtime.aborted or runtime.out_of_time():
+                # A scheduler waiting for a full group of trials stops waiting once the ones started are there.
+                self.scheduler.no_more_trials(tasks_submitted)
             if not in_flight:
                 break
             event = events.get()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -42,6 +42,7 @@ class Decision(StrEnum):
     DONE = "DONE"  # it met a stop criterion (e.g. Tune's ``stop={...}``): complete, not pruned
     STOP_ALL = "STOP_ALL"  # it is complete, and so is the sweep: the others stop, none starts (Stopper.stop_all)
     EXPLOIT = "EXPLOIT"  # PBT: continue from another trial's checkpoint with a new config (``take_exploit``)
+    PAUSE = "PAUSE"  # stop the group, give the slot back, and ask ``wait_to_resume`` whether to go on (HyperBand)
 
 
 CONTINUE, STOP = Decision.CONTINUE, Decision.STOP
@@ -98,6 +99,14 @@ class TrialScheduler:
     def take_exploit(self, trial_id: str) -> Any:
         """After an ``EXPLOIT`` decision: what the trial continues from (``pbt.Exploit``); None for the others."""
         return None
+
+    def wait_to_resume(self, trial_id: str, give_up: Callable[[], bool]) -> Decision:
+        """After a ``PAUSE`` decision: block until the trial may go on (CONTINUE) or is stopped (STOP)."""
+        raise NotImplementedError(f"{type(self).__name__} never pauses a trial")
+
+    def no_more_trials(self, total: int) -> None:
+        """The sweep starts no trial after its ``total``-th (a scheduler waiting for a group of trials stops
+        waiting once they are all there)."""
 
     def on_trial_add(self, trial_id: str) -> None:
         raise NotImplementedError

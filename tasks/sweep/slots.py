@@ -34,6 +34,7 @@ class TrialSlots:
         self._free = limit
         self._next_turn = 0
         self._forfeited: set[int] = set()
+        self._resuming = 0  # paused trials waiting for a slot back: they go before new trials
         self._cond = threading.Condition()
         self.acquired = 0  # slots taken so far (trials started)
         self.on_release: Callable[[], None] | None = None  # e.g. wakes the sweep to start the next trial
@@ -43,13 +44,29 @@ class TrialSlots:
         with self._cond:
 
             def ready() -> bool:
-                return self._free > 0 and self._next_turn == turn
+                return self._free > 0 and self._next_turn == turn and not self._resuming
 
             if not self._cond.wait_for(ready, timeout):
                 return None
             self._free -= 1
             self.acquired += 1
             self._advance()
+        return HeldSlot(self)
+
+    def reacquire(self) -> HeldSlot:
+        """A slot for a trial that paused (gave its slot back to wait for others, e.g. at a HyperBand rung) and
+        goes on: it waits for the next free slot, ahead of the trials that have not started."""
+        with self._cond:
+            self._resuming += 1
+            try:
+                self._cond.wait_for(lambda: self._free > 0)
+                self._free -= 1
+            finally:
+                self._resuming -= 1
+                self._cond.notify_all()
+            wake = self._free > 0
+        if wake and self.on_release is not None:  # a slot a new trial may take, which it skipped while we waited
+            self.on_release()
         return HeldSlot(self)
 
     def _give_back(self, slot: HeldSlot) -> None:

@@ -152,9 +152,13 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
         opened = time.perf_counter()
         writer, artifact_uri = _open_run(spec, rt, queued_s)
         mlflow_start_s = time.perf_counter() - opened
-        result = _TrialRun(spec, rt, writer, slot, get_run_logger()).train(artifact_uri)
-        if rt.fail_fast and result.status is TrialStatus.FAILED:
-            rt.end_early(f"fail_fast: {spec.name} failed")
+        trial_run = _TrialRun(spec, rt, writer, slot, get_run_logger())
+        try:
+            result = trial_run.train(artifact_uri)
+            if rt.fail_fast and result.status is TrialStatus.FAILED:  # before its slot frees: none starts
+                rt.end_early(f"fail_fast: {spec.name} failed")
+        finally:
+            trial_run.slot.release()  # the one it holds now (a paused trial gets another)
     finally:
         slot.release()
     return replace(
@@ -242,6 +246,7 @@ class _TrialRun:
         self.exploit: tuple[Exploit, StoredCheckpoint] | None = None
         self.earlier_groups: list[train.Result] = []
         self.config_history: list[dict[str, Any]] = []
+        self.paused = False  # its group stopped to wait for the scheduler's verdict (HyperBand), slot given back
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -294,6 +299,10 @@ class _TrialRun:
         elif decision is Decision.EXPLOIT:
             # The group stops here and the trial goes on from the donor's checkpoint: it keeps its slot.
             return self._plan_exploit(metrics["training_iteration"])
+        elif decision is Decision.PAUSE:
+            # It waits for the others (HyperBand's milestone) without holding workers: they may start meanwhile.
+            self.logger.info("%s: paused at report %s until its bracket is decided", spec.name, step)
+            self.paused = True
         else:
             return False
         self.slot.release()  # the group only tears down from here: the next trial may start
@@ -339,6 +348,39 @@ class _TrialRun:
         committed = RunStorage(root, "checkpoints", self.rt.storage_options).list_committed()
         return committed[-1] if committed else None
 
+    def _resume_after_pause(self, storage: str, fit: train.Result) -> train.Checkpoint | None | bool:
+        """Wait for the paused trial's verdict. Stopped: False (the last group's result is the trial's). Going
+        on: a slot again (ahead of trials not started), and the trial's latest checkpoint to continue from (None:
+        it reported none, so it starts over)."""
+        self.paused = False
+        verdict = self.rt.scheduler.wait_to_resume(
+            self.spec.trial_id, give_up=lambda: self.rt.aborted is not None or self.rt.out_of_time()
+        )
+        if verdict is not Decision.CONTINUE:
+            self.stop_reason = self.rt.aborted or self.rt.scheduler.stop_reason
+            self.logger.info("%s: stopped while paused (%s)", self.spec.name, self.stop_reason)
+            return False
+        self._keep_history(fit)
+        self.slot = self.rt.slots.reacquire()
+        latest = RunStorage(storage, "checkpoints", self.rt.storage_options).list_committed()
+        if not latest:
+            self.logger.warning(
+                "%s: goes on after its pause without a checkpoint, so it starts over: report checkpoints "
+                "(tune.report(..., checkpoint=...)) to go on where it paused",
+                self.spec.name,
+            )
+        self.logger.info("%s: goes on from report %d", self.spec.name, len(self.covered))
+        return latest[-1].checkpoint if latest else None
+
+    def _keep_history(self, fit: train.Result) -> None:
+        """A group of the trial ended and another follows: its reports join the ones kept, numbered on."""
+        offset = len(self.covered)
+        self.covered = [
+            *self.covered,
+            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
+        ]
+        self.earlier_groups.append(fit)
+
     def _continue_from_donor(self, storage: str, fit: train.Result) -> train.Checkpoint:
         """Carry out the exploit the last group stopped for: the donor's latest checkpoint copied into this trial's
         storage (its own from then on: the donor may delete its copy), the explored config taken on, and both
@@ -346,12 +388,7 @@ class _TrialRun:
         assert self.exploit is not None
         plan, seen = self.exploit
         self.exploit = None
-        offset = len(self.covered)
-        self.covered = [
-            *self.covered,
-            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
-        ]
-        self.earlier_groups.append(fit)
+        self._keep_history(fit)
         copied, source = _copy_latest(
             RunStorage(self.rt.storages[plan.donor], "checkpoints", self.rt.storage_options),
             RunStorage(storage, "checkpoints", self.rt.storage_options),
@@ -438,9 +475,14 @@ class _TrialRun:
                 rt.scheduler.on_trial_error(spec.trial_id)
                 writer.finish(TrialStatus.FAILED.mlflow_status)
                 raise
-            if error is not None or self.exploit is None or rt.aborted:
+            if error is not None or rt.aborted or (self.exploit is None and not self.paused):
                 break
-            resume_from = self._continue_from_donor(storage, fit)
+            if self.paused:
+                resume_from = self._resume_after_pause(storage, fit)
+                if resume_from is False:
+                    break  # its bracket stopped it
+            else:
+                resume_from = self._continue_from_donor(storage, fit)
         spec = self.spec  # with the config it ended with (PBT)
         fit = _over_groups(fit, self.earlier_groups)
         fit_s = time.perf_counter() - fit_started
