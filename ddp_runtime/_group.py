@@ -215,7 +215,7 @@ class GroupRun:
                     node_rank=node_order.index(host),
                     backend=tc.backend or ("nccl" if scaling.use_gpu else "gloo"),
                     use_gpu=scaling.use_gpu,
-                    cpus=scaling.worker_resources.get("CPU"),
+                    cpus=scaling.threads_per_worker or scaling.worker_resources.get("CPU"),
                     timeout_s=tc.timeout_s,
                     rendezvous_timeout_s=tc.rendezvous_timeout_s,
                     storage_path=rc.storage_path or default_storage_path(),

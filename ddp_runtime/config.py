@@ -39,8 +39,20 @@ class ScalingConfig:
     num_workers: int = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
+    # Intra-op threads each rank's torch uses; None: its "CPU" resource. Set apart from the reservation when a
+    # rank is meant to use more cores than one worker declares (Tune trials sharing one host's cores, as Ray does).
+    threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
+        if self.threads_per_worker is not None and (
+            isinstance(self.threads_per_worker, bool)
+            or not isinstance(self.threads_per_worker, int)
+            or self.threads_per_worker < 1
+        ):
+            raise ValueError(
+                f"ScalingConfig.threads_per_worker must be an int >= 1 (or None: the CPU resource), "
+                f"got {self.threads_per_worker!r}"
+            )
         if (
             isinstance(self.num_workers, bool)
             or not isinstance(self.num_workers, int)
@@ -140,7 +152,8 @@ class RunConfig:
     ``client_kwargs={"endpoint_url": ...}``). Every rank's worker must be able to reach it: on a multi-node
     cluster use shared storage. ``stop`` ends a run (a trial) at the report that meets it: ``{"training_iteration":
     10}`` (any reported metric reaching its bound) or a function ``stop(trial_id, metrics) -> bool``.
-    ``progress_reporter`` and ``verbose`` say how a Tune experiment prints its trials table (``verbose=0``: not).
+    ``progress_reporter`` and ``verbose`` say how a Tune experiment prints its trials table (``verbose=0``: not);
+    ``callbacks`` are a Tune experiment's ``sweepflow.tune.Callback`` objects (a ``TorchTrainer`` alone has none).
     """
 
     name: str | None = None
@@ -151,6 +164,7 @@ class RunConfig:
     stop: StopCriteria | None = None
     progress_reporter: Any = None  # sweepflow.tune.CLIReporter
     verbose: int = 1
+    callbacks: list[Any] | None = None  # sweepflow.tune.Callback objects (checked by the Tuner)
 
     def __post_init__(self) -> None:
         if self.checkpoint_config is None:
@@ -161,6 +175,10 @@ class RunConfig:
             raise TypeError(
                 f'RunConfig.stop must be a dict like {{"training_iteration": 10}} or a function '
                 f"stop(trial_id, metrics) -> bool, got {self.stop!r}"
+            )
+        if self.callbacks is not None and not isinstance(self.callbacks, list | tuple):
+            raise TypeError(
+                f"RunConfig.callbacks must be a list of callbacks, e.g. callbacks=[MyCallback()], got {self.callbacks!r}"
             )
         if self.name is not None and (not self.name or "/" in self.name):
             raise ValueError(f"RunConfig.name must be a non-empty name without '/', got {self.name!r}")

@@ -68,6 +68,11 @@ class TorchTrainer:
                 "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "
                 "Tuner(run_config=...) or tune.run(progress_reporter=...), not to a TorchTrainer"
             )
+        if self.run_config.callbacks:
+            raise ValueError(
+                "RunConfig(callbacks=...) are a Tune experiment's callbacks (trial start, results, end): pass them "
+                "in Tuner(run_config=...) or tune.run(callbacks=...), not to a TorchTrainer"
+            )
         checkpoints = self.run_config.checkpoint_config
         if checkpoints.checkpoint_frequency or checkpoints.checkpoint_at_end:
             raise ValueError(

@@ -76,6 +76,24 @@ def tracking_uri_scope(tracking_uri: str | None) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
+def detach_active_run(run_id: str) -> None:
+    """Take run ``run_id`` off this thread's stack of active MLflow runs without ending it.
+
+    Works around: ``mlflow.start_run(run_id=...)`` makes an existing run the thread's active run, and the fluent
+    API's only way to let go of it, ``mlflow.end_run()``, also ends it (FINISHED). ``setup_mlflow`` binds a
+    trial's rank to the trial's own run, which the flow ends later with the trial's real status (and which
+    lives on across a PBT exploit or a HyperBand pause), so at the training function's end the run is taken off
+    the stack kept in ``mlflow.tracking.fluent._active_run_stack`` (private; a ``ThreadLocalVariable`` holding a
+    list of ``ActiveRun``). Written for MLflow 3.17. If it breaks: find where the fluent API keeps its active
+    runs now (``mlflow/tracking/fluent.py``), or fall back to ``mlflow.end_run()`` (the run shows FINISHED until
+    the flow ends it).
+    """
+    from mlflow.tracking import fluent
+
+    stack = fluent._active_run_stack.get()
+    stack[:] = [active for active in stack if active.info.run_id != run_id]
+
+
 def mlflow_model_name_problem(name: str) -> str | None:
     """Why MLflow would refuse ``name`` as a registered model name, or None.
 

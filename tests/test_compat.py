@@ -94,6 +94,25 @@ def test_tracking_uri_scope_restores_the_global_and_the_environment(monkeypatch)
     assert "MLFLOW_TRACKING_URI" not in os.environ and tracking_utils._tracking_uri is None
 
 
+def test_detach_active_run_lets_go_of_the_run_without_ending_it():
+    from types import SimpleNamespace
+
+    import mlflow
+    from mlflow.tracking import fluent
+
+    assert hasattr(fluent, "_active_run_stack"), "MLflow no longer keeps the active runs where we read them"
+    stack = fluent._active_run_stack.get()
+    assert isinstance(stack, list) and not stack
+    ours, other = (SimpleNamespace(info=SimpleNamespace(run_id=run_id)) for run_id in ("ours", "other"))
+    stack.extend([other, ours])
+    try:
+        assert mlflow.active_run() is ours  # what start_run(run_id=...) leaves: the run on top of the stack
+        compat.detach_active_run("ours")  # no request to a server: nothing ends the run
+        assert mlflow.active_run() is other and fluent._active_run_stack.get() == [other]
+    finally:
+        stack.clear()
+
+
 # ----------------------------------------------------------------------------------------------------- Prefect
 
 

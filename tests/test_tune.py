@@ -7,9 +7,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -487,10 +489,13 @@ def test_the_median_stopping_rule_stops_a_trial_behind_the_others(services):
 
 
 @pytest.mark.subprocess
-def test_an_interrupted_experiment_resumes_where_it_stopped(services, tmp_path):
-    """tune.run(resume="AUTO") after the experiment's driver and workers were killed: the ended trials are read
-    back from MLflow (not run again), the running one continues from its checkpoint in the same MLflow run."""
-    from tune_resume_fns import experiment
+def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services, tmp_path):
+    """Ray's fault-tolerance pattern after the script running ``Tuner.fit()`` was SIGKILLed with its workers:
+    ``Tuner.can_restore(path)`` / ``Tuner.restore(path, trainable).fit()`` with the path the experiment printed.
+    The ended trials are read back from MLflow (not run again), the running one continues from its checkpoint in
+    the same MLflow run. Restoring the finished experiment reads it back; ``tune.run(resume=True)`` finds nothing
+    left to resume."""
+    from tune_resume_fns import blocking_trainable, experiment
 
     marks = str(tmp_path)
     env = {
@@ -499,7 +504,12 @@ def test_an_interrupted_experiment_resumes_where_it_stopped(services, tmp_path):
     }
     env.pop("DASK_SCHEDULER_ADDRESS")  # the killed experiment runs on its own workers
     script = os.path.join(os.path.dirname(__file__), "tune_resume_fns.py")
-    proc = subprocess.Popen([sys.executable, script, marks, "resumable"], env=env, start_new_session=True)
+    output = tmp_path / "script.log"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, script, marks, "resumable", "tuner"], env=env, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT,
+        )
     client = MlflowClient(services["mlflow"])
     try:
         # Killed once trials 1 and 2 have ended and trial 3 has committed its first checkpoint (it then waits).
@@ -512,33 +522,98 @@ def test_an_interrupted_experiment_resumes_where_it_stopped(services, tmp_path):
                 break
             time.sleep(0.2)
         else:
-            pytest.fail(f"the experiment did not reach its third trial (exit code {proc.poll()})")
+            pytest.fail(f"the experiment did not reach its third trial (exit code {proc.poll()}): {output.read_text()}")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     runs = client.search_runs([client.get_experiment_by_name("resumable").experiment_id])
     killed_parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert killed_parent.info.status == "RUNNING"
+    printed = re.search(r"Experiment path: (\S+)", output.read_text())
+    assert printed, output.read_text()
+    path = printed.group(1)
+    assert tune.Tuner.can_restore(path) and not tune.Tuner.can_restore(str(tmp_path))
 
     open(os.path.join(marks, "go"), "w").close()
-    analysis = experiment(marks, "resumable", resume="AUTO")
-    assert analysis.info["parent_run_id"] == killed_parent.info.run_id
+    grid = tune.Tuner.restore(path, trainable=blocking_trainable).fit()
+    assert grid.experiment_path == path
+    assert grid.info["parent_run_id"] == killed_parent.info.run_id
     parent = client.get_run(killed_parent.info.run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweepflow.resumes"] == "1"
     with open(os.path.join(marks, "starts")) as f:
         starts = f.read().split()
     assert starts == ["1:0", "2:0", "3:0", "3:1"]  # 1 and 2 read back; 3 continued after its first checkpoint
     assert len(_experiment_runs(client, "resumable")) == 3  # the same child run per trial
-    best = analysis.get_best_trial()
-    assert best.config["quality"] == 1 and best.last_result["loss"] == pytest.approx(1 / 3)
-    third = next(t for t in analysis.trials if t.config["quality"] == 3)
-    assert third.last_result["training_iteration"] == 3 and third.status == "TERMINATED"
+    best = grid.get_best_result()
+    assert best.config["quality"] == 1 and best.metrics["loss"] == pytest.approx(1 / 3)
+    third = next(r for r in grid if r.config["quality"] == 3)
+    assert third.metrics["training_iteration"] == 3 and third.error is None
     assert third.mlflow_run_id == _run_of(client, 3)
     history = client.get_metric_history(third.mlflow_run_id, "loss")
     assert [m.value for m in history] == pytest.approx([3.0, 1.5, 1.0])  # each epoch logged once
 
+    # The finished experiment restores as read back (the trainable saved with it), nothing run again.
+    again = tune.Tuner.restore(path).fit()
+    assert sorted(r.metrics["loss"] for r in again) == pytest.approx(sorted(r.metrics["loss"] for r in grid))
+    with open(os.path.join(marks, "starts")) as f:
+        assert f.read().split() == starts
+    assert len(_experiment_runs(client, "resumable")) == 3
     with pytest.raises(ValueError, match="no interrupted run"):  # nothing left to resume
         experiment(marks, "resumable", resume=True)
+    with pytest.raises(ValueError, match="holds no experiment"):
+        tune.Tuner.restore(str(tmp_path), trainable=blocking_trainable)
+
+
+def flaky(config):
+    """Two reports with a checkpoint each; fails after its first while the file ``fail`` exists. Its starts are
+    logged as ``start-epoch``."""
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory, open(os.path.join(directory, "epoch")) as f:
+            start = int(f.read())
+    with open(os.path.join(config["marks"], "starts"), "a") as f:
+        f.write(f"{config['x']}:{start}\n")
+    for epoch in range(start + 1, 3):
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "epoch"), "w") as f:
+                f.write(str(epoch))
+            tune.report({"score": config["x"] * epoch}, checkpoint=tune.Checkpoint.from_directory(directory))
+        if config["x"] == 2 and os.path.exists(os.path.join(config["marks"], "fail")):
+            raise RuntimeError("flaky trial fails")
+
+
+def test_restore_resumes_or_restarts_the_failed_trials_as_asked(services, tmp_path):
+    marks = str(tmp_path)
+    open(os.path.join(marks, "fail"), "w").close()
+    grid = tune.Tuner(
+        flaky,
+        param_space={"x": tune.grid_search([1, 2]), "marks": marks},
+        tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="flaky", storage_path=str(tmp_path / "results"), verbose=0),
+    ).fit()
+    path = grid.experiment_path
+    assert path == str(tmp_path / "results" / "flaky") and grid.num_errors == 1
+
+    def starts() -> list[str]:
+        with open(os.path.join(marks, "starts")) as f:
+            return f.read().split()
+
+    assert tune.Tuner.restore(path, flaky).fit().num_errors == 1  # failed trials stay failed by default
+    assert starts() == ["1:0", "2:0"]
+    resumed = tune.Tuner.restore(path, flaky, resume_errored=True).fit()  # from its checkpoint: fails again
+    assert resumed.num_errors == 1 and starts() == ["1:0", "2:0", "2:1"]
+    os.remove(os.path.join(marks, "fail"))
+    restarted = tune.Tuner.restore(path, flaky, restart_errored=True).fit()
+    assert restarted.num_errors == 0 and starts() == ["1:0", "2:0", "2:1", "2:0"]
+    assert sorted(r.metrics["score"] for r in restarted) == [2, 4]
+    client = MlflowClient(services["mlflow"])
+    runs = _experiment_runs(client, "flaky")
+    assert len(runs) == 3  # the restarted trial's failed run is kept, tagged; the trial has a new one
+    [old] = [r for r in runs if r.data.tags.get("sweepflow.restarted") == "true"]
+    assert old.info.status == "FAILED"
+    with pytest.raises(ValueError, match="not both"):
+        tune.Tuner.restore(path, flaky, resume_errored=True, restart_errored=True)
 
 
 def _experiment_runs(client: MlflowClient, name: str):
@@ -551,3 +626,70 @@ def _experiment_runs(client: MlflowClient, name: str):
 
 def _run_of(client: MlflowClient, quality: int) -> str:
     return next(r.info.run_id for r in _experiment_runs(client, "resumable") if r.data.params["quality"] == str(quality))
+
+
+def threads_and_times(config):
+    """Reports the torch threads its rank got, and when it ran."""
+    import torch
+
+    started = time.time()
+    time.sleep(0.3)
+    tune.report(threads=torch.get_num_threads(), started=started, ended=time.time())
+
+
+def test_a_trial_asking_two_cpus_runs_on_a_two_core_host_as_ray_fits_it(services):
+    """The session's cluster has 2 workers declaring CPU=1 each on one host. A trial asking {"cpu": 2} runs,
+    with 2 torch threads, one trial at a time (the host's 2 cores shared, not oversubscribed); {"cpu": 3} is
+    more than the host has, and is refused before any work."""
+    analysis = tune.run(
+        threads_and_times, config={"i": tune.grid_search([0, 1])}, resources_per_trial={"cpu": 2}, verbose=0
+    )
+    results = sorted((t.last_result for t in analysis.trials), key=lambda r: r["started"])
+    assert [r["threads"] for r in results] == [2, 2]
+    assert results[0]["ended"] <= results[1]["started"]  # one at a time
+    with pytest.raises(train.InsufficientResourcesError, match="resources_per_trial"):
+        tune.run(threads_and_times, config={}, resources_per_trial={"cpu": 3}, verbose=0)
+
+
+class CountingTrainable(tune.Trainable):
+    """Logs each setup, reset and cleanup to the file ``events`` in config["marks"]."""
+
+    def _log(self, what):
+        with open(os.path.join(self.config["marks"], "events"), "a") as f:
+            f.write(f"{what}:{os.getpid()}\n")
+
+    def setup(self, config):
+        self._log("setup")
+
+    def step(self):
+        open(os.path.join(self.config["marks"], f"ran-{self.trial_id}"), "w").close()
+        return {"score": self.config["x"] * (self.iteration + 1)}
+
+    def reset_config(self, new_config):
+        self.config = new_config
+        self._log("reset")
+        return True
+
+    def cleanup(self):
+        self._log("cleanup")
+
+
+def test_reuse_actors_hands_a_class_trainables_object_to_the_next_trial_and_cleans_it_up(services, tmp_path):
+    analysis = tune.run(
+        CountingTrainable,
+        config={"x": tune.grid_search([1, 2, 3, 4]), "marks": str(tmp_path)},
+        stop={"training_iteration": 2},
+        metric="score",
+        mode="max",
+        max_concurrent_trials=1,
+        reuse_actors=True,
+        verbose=0,
+    )
+    assert sorted(t.last_result["score"] for t in analysis.trials) == [2, 4, 6, 8]  # each with its own config
+    events = [line.split(":") for line in (tmp_path / "events").read_text().split()]
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("setup") + kinds.count("reset") == 4 and kinds.count("reset") >= 1
+    # Each object built is cleaned up once, in its own worker, when the experiment ends (not between trials).
+    assert sorted(pid for kind, pid in events if kind == "setup") == sorted(pid for kind, pid in events if kind == "cleanup")
+    assert kinds[-kinds.count("cleanup"):] == ["cleanup"] * kinds.count("cleanup")
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == [f"ran-trial_000{i}" for i in range(4)]  # its own id

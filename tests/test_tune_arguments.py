@@ -1,5 +1,5 @@
-"""No silently dropped argument: every argument that ``tune.run``, ``TuneConfig``, ``RunConfig``, ``OptunaSearch``
-and ``ASHAScheduler`` accept either changes what the experiment runs or is refused with a message naming it.
+"""No silently dropped argument: every argument that ``tune.run``, ``TuneConfig``, ``RunConfig``, ``OptunaSearch``,
+``Repeater`` and ``ASHAScheduler`` accept either changes what the experiment runs or is refused with a message naming it.
 
 What an experiment runs is planned, and checked, before any service starts: the planned ``Experiment`` is caught
 where it would be handed to the runner, and compared with the plan of a call that differs in that one argument
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,13 @@ import pytest
 
 import ddp_runtime as train
 from sweepflow import tune
+from sweepflow.air.integrations.mlflow import MLflowLoggerCallback
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tune import api, runner
 from sweepflow.tune.analysis import ExperimentAnalysis
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
-from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 from sweepflow.tune.search.optuna import OptunaSearch
 
 
@@ -34,6 +36,11 @@ def trainable(config):
 
 def other_trainable(config):
     tune.report(loss=config["a"] * 2)
+
+
+class StepTrainable(tune.Trainable):
+    def step(self):
+        return {"loss": self.config["a"]}
 
 
 SPACE = {"a": tune.uniform(0, 1), "b": tune.choice([1, 2, 3])}
@@ -78,10 +85,13 @@ def _fingerprint(exp: runner.Experiment) -> dict[str, Any]:
         exp.sampler.tell(number, float(config["a"]))
     template = exp.template
     fields = {f.name: repr(getattr(exp, f.name)) for f in dataclasses.fields(exp) if f.name not in ("template", "sampler")}
+    trials = [template.trial(i, config) for i, config in enumerate(proposals)]  # how each is named, where it goes
     return {
         **fields,
         "scheduler": _state(exp.scheduler),
         "proposals": proposals,
+        "trials": [(t.name, t.run_name, t.dirname) for t in trials],
+        "run_tags": template.run_tags,
         "total": exp.sampler.total,
         "trainable": getattr(template.train_fn, "fn", template.train_fn),
         "template": (
@@ -111,9 +121,18 @@ def _tuner(tune_config: dict[str, Any] | None = None, run_config: dict[str, Any]
 # (entry point, argument) -> (the baseline call, the call with that one argument changed). "refused": the
 # changed call must raise ValueError/TypeError naming the argument. "after": checked after a run, below.
 _OPTUNA = {"seed": 0, "n_startup_trials": 1}
+_POINTS = [{"a": 0.25, "b": 3}]
 PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("run", "run_or_experiment"): (_run(), lambda: tune.run(other_trainable, **RUN)),
     ("run", "name"): (_run(), _run(name="other")),
+    ("run", "reuse_actors"): (
+        lambda: tune.run(StepTrainable, **RUN),
+        lambda: tune.run(StepTrainable, reuse_actors=True, **RUN),
+    ),
+    ("TuneConfig", "reuse_actors"): (
+        _tuner(trainable=StepTrainable),
+        _tuner({"reuse_actors": True}, trainable=StepTrainable),
+    ),
     ("run", "metric"): (_run(), _run(metric="acc")),
     ("run", "mode"): (_run(), _run(mode="max")),
     ("run", "stop"): (_run(), _run(stop={"training_iteration": 2})),
@@ -132,6 +151,34 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("run", "seed"): (_run(), _run(seed=1)),
     ("run", "resume"): (_run(), _run(resume="AUTO")),
     ("run", "fail_fast"): (_run(), _run(fail_fast=True)),
+    ("run", "callbacks"): (_run(), _run(callbacks=[tune.Callback()])),
+    ("run", "trial_name_creator"): (_run(), _run(trial_name_creator=lambda trial: f"named_{trial.trial_id}")),
+    ("run", "trial_dirname_creator"): (_run(), _run(trial_dirname_creator=lambda trial: f"dir_{trial.trial_id}")),
+    ("TuneConfig", "trial_name_creator"): (
+        _tuner(),
+        _tuner({"trial_name_creator": lambda trial: f"named_{trial.trial_id}"}),
+    ),
+    ("TuneConfig", "trial_dirname_creator"): (
+        _tuner(),
+        _tuner({"trial_dirname_creator": lambda trial: f"dir_{trial.trial_id}"}),
+    ),
+    ("RunConfig", "callbacks"): (  # MLflowLoggerCallback's tags go on every trial's run
+        _tuner(),
+        _tuner(run_config={"callbacks": [MLflowLoggerCallback(tags={"team": "vision"})]}),
+    ),
+    ("MLflowLoggerCallback", "experiment_name"): (
+        _run(callbacks=[MLflowLoggerCallback()]),
+        _run(callbacks=[MLflowLoggerCallback(experiment_name="elsewhere")]),
+    ),
+    ("MLflowLoggerCallback", "tags"): (
+        _run(callbacks=[MLflowLoggerCallback()]),
+        _run(callbacks=[MLflowLoggerCallback(tags={"team": "vision"})]),
+    ),
+    ("MLflowLoggerCallback", "tracking_uri"): (
+        _run(callbacks=[MLflowLoggerCallback()]),
+        # the environment's own URI when one is set (a different one is refused): the plan records it all the same
+        _run(callbacks=[MLflowLoggerCallback(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or "http://127.0.0.1:1")]),
+    ),
     ("FailureConfig", "max_failures"): (
         _tuner(),
         _tuner(run_config={"failure_config": train.FailureConfig(max_failures=2)}),
@@ -175,9 +222,29 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
         _tuner(),
         _tuner(run_config={"checkpoint_config": train.CheckpointConfig(num_to_keep=3)}),
     ),
-    ("OptunaSearch", "space"): (
+    ("OptunaSearch", "space"): (  # the space is the searcher's; config's plain values are merged in
+        _run(config={"c": 1}, search_alg=OptunaSearch(space=SPACE, **_OPTUNA)),
+        _run(config={"c": 1}, search_alg=OptunaSearch(space={"a": tune.uniform(5, 6)}, **_OPTUNA)),
+    ),
+    ("OptunaSearch", "points_to_evaluate"): (
         _run(search_alg=OptunaSearch(**_OPTUNA)),
-        _run(search_alg=OptunaSearch(space={"a": tune.uniform(5, 6)}, **_OPTUNA)),
+        _run(search_alg=OptunaSearch(points_to_evaluate=_POINTS, **_OPTUNA)),
+    ),
+    ("OptunaSearch", "evaluated_rewards"): (  # the point is told to TPE, not run
+        _run(search_alg=OptunaSearch(points_to_evaluate=_POINTS, **_OPTUNA)),
+        _run(search_alg=OptunaSearch(points_to_evaluate=_POINTS, evaluated_rewards=[0.25], **_OPTUNA)),
+    ),
+    ("Repeater", "searcher"): (
+        _run(search_alg=Repeater(OptunaSearch(**_OPTUNA), repeat=2)),
+        _run(search_alg=Repeater(BasicVariantGenerator(random_state=0), repeat=2)),
+    ),
+    ("Repeater", "repeat"): (
+        _run(search_alg=Repeater(OptunaSearch(**_OPTUNA), repeat=2)),
+        _run(search_alg=Repeater(OptunaSearch(**_OPTUNA), repeat=4)),
+    ),
+    ("Repeater", "set_index"): (
+        _run(search_alg=Repeater(OptunaSearch(**_OPTUNA), repeat=2)),
+        _run(search_alg=Repeater(OptunaSearch(**_OPTUNA), repeat=2, set_index=False)),
     ),
     ("OptunaSearch", "metric"): (
         _run(metric=None, mode=None, search_alg=OptunaSearch(metric="loss", mode="min", **_OPTUNA)),
@@ -255,7 +322,20 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
     ),
 }
 
+class _SavesCheckpoints(tune.Callback):
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        pass
+
+
 REFUSED: dict[tuple[str, str], Any] = {
+    ("MLflowLoggerCallback", "registry_uri"): lambda: MLflowLoggerCallback(registry_uri="sqlite:///r.db"),
+    ("MLflowLoggerCallback", "tracking_token"): lambda: MLflowLoggerCallback(tracking_token="t"),
+    ("MLflowLoggerCallback", "log_params_on_trial_end"): lambda: MLflowLoggerCallback(log_params_on_trial_end=True),
+    ("run", "callbacks+hook-never-called"): _run(callbacks=[_SavesCheckpoints()]),
+    ("run", "callbacks+not-a-callback"): _run(callbacks=[print]),
+    ("RunConfig", "callbacks+not-a-list"): _tuner(run_config={"callbacks": tune.Callback()}),
+    ("run", "trial_name_creator+not-callable"): _run(trial_name_creator="name"),
+    ("MLflowLoggerCallback", "tags+reserved"): lambda: MLflowLoggerCallback(tags={"sweepflow.status": "x"}),
     ("MedianStoppingRule", "hard_stop"): lambda: MedianStoppingRule(hard_stop=False),
     ("MedianStoppingRule", "min_time_slice"): lambda: MedianStoppingRule(min_time_slice=5),
     ("ConcurrencyLimiter", "batch"): lambda: ConcurrencyLimiter(OptunaSearch(), 2, batch=True),
@@ -268,6 +348,21 @@ REFUSED: dict[tuple[str, str], Any] = {
     ("HyperBandScheduler", "stop_last_trials"): lambda: HyperBandScheduler(stop_last_trials=False),
     # Given twice with different values: only one could be used.
     ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
+    # Two search spaces (the searcher's and config's domains): only one could be searched (Ray refuses it too).
+    ("OptunaSearch", "space+config-domains"): _run(search_alg=OptunaSearch(space=lambda t: t.suggest_float("a", 0, 1))),
+    ("OptunaSearch", "points_to_evaluate+unknown-name"): _run(search_alg=OptunaSearch(points_to_evaluate=[{"z": 1}])),
+    ("OptunaSearch", "points_to_evaluate+not-a-choice"): _run(search_alg=OptunaSearch(points_to_evaluate=[{"b": 7}])),
+    ("OptunaSearch", "points_to_evaluate+more-than-num_samples"): _run(
+        search_alg=OptunaSearch(points_to_evaluate=[{"a": 0.5}] * 5)
+    ),
+    ("OptunaSearch", "evaluated_rewards+define-by-run"): lambda: OptunaSearch(
+        space=lambda t: None, points_to_evaluate=_POINTS, evaluated_rewards=[1.0]
+    ),
+    ("OptunaSearch", "evaluated_rewards+one-per-point"): lambda: OptunaSearch(
+        points_to_evaluate=_POINTS, evaluated_rewards=[1.0, 2.0]
+    ),
+    ("Repeater", "repeat+num_samples-not-a-multiple"): _run(search_alg=Repeater(OptunaSearch(), repeat=3)),
+    ("Repeater", "searcher+not-a-searcher"): lambda: Repeater(CLIReporter(), repeat=2),
     ("ASHAScheduler", "mode+run"): _run(scheduler=ASHAScheduler(mode="max")),
     ("RunConfig", "storage_options"): _tuner(run_config={"storage_options": {"key": "k"}}),
     ("run", "resume+ray-only-mode"): _run(resume="LOCAL"),
@@ -277,6 +372,8 @@ REFUSED: dict[tuple[str, str], Any] = {
 # Applied to the finished experiment: see test_arguments_applied_after_the_run.
 AFTER = {("run", "verbose"), ("run", "progress_reporter"), ("run", "raise_on_failed_trial"), ("run", "checkpoint_at_end")}
 AFTER |= {("RunConfig", "verbose"), ("RunConfig", "progress_reporter")}
+# Every trial's checkpoints are its MLflow run's artifacts with or without it (the trial's directory is saved).
+AFTER |= {("MLflowLoggerCallback", "save_artifact")}
 
 
 def _accepted() -> set[tuple[str, str]]:
@@ -291,6 +388,8 @@ def _accepted() -> set[tuple[str, str]]:
         "FailureConfig": train.FailureConfig,
         "ConcurrencyLimiter": ConcurrencyLimiter,
         "BasicVariantGenerator": BasicVariantGenerator,
+        "MLflowLoggerCallback": MLflowLoggerCallback,
+        "Repeater": Repeater,
     }
     return {
         (where, name)

@@ -44,9 +44,22 @@ def experiment(marks: str, name: str, **kwargs):
     )
 
 
-if __name__ == "__main__":
+def tuner(marks: str, name: str) -> tune.Tuner:
+    """The same experiment as current Ray Tune writes it."""
+    return tune.Tuner(
+        blocking_trainable,
+        param_space={"quality": tune.grid_search([1, 2, 3]), "marks": marks},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", max_concurrent_trials=1),
+        run_config=tune.RunConfig(name=name, verbose=0),
+    )
+
+
+if __name__ == "__main__":  # python tune_resume_fns.py MARKS NAME [run|tuner]
     from ddp_runtime.cluster import local_cluster
 
     with local_cluster(n_workers=1) as client:
         os.environ["DASK_SCHEDULER_ADDRESS"] = client.scheduler.address
-        experiment(sys.argv[1], sys.argv[2])
+        if sys.argv[3:] == ["tuner"]:
+            tuner(sys.argv[1], sys.argv[2]).fit()
+        else:
+            experiment(sys.argv[1], sys.argv[2])

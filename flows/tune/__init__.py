@@ -45,6 +45,7 @@ _LAZY = {
     "ResultGrid": "sweepflow.tune.analysis",
     "TuneError": "sweepflow.tune.runner",
     "Stopper": "sweepflow.tune.stopper",
+    "Callback": "sweepflow.tune.callback",
 }
 
 __all__ = [
@@ -73,7 +74,14 @@ __all__ = [
 ]
 
 
+#: Submodules a script reaches as attributes (``tune.search.ConcurrencyLimiter``, ``tune.schedulers.ASHAScheduler``)
+#: without importing them first, as with Ray.
+_SUBMODULES = {"search", "schedulers", "stopper", "logger", "analysis", "callback"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     return _refuse(name)  # a Ray name not built here: an ImportError saying why and what to use

@@ -74,18 +74,32 @@ def _best(results: Sequence[TrialResult], metric: str, mode: str, scope: str) ->
 
 
 class Trial:
-    """One trial of a classic ``tune.run`` (Ray's ``Trial``)."""
+    """One trial (Ray's ``Trial``): in a classic ``tune.run``'s analysis, and as ``Callback`` hooks and
+    ``trial_name_creator`` / ``trial_dirname_creator`` see it (there it changes as the trial runs: status
+    PENDING, RUNNING, then TERMINATED or ERROR; ``last_result``). ``str(trial)`` is its name."""
 
-    def __init__(self, result: TrialResult) -> None:
+    def __init__(
+        self, result: TrialResult, *, trainable_name: str = "", experiment_tag: str = "", path: str | None = None
+    ) -> None:
+        self.trainable_name = trainable_name
+        self.experiment_tag = experiment_tag  # Ray's "<number>_<searched values>"
+        self.path = self.local_path = path  # where its checkpoints are staged (or its run's artifact location)
+        self._update(result)
+
+    def _update(self, result: TrialResult) -> None:
         self.result = result
         self.trial_id = result.trial_id
         self.config = result.config
+        self.evaluated_params = dict(result.config)
         self.status = _RAY_STATUS[result.status]
         self.error_msg = result.error
         self.metric_history = list(result.history)
         self.last_result = {**result.last, "config": result.config} if result.last else {}
         self.checkpoint = _CheckpointRef(result.checkpoint) if result.checkpoint else None
         self.mlflow_run_id = result.run_id
+
+    def __str__(self) -> str:
+        return self.result.name
 
     def __repr__(self) -> str:
         return f"Trial({self.trial_id}, {self.status})"
@@ -99,6 +113,7 @@ class ExperimentAnalysis:
         self.default_metric = metric
         self.default_mode = mode
         self.info = info  # MLflow experiment and parent run, Prefect flow run
+        self.experiment_path = info.get("experiment_path")  # Ray's: where the experiment's files are
         self._results = results
 
     def _metric_mode(self, metric: str | None, mode: str | None) -> tuple[str, str]:
@@ -183,7 +198,7 @@ class ResultGrid:
         self.default_metric = metric
         self.default_mode = mode
         self.info = info
-        self.experiment_path = info.get("experiment_url")
+        self.experiment_path = info.get("experiment_path")  # what Tuner.restore(path) takes
 
     def __len__(self) -> int:
         return len(self._results)

@@ -5,27 +5,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
-from sweepflow.tasks.sweep.samplers import Sampler
-from sweepflow.tasks.sweep.schedulers import merge_search_properties
-from sweepflow.tune import runner
+from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tune import runner, searchers
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
+from sweepflow.tune.class_trainable import ClassTrainableRun
+from sweepflow.tune.hooks import with_hooks
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import resolve as resolve_scheduler
-from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
-from sweepflow.tune.search.optuna import OptunaSearch
-from sweepflow.tune.search_space import (
-    Domain,
-    SearchSampler,
-    VariantSampler,
-    _is_grid,
-    _leaves,
-    space_as_data,
-)
 from sweepflow.tune.trainable import plan_trial, trainable_name
 
 log = logging.getLogger(__name__)
@@ -58,6 +49,10 @@ def run(
     raise_on_failed_trial: bool = True,
     seed: int | None = None,
     resume: bool | str = False,
+    callbacks: list[Any] | None = None,
+    trial_name_creator: Callable[[Any], str] | None = None,
+    trial_dirname_creator: Callable[[Any], str] | None = None,
+    reuse_actors: bool | None = None,
 ) -> ExperimentAnalysis:
     """Classic Ray Tune: run ``num_samples`` trials of the trainable over ``config``; returns the analysis.
 
@@ -71,7 +66,10 @@ def run(
 
     ``resume="AUTO"`` picks up the newest interrupted run of the experiment ``name`` with the same settings (its
     ended trials are read back from MLflow, its running ones continue from their checkpoints, the rest start)
-    or starts anew when there is none; ``resume=True`` requires one."""
+    or starts anew when there is none; ``resume=True`` requires one.
+
+    ``callbacks``: ``sweepflow.tune.Callback`` objects whose hooks run in this process (``sweepflow.tune.callback``);
+    ``trial_name_creator`` / ``trial_dirname_creator``: see ``sweepflow.tune.trial_names``."""
     experiment = _experiment(
         run_or_experiment,
         param_space=config or {},
@@ -94,11 +92,20 @@ def run(
         checkpoint_frequency=checkpoint_freq,
         checkpoint_at_end=checkpoint_at_end,
     )
+    experiment = replace(experiment, reuse_actors=_reuse_actors(reuse_actors, experiment))
+    experiment = with_hooks(
+        experiment,
+        where="tune.run",
+        callbacks=callbacks,
+        trial_name_creator=trial_name_creator,
+        trial_dirname_creator=trial_dirname_creator,
+        num_samples=num_samples,
+    )
     sweep, info = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
     return finish(
         analysis,
-        experiment.searched,
+        searchers.shown(experiment.searched, experiment.sampler),
         verbose=verbose,
         progress_reporter=progress_reporter,
         raise_on_failed_trial=raise_on_failed_trial,
@@ -180,23 +187,39 @@ class TuneConfig:
     max_concurrent_trials: int | None = None
     time_budget_s: float | None = None
     seed: int | None = None
+    trial_name_creator: Callable[[Any], str] | None = None  # see sweepflow.tune.trial_names
+    trial_dirname_creator: Callable[[Any], str] | None = None
+    reuse_actors: bool | None = None  # see _reuse_actors
+
+
+def _reuse_actors(reuse: bool | None, experiment: runner.Experiment) -> bool:
+    """Ray's ``reuse_actors``: a class trainable's object is offered to the next trial on its worker
+    (``reset_config``; cleaned up when the experiment ends). Function trainables always run in reused worker
+    processes here (what the flag saves in Ray), so for them it changes nothing; None is Ray's default (off for
+    class trainables)."""
+    if reuse is not None and not isinstance(reuse, bool):
+        raise TypeError(f"reuse_actors must be True, False or None, got {reuse!r}")
+    return bool(reuse) and isinstance(experiment.template.train_fn, ClassTrainableRun)
 
 
 #: Ray's ``tune.RunConfig`` is ``train.RunConfig``: here too, one class (``ddp_runtime.RunConfig``).
 RunConfig = train.RunConfig
 
+_STATE_VERSION = 1  # of what Tuner.fit saves for Tuner.restore
 
-_RESTORE_INSTEAD = (
-    "{call} is not built yet: run the same experiment again with tune.run(trainable, name=<its name>, "
-    "resume='AUTO', ...): its ended trials are read back from MLflow and the interrupted one continues from its "
-    "checkpoint"
-)
+
+_ERRORED = {(False, False): "keep", (True, False): "resume", (False, True): "restart"}
 
 
 class Tuner:
     """Current Ray Tune: ``Tuner(trainable, param_space=..., tune_config=TuneConfig(...), run_config=RunConfig(...))
     .fit()``: the run config's name, storage path, stop criteria, failure and checkpoint configs shape the
-    experiment; its progress reporter and verbosity, the trials table."""
+    experiment; its progress reporter and verbosity, the trials table.
+
+    ``fit()`` writes the Tuner's settings to the experiment's path (printed as the experiment starts, and
+    ``ResultGrid.experiment_path``), so ``Tuner.restore(path, trainable)`` picks the experiment up after its
+    script died: the trials that ended are read back from MLflow, the running ones continue from their
+    checkpoints in their own runs, the rest start."""
 
     def __init__(
         self,
@@ -210,15 +233,108 @@ class Tuner:
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or TuneConfig()
         self.run_config = run_config or RunConfig()
+        self._errored: str | None = None  # set by restore(): what becomes of the experiment's failed trials
 
     @classmethod
-    def restore(cls, path: str, trainable: Any = None, **kwargs: Any) -> Tuner:
-        """Ray's restore-from-path is not built yet; an interrupted experiment resumes by name (see the error)."""
-        raise NotImplementedError(_RESTORE_INSTEAD.format(call=f"Tuner.restore({path!r}, ...)"))
+    def restore(
+        cls,
+        path: str,
+        trainable: Any = None,
+        *,
+        resume_unfinished: bool = True,
+        resume_errored: bool = False,
+        restart_errored: bool = False,
+        param_space: Mapping[str, Any] | None = None,
+        storage_filesystem: Any = None,
+    ) -> Tuner:
+        """The experiment at ``path`` (its ``ResultGrid.experiment_path``), to ``fit()`` again: ended trials are
+        read back, interrupted ones continue from their latest checkpoint; failed ones stay failed, unless
+        ``resume_errored`` (they continue from their latest checkpoint) or ``restart_errored`` (they start over in
+        a new MLflow run; the failed one is kept, tagged ``sweepflow.restarted``). ``trainable``: give it again,
+        as Ray asks (the one saved with the experiment is used when it could be pickled); ``param_space``: the
+        same space again, for objects that could not be saved."""
+        if storage_filesystem is not None:
+            raise ValueError(
+                "Tuner.restore(storage_filesystem=...): give the path as a URL fsspec opens (s3://bucket/exp, with "
+                "the credentials in the environment) instead of a filesystem object"
+            )
+        if resume_unfinished is not True:
+            raise ValueError(
+                "Tuner.restore(resume_unfinished=False) is not supported: an interrupted trial continues from its "
+                "checkpoint. To leave it, start a new experiment with Tuner(...).fit()"
+            )
+        if resume_errored and restart_errored:
+            raise ValueError(
+                "Tuner.restore: give resume_errored=True (failed trials continue from their latest checkpoint) or "
+                "restart_errored=True (they start over), not both"
+            )
+        state = cls._saved_state(path)
+        found = trainable if trainable is not None else state.get("trainable")
+        if found is None:
+            raise ValueError(
+                f"Tuner.restore({path!r}): the trainable could not be saved with the experiment; pass it again: "
+                "Tuner.restore(path, trainable=my_trainable)"
+            )
+        tuner = cls(
+            found,
+            param_space=param_space if param_space is not None else state["param_space"],
+            tune_config=state["tune_config"],
+            run_config=state["run_config"],
+        )
+        tuner._errored = _ERRORED[(bool(resume_errored), bool(restart_errored))]
+        return tuner
 
     @classmethod
     def can_restore(cls, path: str) -> bool:
-        raise NotImplementedError(_RESTORE_INSTEAD.format(call=f"Tuner.can_restore({path!r})"))
+        """Whether ``path`` holds an experiment ``Tuner.restore`` can pick up (its settings were saved there)."""
+        return runner.load_restore_state(path) is not None
+
+    @staticmethod
+    def _saved_state(path: str) -> dict[str, Any]:
+        import cloudpickle
+
+        saved = runner.load_restore_state(path)
+        if saved is None:
+            raise ValueError(
+                f"Tuner.restore: {redact(str(path))!r} holds no experiment (no {runner.RESTORE_STATE_FILE}); give the "
+                "path the experiment printed as it started ('Experiment path: ...'), which is also "
+                "ResultGrid.experiment_path"
+            )
+        state = cloudpickle.loads(saved)
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"Tuner.restore: the experiment at {redact(str(path))!r} was saved by another sweepflow version "
+                f"(format {state.get('version')!r}, this one reads {_STATE_VERSION}); restore it with that version"
+            )
+        return state
+
+    def _state(self, name: str) -> bytes | None:
+        """The settings ``restore`` builds the Tuner from again; None (with a warning) when they cannot be pickled."""
+        import cloudpickle
+
+        trainable: Any = self.trainable
+        try:
+            cloudpickle.dumps(trainable)
+        except (TypeError, AttributeError, cloudpickle.pickle.PicklingError) as e:
+            log.info("the trainable is not saved with the experiment (%s): Tuner.restore will need it again", e)
+            trainable = None
+        try:
+            return cloudpickle.dumps(
+                {
+                    "version": _STATE_VERSION,
+                    "trainable": trainable,
+                    "param_space": self.param_space,
+                    "tune_config": self.tune_config,
+                    "run_config": replace(self.run_config, name=name),
+                }
+            )
+        except (TypeError, AttributeError, cloudpickle.pickle.PicklingError) as e:
+            log.warning(
+                "Tuner.restore will not be able to pick this experiment up: its settings cannot be pickled (%s). "
+                "Rerun it with tune.run(..., name=..., resume='AUTO') instead",
+                e,
+            )
+            return None
 
     def fit(self) -> ResultGrid:
         tc, rc = self.tune_config, self.run_config
@@ -252,11 +368,26 @@ class Tuner:
             checkpoint_frequency=rc.checkpoint_config.checkpoint_frequency,
             checkpoint_at_end=rc.checkpoint_config.checkpoint_at_end,
             refuse_at_end_for_functions=True,
+            restoring=self._errored is not None,
+        )
+        experiment = replace(
+            experiment,
+            errored=self._errored or "keep",
+            restore_state=self._state(experiment.name),
+            reuse_actors=_reuse_actors(tc.reuse_actors, experiment),
+        )
+        experiment = with_hooks(
+            experiment,
+            where="RunConfig",
+            callbacks=rc.callbacks,
+            trial_name_creator=tc.trial_name_creator,
+            trial_dirname_creator=tc.trial_dirname_creator,
+            num_samples=tc.num_samples,
         )
         sweep, info = runner.run(experiment)
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
             ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info),
-            experiment.searched,
+            searchers.shown(experiment.searched, experiment.sampler),
             verbose=rc.verbose,
             progress_reporter=rc.progress_reporter,
             raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
@@ -287,17 +418,11 @@ def _experiment(
     checkpoint_frequency: int = 0,
     checkpoint_at_end: bool | None = False,
     refuse_at_end_for_functions: bool = False,
+    restoring: bool = False,
 ) -> runner.Experiment:
     """Every argument checked, and the trial template made, before any service starts or any trial runs."""
     # Ray's wrappers: a limiter lowers the experiment's concurrency; the variant generator is the default search.
-    if isinstance(search_alg, ConcurrencyLimiter):
-        max_concurrent_trials = min(max_concurrent_trials or search_alg.max_concurrent, search_alg.max_concurrent)
-        search_alg = search_alg.searcher
-    if isinstance(search_alg, BasicVariantGenerator):
-        if search_alg.max_concurrent:
-            max_concurrent_trials = min(max_concurrent_trials or search_alg.max_concurrent, search_alg.max_concurrent)
-        seed = search_alg.random_state if search_alg.random_state is not None else seed
-        search_alg = None
+    search_alg, repeater, max_concurrent_trials, seed = searchers.unwrap(search_alg, max_concurrent_trials, seed)
     resume_mode = _resume_mode(resume, name=name, metric=metric or getattr(scheduler, "metric", None) or getattr(search_alg, "metric", None))
     if mode not in (None, "min", "max"):
         raise ValueError(f"mode={mode!r}: use 'min' (e.g. for a loss) or 'max' (e.g. for accuracy)")
@@ -319,34 +444,17 @@ def _experiment(
         checkpoint_at_end=bool(checkpoint_at_end),
         refuse_at_end_for_functions=refuse_at_end_for_functions,
     )
-    sampler: Sampler
-    search = "random"
-    if search_alg is not None:
-        if not isinstance(search_alg, OptunaSearch):
-            raise TypeError(
-                f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...) or "
-                "sweepflow.tune.search.BasicVariantGenerator(...), optionally in a ConcurrencyLimiter"
-            )
-        # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.
-        own = (search_alg.metric, search_alg.mode)
-        metric, mode = merge_search_properties("OptunaSearch", own, (metric, mode))
-        sampler = SearchSampler(
-            search_alg.space or param_space, num_samples=num_samples, metric=metric, mode=mode,
-            seed=search_alg.seed if search_alg.seed is not None else seed,
-            n_startup_trials=search_alg.n_startup_trials,
-        )
-        search = "tpe (optuna)"
-    else:
-        sampler = VariantSampler(param_space, num_samples, seed=seed)
+    # The search's sampler; an OptunaSearch's metric/mode become the experiment's (a different one is refused).
+    search = searchers.plan(
+        search_alg, repeater, param_space, num_samples=num_samples, metric=metric, mode=mode, seed=seed
+    )
+    metric, mode = search.metric, search.mode
     sched = resolve_scheduler(scheduler)
     sched.set_search_properties(metric, mode)  # a scheduler left without a metric/mode fails here, with the fix
-    varying = tuple(
-        "/".join(path) for path, value in _leaves(dict(param_space)) if isinstance(value, Domain) or _is_grid(value)
-    )
     return runner.Experiment(
         template=template,
         trainable_name=trainable_name(trainable),
-        sampler=sampler,
+        sampler=search.sampler,
         name=name or f"{trainable_name(trainable)}_{time.strftime('%Y-%m-%d_%H-%M-%S')}",
         scheduler=sched,
         metric=metric or getattr(sched, "metric", None),
@@ -357,10 +465,10 @@ def _experiment(
         max_failures=max_failures,
         fail_fast=fail_fast,
         storage_path=storage_path,
-        varying_names=tuple(v for v in varying if "/" not in v),
-        searched=varying,
-        search=search,
+        varying_names=search.varying_names,
+        searched=search.searched,
+        search=search.label,
         checkpoint_config=checkpoint_config,
-        resume=resume_mode,
-        search_space=space_as_data(search_alg.space if search_alg is not None and search_alg.space else param_space),
+        resume="restore" if restoring else resume_mode,
+        search_space=search.search_space,
     )

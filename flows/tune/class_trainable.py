@@ -22,11 +22,13 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ddp_runtime import Checkpoint
+from ddp_runtime.session import StopTraining
 from sweepflow.tune import session
 from sweepflow.tune.shared import SharedValue
 
@@ -74,9 +76,19 @@ class Trainable:
         legacy(checkpoint)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        """Ray calls it to reuse the object for another config; each trial here builds its own, so returning
-        False (the default) is always right."""
+        """With ``reuse_actors=True``, a trial that starts on a worker where a trial of this experiment ended
+        offers it the object: return True once it is set up for ``new_config`` (then ``setup`` is not called
+        again); False (the default) builds a new one."""
         return False
+
+    def reset(self, new_config: Mapping[str, Any]) -> bool:
+        """Ray's ``Trainable.reset``: the object taken on by a new trial, when ``reset_config`` accepts it."""
+        if not self.reset_config(copy.deepcopy(dict(new_config))):
+            return False
+        self.config = dict(new_config)
+        self._iteration = 0
+        self._started = time.time()
+        return True
 
     def cleanup(self) -> None:
         legacy = getattr(self, "_stop", None)
@@ -149,6 +161,41 @@ class Trainable:
         self.cleanup()
 
 
+# reuse_actors: the object of the last trial that ended on this worker, by experiment (``reuse_token``), for the
+# next trial here to take on (``reset``). A worker runs one rank at a time, but the lock keeps the handover whole.
+_IDLE: dict[str, Trainable] = {}
+_IDLE_LOCK = threading.Lock()
+
+
+def _take_idle(token: str, config: Mapping[str, Any]) -> Trainable | None:
+    with _IDLE_LOCK:
+        idle = _IDLE.pop(token, None)
+    if idle is None:
+        return None
+    if idle.reset(config):
+        return idle
+    idle.stop()  # it declined the new config: cleaned up as if it were not reused
+    return None
+
+
+def _park(token: str, trainable: Trainable) -> None:
+    with _IDLE_LOCK:
+        previous, _IDLE[token] = _IDLE.get(token), trainable
+    if previous is not None:
+        previous.stop()
+
+
+def release_idle(token: str) -> int:
+    """Run on every worker when the experiment ends: the object it kept for reuse is cleaned up (``cleanup``).
+    Returns how many were."""
+    with _IDLE_LOCK:
+        idle = _IDLE.pop(token, None)
+    if idle is None:
+        return 0
+    idle.stop()
+    return 1
+
+
 def is_class_trainable(trainable: Any) -> bool:
     return isinstance(trainable, type) and issubclass(trainable, Trainable)
 
@@ -162,6 +209,7 @@ class ClassTrainableRun:
     checkpoint_frequency: int = 0
     checkpoint_at_end: bool = False
     end_at: int = 0  # the step the stop criterion ends every trial on (0: not known)
+    reuse_token: str | None = None  # reuse_actors: the experiment's key for objects kept between its trials
 
     def ending_at(self, end_at: int) -> ClassTrainableRun:
         """The same, knowing the step every trial ends on (for ``checkpoint_at_end``)."""
@@ -177,8 +225,11 @@ class ClassTrainableRun:
         return self.checkpoint_at_end and (done or iteration == self.end_at)
 
     def __call__(self, config: dict[str, Any]) -> None:
-        kwargs = {name: v.get() if isinstance(v, SharedValue) else v for name, v in self.parameters.items()}
-        trainable = self.cls(config, **kwargs)
+        trainable = _take_idle(self.reuse_token, config) if self.reuse_token else None
+        if trainable is None:
+            kwargs = {name: v.get() if isinstance(v, SharedValue) else v for name, v in self.parameters.items()}
+            trainable = self.cls(config, **kwargs)
+        ended_cleanly = False  # done, or stopped by the sweep: the object may serve the next trial here
         try:
             checkpoint = session.get_checkpoint()
             if checkpoint is not None:
@@ -197,6 +248,13 @@ class ClassTrainableRun:
                 else:
                     session.report(result)
                 if done:
+                    ended_cleanly = True
                     return
+        except StopTraining:
+            ended_cleanly = True
+            raise
         finally:
-            trainable.stop()
+            if ended_cleanly and self.reuse_token:
+                _park(self.reuse_token, trainable)
+            else:
+                trainable.stop()

@@ -25,8 +25,6 @@ _LOGGER = (
 #: sweepflow module -> Ray name -> why it is not here and what to use.
 NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune": {
-        "Callback": "tune.Callback hooks are not built yet; every trial's results are in MLflow (its run) and "
-        "Prefect (its task run) as they arrive: read them there",
         "Experiment": "tune.Experiment specs are not supported; call tune.run(trainable, config=..., ...) or "
         "Tuner(...).fit() once per experiment",
         "run_experiments": "tune.run_experiments is not supported; call tune.run once per experiment",
@@ -51,7 +49,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune.search": {
         "Searcher": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
         "SearchGenerator": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
-        "Repeater": "Repeater is not built yet; repeat a configuration with tune.grid_search over a 'repeat' key",
         "HyperOptSearch": f"HyperOptSearch {_SEARCHER}",
         "BayesOptSearch": f"BayesOptSearch {_SEARCHER}",
         "AxSearch": f"AxSearch {_SEARCHER}",
@@ -60,8 +57,13 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "ZOOptSearch": f"ZOOptSearch {_SEARCHER}",
         "TuneBOHB": f"TuneBOHB {_SEARCHER}",
     },
+    "sweepflow.air": {
+        "session": "ray.air.session is Ray 2.0-2.6's trainable API; call sweepflow.tune.report(...) and "
+        "sweepflow.tune.get_checkpoint() (in a TorchTrainer's function: ddp_runtime.report / get_context)",
+        "DatasetConfig": "Ray Data is not part of sweepflow; give the trainable its own data loading (large "
+        "objects through tune.with_parameters)",
+    },
     "sweepflow.tune.logger": {
-        "LoggerCallback": f"LoggerCallback {_LOGGER}",
         "CSVLoggerCallback": f"CSVLoggerCallback {_LOGGER}; ExperimentAnalysis.dataframe() gives the table",
         "JsonLoggerCallback": f"JsonLoggerCallback {_LOGGER}",
         "TBXLoggerCallback": f"TBXLoggerCallback {_LOGGER}",

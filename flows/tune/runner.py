@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 import uuid
@@ -23,6 +24,7 @@ from ddp_runtime.cluster import cluster_client, groups_that_fit
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
+from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
@@ -60,8 +62,20 @@ class Experiment:
     search: str = "random"
     checkpoint_config: CheckpointConfig | None = None  # retention; None: the best by the metric and the latest
     search_space: dict[str, Any] = field(default_factory=dict)  # its top level as data (the sweep report's axes)
-    resume: str | None = None  # "auto": pick up an interrupted run of it if any; "required": there must be one
+    resume: str | None = None  # "auto": pick up an interrupted run of it if any; "required": there must be one;
+    # "restore" (Tuner.restore): the newest run of it, interrupted or ended
+    errored: str = "keep"  # a resumed run's failed trials: "keep" (read back), "resume" or "restart"
+    reuse_actors: bool = False  # a class trainable's object is handed to the next trial on its worker
+    restore_state: bytes | None = None  # the Tuner's settings, written to <experiment path>/tuner.pkl (Tuner.restore)
+    # The script's hooks (hooks.py): its callbacks, and where MLflowLoggerCallback asked the trials recorded
+    observer: SweepObserver | None = None
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else the tracking server sweepflow starts
+    mlflow_experiment: str | None = None  # the MLflow experiment's name (None: the experiment's name)
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mlflow_experiment_name(self) -> str:
+        return self.mlflow_experiment or self.name
 
 
 class _StopCriteria(TrialScheduler):
@@ -108,13 +122,18 @@ _EXPERIMENTS: dict[str, Experiment] = {}
 def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
-    chosen = use_run_services(settings, settings.home, use_gpu=experiment.template.use_gpu)
+    chosen = use_run_services(
+        settings, settings.home, tracking_uri=experiment.tracking_uri, use_gpu=experiment.template.use_gpu
+    )
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
-            fits = _fits(client, experiment.template, _dask_resources(client, experiment.template))
+            _, fits = _placement(client, experiment.template, log=None)
         _whole_population_fits(experiment, fits)
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
+    path = experiment_path(experiment, settings.home)
+    if experiment.restore_state is not None:
+        save_restore_state(path, experiment.restore_state)
     key = uuid.uuid4().hex
     _EXPERIMENTS[key] = replace(
         experiment,
@@ -123,6 +142,7 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
             "scheduler_address": scheduler_address,
             "state_dir": settings.home,
             "resume_from": resume_from,
+            "experiment_path": path,
         },
     )
     try:
@@ -138,6 +158,39 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
         )
     finally:
         _EXPERIMENTS.pop(key, None)
+
+
+RESTORE_STATE_FILE = "tuner.pkl"
+
+
+def experiment_path(exp: Experiment, home: str) -> str:
+    """Where the experiment keeps its files (staging, local artifacts, the Tuner's settings): Ray's experiment
+    path, which ``Tuner.restore(path)`` takes."""
+    return os.path.join(exp.storage_path or os.path.join(home, "tune"), exp.name)
+
+
+def save_restore_state(path: str, state: bytes) -> None:
+    """The Tuner's settings at ``path`` (local or a remote URL), written whole or not at all."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    fs.makedirs(root, exist_ok=True)
+    target = f"{root.rstrip('/')}/{RESTORE_STATE_FILE}"
+    with fs.open(target + ".part", "wb") as f:
+        f.write(state)
+    fs.mv(target + ".part", target)
+
+
+def load_restore_state(path: str) -> bytes | None:
+    """The settings ``save_restore_state`` wrote at ``path``; None when there are none."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    target = f"{root.rstrip('/')}/{RESTORE_STATE_FILE}"
+    if not fs.exists(target):
+        return None
+    with fs.open(target, "rb") as f:
+        return f.read()
 
 
 def parent_params(exp: Experiment) -> dict[str, Any]:
@@ -166,12 +219,23 @@ def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
     from sweepflow.tasks.sweep.resume import latest_interrupted
 
     client = MlflowClient(tracking_uri)
-    mlflow_experiment = client.get_experiment_by_name(exp.name)
-    found = latest_interrupted(client, mlflow_experiment and mlflow_experiment.experiment_id, resume_key(exp))
+    mlflow_experiment = client.get_experiment_by_name(exp.mlflow_experiment_name)
+    found = latest_interrupted(
+        client,
+        mlflow_experiment and mlflow_experiment.experiment_id,
+        resume_key(exp),
+        finished_too=exp.resume == "restore",
+    )
     if found is None and exp.resume == "required":
         raise ValueError(
             f"resume=True: experiment {exp.name!r} has no interrupted run with these settings to resume; run it "
             "with resume='AUTO' (resume if there is one, else start) or without resume"
+        )
+    if found is None and exp.resume == "restore":
+        raise ValueError(
+            f"Tuner.restore: experiment {exp.name!r} has no run with these settings in the MLflow tracking server "
+            "this process uses: point MLFLOW_TRACKING_URI (and SWEEPFLOW_HOME) at the services the experiment ran "
+            "on, or start it anew with Tuner(...).fit()"
         )
     return found
 
@@ -211,8 +275,9 @@ def _experiment_flow(
     log = get_run_logger().info
     tracking_uri = info["tracking_uri"]
     local_store = tracking_uri.startswith("sqlite:")
-    root = os.path.join(exp.storage_path or os.path.join(info["state_dir"], "tune"), exp.name)
-    tracker = RunTracker(tracking_uri, exp.name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
+    root = info["experiment_path"]
+    log(f"Experiment path: {root} (Tuner.restore(path, trainable) picks the experiment up from here)")
+    tracker = RunTracker(tracking_uri, exp.mlflow_experiment_name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
     params = parent_params(exp)
     scratch = os.path.join(root, "tmp")
     spec = ParentRun(
@@ -226,26 +291,31 @@ def _experiment_flow(
     )
     resume_from = info["resume_from"]
     with cluster_client(info["scheduler_address"], use_gpu=exp.template.use_gpu) as client:
-        resources = _dask_resources(client, exp.template)
-        fits = _fits(client, exp.template, resources)
+        placed, fits = _placement(client, exp.template, log=log)
         _whole_population_fits(exp, fits)
         with parent_run(tracker, spec, resume_from=resume_from) as parent:
             prior = None
             if resume_from:
-                prior = load_prior_sweep(tracker, parent, metric=exp.metric or "", mode=exp.mode or "max")
+                prior = load_prior_sweep(
+                    tracker, parent, metric=exp.metric or "", mode=exp.mode or "max", errored=exp.errored
+                )
+                restarted = sum(1 for t in prior.interrupted if t.restart)
                 log(
                     f"resuming experiment run {parent}: {len(prior.ended)} trial(s) ended (read back), "
-                    f"{len(prior.interrupted)} continue from their checkpoints"
+                    f"{len(prior.interrupted) - restarted} continue from their checkpoints, {restarted} failed "
+                    "one(s) start over"
                 )
-            with _shared_parameters(client, exp.template) as shared:
+            with _shared_parameters(client, placed) as shared, contextlib.ExitStack() as stack:
                 ends_at = exp.scheduler.max_t or max_reports(exp.stop)
                 if isinstance(shared.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
                     shared = replace(shared, train_fn=_checkpointed_for(exp.scheduler, shared.train_fn.ending_at(ends_at)))
+                    if exp.reuse_actors:
+                        shared = replace(shared, train_fn=replace(shared.train_fn, reuse_token=uuid.uuid4().hex))
+                        stack.callback(_release_reused, client, shared.train_fn.reuse_token, log)
                 sweep = Sweep(
                     sampler=exp.sampler,
                     template=replace(
                         shared,
-                        resources_per_rank=resources,
                         selection_metric=exp.metric,
                         selection_mode=exp.mode or "max",
                         max_reports=ends_at,
@@ -257,12 +327,13 @@ def _experiment_flow(
                     tracker=tracker,
                     parent_run_id=parent,
                     scheduler=_StopCriteria(exp.scheduler, exp.stop) if exp.stop else exp.scheduler,
-                    concurrency=exp.max_concurrent_trials or fits,
+                    concurrency=min(exp.max_concurrent_trials or fits, fits),
                     staging_dir=os.path.join(root, "staging"),
                     time_budget_s=exp.time_budget_s,
                     prior=prior,
                     fail_fast=bool(exp.fail_fast),
                     log=log,
+                    observer=exp.observer,
                 ).run()
             # Recorded as a pipeline run's sweep is: leaderboard (MLflow + Prefect, with links), report, totals.
             record = SweepRecord(
@@ -284,6 +355,14 @@ def _experiment_flow(
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
     return sweep, info
+
+
+def _release_reused(client: Any, token: str, log: Callable[[str], None]) -> None:
+    """reuse_actors: the objects the workers kept for the experiment's next trials are cleaned up."""
+    from sweepflow.tune.class_trainable import release_idle
+
+    released = sum(client.run(release_idle, token).values())
+    log(f"reuse_actors: {released} trainable object(s) kept on the workers cleaned up")
 
 
 def _whole_population_fits(exp: Experiment, fits: int) -> None:
@@ -320,6 +399,39 @@ def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:
         "checkpoint_score": checkpoint.checkpoint_score_attribute,
         "checkpoint_score_mode": checkpoint.checkpoint_score_order if checkpoint.checkpoint_score_attribute else None,
     }
+
+
+def _placement(client: Any, template: TrialTemplate, *, log: Callable[[str], None] | None) -> tuple[TrialTemplate, int]:
+    """The template with its resources as this cluster grants them, and how many trials run at once; raises,
+    naming the setting to change, when none fits."""
+    template, shared_cores = _share_cores(client, template)
+    if shared_cores is not None and log is not None:
+        log(
+            f"each trial asks {template.threads_per_rank} CPUs per rank, more than one Dask worker here declares: "
+            f"as Ray does on one machine, its ranks use {template.threads_per_rank} threads and {shared_cores} "
+            "trial(s) run at once, so the host's cores are shared, not oversubscribed"
+        )
+    resources = _dask_resources(client, template)
+    fits = _fits(client, template, resources)
+    return replace(template, resources_per_rank=resources), min(fits, shared_cores or fits)
+
+
+def _share_cores(client: Any, template: TrialTemplate) -> tuple[TrialTemplate, int | None]:
+    """Ray fits a trial that asks more CPUs than one Dask worker declares when the machine has them (a trial
+    asking {"cpu": 2} runs on a 2-core laptop, one at a time): when every worker is on one host and their CPUs
+    add up to a trial's, each rank reserves one worker's CPUs, runs ``asked`` torch threads, and the trials
+    running at once are capped by the host's CPUs (the cap returned; None when nothing was changed). Across hosts
+    a rank cannot use another host's cores, so such a trial is refused by ``_fits`` with the fix."""
+    asked = template.resources_per_rank.get("CPU", 0.0)
+    workers = list(client.scheduler_info()["workers"].values())
+    cpus = [float((w.get("resources") or {}).get("CPU", 0.0)) for w in workers]
+    if not asked or not cpus or max(cpus) >= asked or len({w.get("host") for w in workers}) != 1:
+        return template, None
+    at_once = int(sum(cpus) // (asked * template.num_ranks))
+    if at_once < 1 or template.num_ranks > len(workers):
+        return template, None  # the host has not the cores: refused by _fits
+    granted = {**template.resources_per_rank, "CPU": max(cpus)}
+    return replace(template, resources_per_rank=granted, threads_per_rank=max(1, math.ceil(asked))), at_once
 
 
 def _dask_resources(client: Any, template: TrialTemplate) -> dict[str, float]:

@@ -10,6 +10,7 @@ already resolved for the trial (``spec.config.other_param``), as in Ray.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -169,7 +170,10 @@ class VariantSampler(Sampler):
 
 class SearchSampler(Sampler):
     """A ``search_alg`` (e.g. ``OptunaSearch``) as the sweep's sampler: it proposes each config from the results
-    told so far. Nested keys of the space are searched as ``"a/b"`` and given back nested."""
+    told so far. Nested keys of the space are searched as ``"a/b"`` and given back nested.
+
+    ``points_to_evaluate``: the first trials' configs (a point may leave searched parameters out: TPE proposes
+    them); with ``evaluated_rewards`` they are not run but told to TPE with those results, as finished trials."""
 
     def __init__(
         self,
@@ -180,6 +184,8 @@ class SearchSampler(Sampler):
         mode: str,
         seed: int | None,
         n_startup_trials: int,
+        points_to_evaluate: Sequence[Mapping[str, Any]] = (),
+        evaluated_rewards: Sequence[float] = (),
     ):
         params: list[tuple[str, Any]] = []
         for path, value in _leaves(dict(param_space)):
@@ -193,8 +199,37 @@ class SearchSampler(Sampler):
             SearchSpace(tuple(params)), mode=mode, seed=seed, num_samples=num_samples, n_startup_trials=n_startup_trials
         )
         self.total = num_samples
+        names = {name for name, _ in params}
+        points = [flat_point(point, names) for point in points_to_evaluate]
+        for i, point in enumerate(points):
+            unknown = sorted(set(point) - names)
+            if unknown:
+                raise ValueError(
+                    f"points_to_evaluate[{i}] gives {unknown}, which the search space does not have (it has "
+                    f"{sorted(names)}): name the space's parameters (nested keys as dicts, or 'a/b')"
+                )
+            try:
+                self._tpe.optuna_params(point)  # a choice's value must be one of its categories
+            except ValueError as exc:
+                raise ValueError(f"points_to_evaluate[{i}]: {exc}") from exc
+        self._points: deque[dict[str, Any]] = deque()
+        if evaluated_rewards:
+            for i, (point, reward) in enumerate(zip(points, evaluated_rewards, strict=True)):
+                try:
+                    self._tpe.add_evaluated(point, reward)
+                except ValueError as exc:
+                    raise ValueError(f"points_to_evaluate[{i}] with evaluated_rewards[{i}]: {exc}") from exc
+        else:
+            if len(points) > num_samples:
+                raise ValueError(
+                    f"{len(points)} points_to_evaluate, but num_samples={num_samples} trials: the last points would "
+                    f"never run; raise num_samples to at least {len(points)} or give fewer points"
+                )
+            self._points.extend(points)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
+        if self._points:  # the points are the first trials, in the order given
+            self._tpe.enqueue(self._points.popleft())
         number, flat = self._tpe.ask()
         config: dict[str, Any] = {}
         for key, value in flat.items():
@@ -203,10 +238,25 @@ class SearchSampler(Sampler):
 
     def ask_known(self, config: dict[str, Any]) -> int:
         """A resumed experiment's trial that already ran with ``config``, recorded as the search's next proposal."""
+        if self._points:  # it was proposed in a point's turn: the point is spent (config holds its values)
+            self._points.popleft()
         return self._tpe.ask_known({"/".join(path): value for path, value in _leaves(config)})
 
     def tell(self, number: int, value: float | None) -> None:
         self._tpe.tell(number, value)
+
+
+def flat_point(point: Mapping[str, Any], names: set[str] | None = None, prefix: str = "") -> dict[str, Any]:
+    """A config as ``{"a/b": value}``: nested dicts are opened down to the parameter names in ``names`` (a value
+    that is itself a dict, e.g. one of a choice's categories, stays whole); without ``names``, all the way."""
+    flat: dict[str, Any] = {}
+    for key, value in point.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and (names is None or path not in names):
+            flat.update(flat_point(value, names, f"{path}/"))
+        else:
+            flat[path] = value
+    return flat
 
 
 def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str, Any]:

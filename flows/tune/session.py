@@ -79,7 +79,11 @@ def is_distributed_trainable() -> bool:
 
 
 def get_trial_id() -> str:
-    return ddp_runtime.get_context().get_experiment_name()
+    """The trial's id (``trial_0003``), as Ray's ``tune.get_context().get_trial_id()``."""
+    from sweepflow.tasks.training.function import current_trial_run
+
+    trial = current_trial_run()
+    return trial.trial_id if trial is not None else ddp_runtime.get_context().get_experiment_name()
 
 
 def get_trial_dir() -> str:

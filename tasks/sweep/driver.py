@@ -22,6 +22,7 @@ from typing import Any
 from distributed import Client
 from prefect.utilities.annotations import quote
 
+from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 from sweepflow.tasks.sweep.resume import PriorSweep, replay
@@ -55,9 +56,11 @@ class Sweep:
         prior: PriorSweep | None = None,
         fail_fast: bool = False,
         log: Callable[[str], None] = print,
+        observer: SweepObserver | None = None,
     ) -> None:
         """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``);
-        ``fail_fast``: the first failed trial ends the sweep (the running trials stop, none starts)."""
+        ``fail_fast``: the first failed trial ends the sweep (the running trials stop, none starts);
+        ``observer``: told the sweep's events as they happen (``events.py``)."""
         if getattr(sampler, "total", None) is None:
             raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
         if concurrency < 1:
@@ -75,6 +78,7 @@ class Sweep:
         self.prior = prior
         self.fail_fast = fail_fast
         self.log = log
+        self.observer = observer
 
     def run(self) -> SweepResult:
         """Run every trial the sampler proposes (or as many as the time budget allows); return their results.
@@ -92,11 +96,13 @@ class Sweep:
             deadline=time.monotonic() + self.time_budget_s if self.time_budget_s else None,
             artifacts_destination=self.artifacts_destination,
             fail_fast=self.fail_fast,
+            observer=self.observer,
         )
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
             cleanup.callback(runtime.join_writers)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:
+                runtime.notify("sweep_started", self.sampler.total)
                 trials, not_started = self._run_trials(runtime, runtime_id, in_flight)
             except BaseException as exc:
                 # A trial's mistake that every trial would repeat (or an interrupt): the running trials stop at
@@ -105,6 +111,9 @@ class Sweep:
                 for future in list(in_flight):
                     future.wait()
                 raise
+        runtime.notify("sweep_ended", tuple(trials))
+        if runtime.observer_error is not None:  # the trials have ended (as after any error): now it is raised
+            raise runtime.observer_error
         return SweepResult(
             tuple(trials),
             metric=self.template.selection_metric,
@@ -122,7 +131,8 @@ class Sweep:
         submitted = 0  # trials the sweep is done with starting (read back from a resumed sweep, or submitted)
         tasks_submitted = 0  # trials submitted as tasks: each tells the scheduler it started
         next_in_line_since = time.perf_counter()  # when the next trial began to wait for a slot
-        while True:
+        while True:  # a step: start what can start, then take one trial's end or a freed slot
+            runtime.notify("step_begin")
             while submitted < self.sampler.total and not runtime.aborted and not runtime.out_of_time():
                 prior = self.prior.trials.get(submitted) if self.prior else None
                 if prior is not None and prior.result is not None:  # it ended before the sweep died
@@ -136,7 +146,8 @@ class Sweep:
                     number, params = self.sampler.ask_known(prior.config), prior.config
                 else:
                     number, params = self.sampler.ask()
-                spec = self.template.trial(submitted, params, prior.resume_from() if prior else None)
+                resume = prior.resume_from() if prior is not None and not prior.restart else None
+                spec = self.template.trial(submitted, params, resume)
                 filled = self.scheduler.on_trial_config(spec.trial_id, spec.params)  # PBT adds mutated names
                 if filled != spec.params:
                     spec = self.template.trial(submitted, filled, spec.resume)
@@ -158,18 +169,23 @@ class Sweep:
                 # A scheduler waiting for a full group of trials stops waiting once the ones started are there.
                 self.scheduler.no_more_trials(tasks_submitted)
             if not in_flight:
+                runtime.notify("step_end")
                 break
             event = events.get()
             if event is _SLOT_FREED:
+                runtime.notify("step_end")
                 continue
             number, submitted_at = in_flight[event]
             result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
             del in_flight[event]
             if result.status is TrialStatus.NOT_STARTED:
+                runtime.notify("step_end")
                 continue  # the sweep was stopping when its task began
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
             self.sampler.tell(number, result.best if result.status.selectable else None)
             finished.append(self._with_bookkeeping(result, submitted_at))
+            runtime.notify("trial_ended", finished[-1])
+            runtime.notify("step_end")
         not_started = self.sampler.total - len(finished)
         if not_started:
             why = runtime.aborted or "time budget spent"

@@ -58,6 +58,7 @@ class PriorTrial:
     result: TrialResult | None  # it ended: read back, not trained again
     history: tuple[dict[str, Any], ...] = ()
     resumes: int = 0
+    restart: bool = False  # it failed and starts over in a new run (``Tuner.restore(restart_errored=True)``)
 
     def resume_from(self) -> ResumeFrom:
         return ResumeFrom(self.run_id, self.artifact_uri, self.history, self.resumes)
@@ -153,9 +154,12 @@ def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str
     return "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
-def latest_interrupted(client: Any, experiment_id: str | None, key: Mapping[str, Any]) -> str | None:
+def latest_interrupted(
+    client: Any, experiment_id: str | None, key: Mapping[str, Any], *, finished_too: bool = False
+) -> str | None:
     """The newest unfinished sweep parent run of the experiment with these settings (``key``), or None: what a
-    Tune experiment run again with ``resume`` picks up. ``client``: an MlflowClient."""
+    Tune experiment run again with ``resume`` picks up. ``finished_too``: the newest one even if it finished
+    (``Tuner.restore`` of an experiment that ended reads its trials back). ``client``: an MlflowClient."""
     if experiment_id is None:
         return None
     runs = client.search_runs(
@@ -164,8 +168,11 @@ def latest_interrupted(client: Any, experiment_id: str | None, key: Mapping[str,
         order_by=["attributes.start_time DESC"],
         max_results=20,
     )
-    unfinished = [r for r in runs if r.info.status != "FINISHED" and PARENT_TAG not in r.data.tags]
-    return unfinished[0].info.run_id if unfinished else None
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    unfinished = [r for r in parents if r.info.status != "FINISHED"]
+    if unfinished:
+        return unfinished[0].info.run_id
+    return parents[0].info.run_id if finished_too and parents else None
 
 
 def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None:
@@ -179,9 +186,17 @@ def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None
     return max(unfinished, key=lambda r: r.info.start_time).info.run_id if unfinished else None
 
 
-def load_prior_sweep(tracker: RunTracker, parent_run_id: str, *, metric: str, mode: str) -> PriorSweep:
+#: What a resumed sweep does with its failed trials: read them back as failed, continue them from their latest
+#: checkpoint in the same run, or start them over in a new run (``Tuner.restore``'s resume_/restart_errored).
+ERRORED_KEEP, ERRORED_RESUME, ERRORED_RESTART = "keep", "resume", "restart"
+TAG_RESTARTED = "sweepflow.restarted"  # on a failed trial's run that a restore started over in a new run
+
+
+def load_prior_sweep(
+    tracker: RunTracker, parent_run_id: str, *, metric: str, mode: str, errored: str = ERRORED_KEEP
+) -> PriorSweep:
     """Every trial the interrupted sweep created, by number; runs its dead process left open that had ended
-    (summary tags written, end not) are closed with their status."""
+    (summary tags written, end not) are closed with their status. ``errored``: what becomes of failed trials."""
     client = tracker.client
     runs = client.search_runs(
         [tracker.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=50000
@@ -194,10 +209,23 @@ def load_prior_sweep(tracker: RunTracker, parent_run_id: str, *, metric: str, mo
         index = int(tags[TAG_TRIAL_INDEX])
         resumes = int(tags.get(TAG_RESUMES, 0))
         config = json.loads(tags.get(TAG_CONFIG, "{}"))
+        if TAG_RESTARTED in tags:
+            continue  # a failed attempt a restore started over: the trial's newer run is the one that counts
         if TAG_STATUS in tags:
             result = TrialResult.from_mlflow(client, run.info.run_id, metric=metric, mode=mode)
             if run.info.status in ("RUNNING", "SCHEDULED"):  # died between its summary and its end
                 tracker.end_run(run.info.run_id, result.status.mlflow_status)
+            if result.status is TrialStatus.FAILED and errored == ERRORED_RESTART:
+                # Its run stays (failed, tagged), out of the sweep's trials; the trial starts over in a new one.
+                tracker.set_tags(run.info.run_id, {TAG_RESTARTED: "true"})
+                trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, None, restart=True)
+                continue
+            if result.status is TrialStatus.FAILED and errored == ERRORED_RESUME:
+                history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
+                trials[index] = PriorTrial(
+                    index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes
+                )
+                continue
             trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, result)
         else:
             history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))

@@ -291,6 +291,35 @@ class TPESampler(Sampler):
 
     def ask_known(self, config: dict[str, Any]) -> int:
         """Propose ``config`` (a resumed sweep's trial) as the next trial, in Optuna's own terms."""
+        self.enqueue(config)
+        number, _ = self.ask()
+        return number
+
+    def enqueue(self, config: Mapping[str, Any]) -> None:
+        """The next ``ask`` proposes ``config``'s values (Optuna's ``enqueue_trial``); the searched parameters it
+        leaves out are proposed as usual."""
+        self._study.enqueue_trial(self.optuna_params(config), skip_if_exists=False)
+
+    def add_evaluated(self, config: Mapping[str, Any], value: float) -> None:
+        """A config evaluated elsewhere, with its result: TPE learns from it as from a finished trial (nothing
+        runs it). ``config`` must give every searched parameter."""
+        missing = [name for name in self._distributions if name not in config]
+        if missing:
+            raise ValueError(f"an evaluated config must give every searched parameter; {config} lacks {missing}")
+        if not math.isfinite(value):
+            raise ValueError(f"the result of the evaluated config {config} must be a finite number, got {value!r}")
+        internal = self.optuna_params(config)
+        self._study.add_trial(
+            self._optuna.trial.create_trial(
+                params={name: internal[name] for name in self._distributions},
+                distributions=self._distributions,
+                value=float(value),
+            )
+        )
+
+    def optuna_params(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config``'s searched values as the Optuna parameters ``ask`` turns into them (a choice's position, a
+        multiple's factor, a power of two's exponent)."""
         internal: dict[str, Any] = {}
         for name, dom in self.space.params:
             value = config.get(name)
@@ -307,9 +336,7 @@ class TPESampler(Sampler):
                 internal[name] = matches[0]
             else:
                 internal[name] = value
-        self._study.enqueue_trial(internal, skip_if_exists=False)
-        number, _ = self.ask()
-        return number
+        return internal
 
     def tell(self, number: int, value: float | None) -> None:
         """The trial's result (its best metric value), or None if it failed."""

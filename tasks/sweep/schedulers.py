@@ -87,6 +87,21 @@ class TrialScheduler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
+    # A scheduler is pickled with the experiment's settings (``Tuner.restore`` builds it again from them): its
+    # locks are not state, and are made anew.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in vars(self).items() if k not in ("_lock", "_cond")}
+        state["_had_condition"] = hasattr(self, "_cond")  # PBT and HyperBand wait on one
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        had_condition = state.pop("_had_condition", False)
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        if had_condition:
+            self._cond = threading.Condition(self._lock)
+
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric and mode, for a scheduler built without them (as Ray's Tune passes them).
         Raises, naming the fix, when the scheduler needs them and neither it nor the experiment has them."""

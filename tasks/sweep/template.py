@@ -8,7 +8,7 @@ driver makes each ``SweepTrial`` from it, and the ``train-trial`` task runs one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sweepflow.tasks.sweep.space import describe_trial
@@ -28,6 +28,7 @@ class TrialTemplate:
     num_ranks: int = 1
     resources_per_rank: dict[str, float] = field(default_factory=dict)  # Dask worker resources, e.g. {"GPU": 1}
     use_gpu: bool = False
+    threads_per_rank: int | None = None  # torch threads per rank when not its CPU resource (cores shared as Ray does)
     selection_metric: str | None = None  # what the sweep ranks trials by (None: Tune without a metric)
     selection_mode: str = "max"
     max_reports: int = 0  # the scheduler's max_t (epochs for FIFO; 0: none): a stop there means the trial is complete
@@ -41,6 +42,11 @@ class TrialTemplate:
     checkpoints_to_keep: int | None = 1
     checkpoint_score: str | None = None
     checkpoint_score_mode: str | None = None
+    # How trials are named (Ray's trial_name_creator / trial_dirname_creator; None: the defaults): the name is
+    # its Prefect task run's and its MLflow run's; the directory, the one its checkpoints are staged in.
+    name_trial: Callable[[SweepTrial], str] | None = None
+    dirname_trial: Callable[[SweepTrial], str] | None = None
+    run_tags: dict[str, str] = field(default_factory=dict)  # on every trial's MLflow run, from its creation
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -59,7 +65,13 @@ class TrialTemplate:
         trial_id = f"trial_{index:04d}"
         shown = [name for name in self.varying_names if name in params]
         name = f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id
-        return SweepTrial(template=self, trial_id=trial_id, index=index, name=name, params=params, resume=resume)
+        trial = SweepTrial(template=self, trial_id=trial_id, index=index, name=name, params=params, resume=resume)
+        if self.name_trial is not None:
+            named = self.name_trial(trial)
+            trial = replace(trial, name=named, run_name=named)
+        if self.dirname_trial is not None:
+            trial = replace(trial, dirname=self.dirname_trial(trial))
+        return trial
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class SweepTrial:
     name: str
     params: dict[str, Any]  # the sampled hyperparameters
     resume: ResumeFrom | None = None  # it was running when its sweep died: continue in that run
+    run_name: str | None = None  # its MLflow run's name (None: its trial id, short enough for the runs table)
+    dirname: str | None = None  # its staging directory's name (None: its MLflow run id)
 
     @property
     def train_loop_config(self) -> dict[str, Any]:

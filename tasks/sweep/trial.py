@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from prefect.settings import PREFECT_API_URL
 import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
 from ddp_runtime.torch import TorchTrainer
+from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.pbt import Exploit
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import (
@@ -56,8 +59,9 @@ from sweepflow.tasks.tracking.links import (
     prefect_ui_url,
 )
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
-from sweepflow.tasks.training.function import SystemMetrics, TrainFunction
+from sweepflow.tasks.training.function import SystemMetrics, TrainFunction, TrialRun
 
+TAG_DIRNAME = "sweepflow.trial_dirname"  # its directory's name, when given one (trial_dirname_creator)
 TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot before its run started
 TAG_EXPLOITS = "sweepflow.pbt.exploits"  # how many times the trial continued from another's checkpoint (PBT)
 TAG_LAST_EXPLOIT = "sweepflow.pbt.last_exploit"  # the latest: "copied trial_0003 at report 8; lr=0.012"
@@ -90,6 +94,24 @@ class SweepRuntime:
     # trial id -> where its checkpoints are (``<storage>/checkpoints``): PBT copies a donor's latest from there
     storages: dict[str, str] = field(default_factory=dict)
     _grants: dict[int, tuple[HeldSlot, float]] = field(default_factory=dict)  # trial index -> (slot, queued s)
+    observer: SweepObserver | None = None  # told the sweep's events (events.py), one at a time
+    observer_error: Exception | None = None  # what the observer raised: the sweep stops, then raises it
+    _observer_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def notify(self, event: str, *args: Any) -> None:
+        """Tell the observer ``event`` (a ``SweepObserver`` method). When it raises, the sweep stops as after any
+        error (running trials stop at their next report, none starts) and ``Sweep.run`` raises it at the end; the
+        observer hears nothing more."""
+        if self.observer is None:
+            return
+        with self._observer_lock:
+            if self.observer_error is not None:
+                return
+            try:
+                getattr(self.observer, event)(*args)
+            except Exception as exc:  # noqa: BLE001 - raised by Sweep.run once every trial has ended
+                self.observer_error = exc
+                self.abort(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
     def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
         """Hand trial ``index`` the slot the sweep took for it (its task takes it with ``take_grant``)."""
@@ -180,14 +202,17 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
         writer.set_status("RUNNING")
         return writer, spec.resume.artifact_uri
     run_id, artifact_uri = rt.tracker.create_run(
-        spec.trial_id,  # short, so the runs table shows it whole; the sampled values are its params
+        # short, so the runs table shows it whole (the sampled values are its params); or the name given it
+        spec.run_name or spec.trial_id,
         parent_run_id=rt.parent_run_id,
         tags={
+            **spec.template.run_tags,  # the user's (not one of ours: refused by whoever set them)
             TAG_TRIAL_ID: spec.trial_id,
             "sweepflow.trial_name": spec.name,
             TAG_TRIAL_INDEX: str(spec.index),
             TAG_CONFIG: json.dumps(spec.params, sort_keys=True, default=str),
             "sweepflow.train_fn": TrainFunction(spec.template.train_fn).path,
+            **({TAG_DIRNAME: spec.dirname} if spec.dirname else {}),
             **queued,
             **_prefect_task_run_tags(),
         },
@@ -265,7 +290,13 @@ class _TrialRun:
         return {} if self.best_so_far is None else {f"best_{self.spec.template.selection_metric}": self.best_so_far}
 
     def on_report(self, metrics: dict[str, Any]) -> bool:
-        """Log the report; True stops the group at it (the scheduler's verdict, or the time budget)."""
+        """Log the report; True stops the group at it (the scheduler's verdict, or the time budget). The sweep's
+        observer hears of the report after the scheduler has decided on it (as Ray's callbacks do)."""
+        stop = self._take_report(metrics)
+        self.rt.notify("trial_result", self.spec, self._as_scheduled(metrics))
+        return stop
+
+    def _take_report(self, metrics: dict[str, Any]) -> bool:
         spec = self.spec
         metrics["training_iteration"] += len(self.covered)
         if metrics["training_iteration"] == len(self.covered) + 1:
@@ -457,12 +488,22 @@ class _TrialRun:
             storage is None
         )  # the tracking server stores artifacts: stage checkpoints, upload at the end
         if proxied:
-            storage = os.path.join(rt.staging_dir, writer.run_id)
+            storage = os.path.join(rt.staging_dir, spec.dirname or writer.run_id)
+        elif spec.dirname:
+            self.logger.warning(
+                "%s: its directory name %r (trial_dirname_creator) names no directory: the trial writes straight "
+                "into its MLflow run's artifact location %s, which MLflow names; the name is the run's %s tag",
+                spec.name,
+                spec.dirname,
+                redact(storage),
+                TAG_DIRNAME,
+            )
         rt.storages[spec.trial_id] = storage
         rt.scheduler.on_trial_add(spec.trial_id)
         resume_from = self._resume_point(storage) if spec.resume is not None else None
         self.resumed_reports = len(self.covered)
         rt.progress.update(spec.trial_id)
+        rt.notify("trial_started", spec, writer.run_id, storage)
         fit_started = time.perf_counter()
         while True:  # one group, or (PBT) one per exploit: each continues from the donor's checkpoint
             try:
@@ -554,15 +595,31 @@ class _TrialRun:
             uri, self.writer.run_id, self.spec.template.system_metrics_interval_s, auth_env=tracking_auth_env()
         )
 
+    def _trial_run(self) -> TrialRun:
+        """The trial's MLflow run as its ranks reach it (``setup_mlflow`` binds ``mlflow`` to it)."""
+        tracker = self.rt.tracker
+        return TrialRun(
+            tracking_uri=tracker.tracking_uri,
+            experiment_id=tracker.experiment_id,
+            experiment_name=tracker.experiment_name,
+            run_id=self.writer.run_id,
+            trial_id=self.spec.trial_id,
+            run_name=self.spec.run_name or self.spec.trial_id,
+            auth_env=tracking_auth_env(),
+        )
+
     def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
         spec = self.spec  # its config may have changed since the trial started (PBT)
         return TorchTrainer(
-            TrainFunction(spec.template.train_fn, system_metrics=self._system_metrics()),
+            TrainFunction(
+                spec.template.train_fn, system_metrics=self._system_metrics(), trial_run=self._trial_run()
+            ),
             train_loop_config=spec.train_loop_config,
             scaling_config=train.ScalingConfig(
                 num_workers=spec.template.num_ranks,
                 use_gpu=spec.template.use_gpu,
                 resources_per_worker=spec.template.resources_per_rank or None,
+                threads_per_worker=spec.template.threads_per_rank,
             ),
             run_config=train.RunConfig(
                 name="checkpoints",

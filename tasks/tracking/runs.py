@@ -135,6 +135,7 @@ class RunTracker:
         retry_s: float | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
         self.retry_s = retry_budget_s(retry_s)
         self.client = MlflowClient(tracking_uri)
         self._given_up = threading.Event()  # a call exhausted the bound and the server has not answered since

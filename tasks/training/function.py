@@ -119,6 +119,54 @@ def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
+class TrialRun:
+    """The trial's own MLflow run, as the training function reaches it on its rank (``setup_mlflow``): where the
+    tracking server is, which experiment and run. ``auth_env``: the flow's MLflow credentials for a server that
+    asks for them (set while the function runs, once asked for); never in a repr."""
+
+    tracking_uri: str
+    experiment_id: str
+    experiment_name: str
+    run_id: str
+    trial_id: str
+    run_name: str  # the MLflow run's name
+    auth_env: SecretEnv = field(default_factory=SecretEnv)
+
+    def __repr__(self) -> str:  # the URI may hold credentials: never in a repr, log or message
+        return f"TrialRun(trial_id={self.trial_id!r}, run_id={self.run_id!r})"
+
+
+_trial_scope = threading.local()  # a worker runs each rank's function in a thread of its own
+
+
+def current_trial_run() -> TrialRun | None:
+    """The MLflow run of the trial whose training function runs in this thread (None: not inside one)."""
+    return getattr(_trial_scope, "run", None)
+
+
+def at_function_end(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` on this rank when its training function returns or raises (last registered, first run)."""
+    cleanups = getattr(_trial_scope, "cleanups", None)
+    if cleanups is None:
+        raise RuntimeError("at_function_end is for code running inside a trial's training function")
+    cleanups.append(cleanup)
+
+
+@contextlib.contextmanager
+def _inside_trial(run: TrialRun | None) -> Iterator[None]:
+    """The trial's run for ``current_trial_run`` while the function runs; then what ``at_function_end`` asked."""
+    previous = (getattr(_trial_scope, "run", None), getattr(_trial_scope, "cleanups", None))
+    cleanups: list[Callable[[], None]] = []
+    _trial_scope.run, _trial_scope.cleanups = run, cleanups
+    try:
+        yield
+    finally:
+        _trial_scope.run, _trial_scope.cleanups = previous
+        for cleanup in reversed(cleanups):
+            cleanup()
+
+
+@dataclass(frozen=True)
 class TrainFunction:
     """The function every rank of a trial runs: either named by import path (``"module:function"``, imported
     where it runs, on the Dask workers, so the flow process never imports the training code nor torch; the
@@ -127,6 +175,7 @@ class TrainFunction:
 
     target: str | Callable[..., Any]
     system_metrics: SystemMetrics | None = None  # MLflow system metrics from rank 0 while it trains
+    trial_run: TrialRun | None = None  # the trial's MLflow run (``current_trial_run`` on every rank)
 
     def __post_init__(self) -> None:
         if callable(self.target):
@@ -152,7 +201,7 @@ class TrainFunction:
 
     def __call__(self, config: dict[str, Any]) -> Any:
         fn = import_train_fn(self.target) if isinstance(self.target, str) else self.target
-        with _system_metrics(self.system_metrics):
+        with _inside_trial(self.trial_run), _system_metrics(self.system_metrics):
             # As in Ray, a zero-argument training function simply does not see train_loop_config.
             return fn(config) if _takes_arguments(fn) else fn()
 
