@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tune_planning import catching_plans
 
 import ddp_runtime as train
 from sweepflow import tune
@@ -47,28 +48,16 @@ SPACE = {"a": tune.uniform(0, 1), "b": tune.choice([1, 2, 3])}
 RUN = {"config": SPACE, "num_samples": 4, "metric": "loss", "mode": "min", "name": "probe", "verbose": 0}
 
 
-class _Planned(Exception):
-    def __init__(self, experiment: runner.Experiment) -> None:
-        super().__init__("planned")
-        self.experiment = experiment
-
-
 @pytest.fixture
 def plan(monkeypatch):
     """Calls a Tune entry point and returns the experiment it would run, stopping where the run would start."""
+    planned = catching_plans(monkeypatch)
 
-    def stop_before_work(experiment: runner.Experiment) -> Any:
-        raise _Planned(experiment)
-
-    monkeypatch.setattr(runner, "run", stop_before_work)
-
-    def planned(call) -> dict[str, Any]:
+    def fingerprint(call) -> dict[str, Any]:
         np.random.seed(0)  # draws from NumPy's global state are the same in both calls being compared
-        with pytest.raises(_Planned) as caught:
-            call()
-        return _fingerprint(caught.value.experiment)
+        return _fingerprint(planned(call))
 
-    return planned
+    return fingerprint
 
 
 def _state(obj: Any) -> Any:

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from tune_planning import catching_plans
 
 from sweepflow import tune
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted
-from sweepflow.tune import runner
 from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 from sweepflow.tune.search.optuna import OptunaSearch
 from sweepflow.tune.search.repeater import TRIAL_INDEX
@@ -35,27 +35,13 @@ def define_by_run(trial) -> dict[str, Any]:
     return {"batch_size": 32}
 
 
-class _Planned(Exception):
-    def __init__(self, experiment: runner.Experiment) -> None:
-        super().__init__("planned")
-        self.experiment = experiment
-
-
 @pytest.fixture
 def plan(monkeypatch):
     """Calls ``tune.run(trainable, **kwargs)`` and returns the experiment it would run, before any work."""
-
-    def stop_before_work(experiment: runner.Experiment) -> Any:
-        raise _Planned(experiment)
-
-    monkeypatch.setattr(runner, "run", stop_before_work)
-
-    def planned(**kwargs: Any) -> runner.Experiment:
-        with pytest.raises(_Planned) as caught:
-            tune.run(trainable, **{"metric": "loss", "mode": "min", "verbose": 0, **kwargs})
-        return caught.value.experiment
-
-    return planned
+    planned = catching_plans(monkeypatch)
+    return lambda **kwargs: planned(
+        lambda: tune.run(trainable, **{"metric": "loss", "mode": "min", "verbose": 0, **kwargs})
+    )
 
 
 def _drive(sampler: Sampler, result=lambda config: config["lr"]) -> list[dict[str, Any]]:
