@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_report.py [--sizes 50,200] [--repeats 3]
 
-Prints the best wall seconds per size (after one warm-up render, which pays matplotlib's imports and font
-cache) and the ratio of each size to the smallest: about linear in trials is the expectation (one row and one
-curve per trial). Taken side by side in one run, since the machine's speed swings between hours.
+Prints the best wall seconds per size (after one warm-up render, which pays Optuna's and scikit-learn's imports
+for the importances) and the ratio of each size to the smallest: about linear in trials is the expectation (one
+row and one curve per trial; the fANOVA importances, most of the time, fit a forest over the finished trials). Taken side by side in one run, since the machine's speed swings between hours.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ def tcp_store_on_free_port(
     return store, store.port
 
 
-#: The worker preload's background import thread (ranks wait for it before joining their group).
+#: The worker preload's background import thread; every thread whose name starts so is a preload's: a worker's
+#: one-time start-up (``_warmup``) waits for them all before its first rank trains.
 PRELOAD_THREAD_NAME = "sweepflow-preload"
 
 

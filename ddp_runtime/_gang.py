@@ -228,6 +228,11 @@ async def kill_worker_process(dask_worker: Any = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def capable_workers(resources: dict[str, float], dask_scheduler: Any = None) -> list[str]:
+    """Run on the scheduler: the running workers that could host a rank asking for ``resources``."""
+    return [ws.address for ws in _compat.running_workers(dask_scheduler) if _capable(ws, resources)]
+
+
 def capacity(num_ranks: int, resources: dict[str, float], dask_scheduler: Any = None) -> int:
     """Run on the scheduler: how many such groups the cluster runs at once when idle (for sizing sweeps)."""
     slots = []

@@ -137,7 +137,11 @@ class GroupRun:
         self.error: BaseException | None = None
         self.stopped = False
         self.train_time_s = 0.0
-        self.held_s = 0.0  # from the reservation to its release
+        self.held_s = 0.0  # from the reservation to its release, less the start-up below
+        # Seconds the group waited for cold workers' one-time start-up (imports; the slowest rank's): not the
+        # group's own time, so not in held_s (``_warmup``).
+        self.startup_s = 0.0
+        self.launched_at = 0.0  # time.time() when the rank tasks were submitted
         self.rank0_window: tuple[str, float, float] | None = None  # worker, entered, left the function
         # Stacks of the ranks still running when a failed group was torn down (by rank), taken before their
         # workers were killed; "why" when they could not be taken.
@@ -157,7 +161,7 @@ class GroupRun:
                 # Usually a no-op: the reservation ended on the scheduler when the last rank task finished.
                 # It matters when a rank's worker died or the launch itself failed.
                 self.client.run_on_scheduler(gang.release, self.group_id)
-                self.held_s = time.perf_counter() - reserved_at
+                self.held_s = max(time.perf_counter() - reserved_at - self.startup_s, 0.0)
                 if len(addresses) > 1:  # only multi-rank groups rendezvous
                     with contextlib.suppress(KeyError):  # not set when rank 0 never got that far
                         Variable(rendezvous_variable_name(self.channel), client=self.client).delete()
@@ -229,6 +233,7 @@ class GroupRun:
 
     def _launch_and_watch(self, addresses: list[str], reports: Queue, verdicts: Queue) -> None:
         client = self.client
+        self.launched_at = time.time()
         futures: list[Future] = [
             client.submit(
                 run_rank,
@@ -256,6 +261,16 @@ class GroupRun:
             self.error = (
                 blame_stuck_rank(self.error, self.stuck_stacks, addresses, timeout_s=timeout_s) or self.error
             )
+
+    def _startup_s(self, outcomes: list[dict[str, Any]]) -> float:
+        """How long the group waited for cold workers' start-up: from its launch until the last cold rank was
+        ready (a busy cold worker is slow even to start the rank's task), at least the longest a rank measured
+        itself (clocks of other hosts may differ a little). 0.0 when every rank's worker was warm."""
+        cold = [o for o in outcomes if "startup_s" in o]
+        if not cold:
+            return 0.0
+        waited = max(float(o["ready_at"]) for o in cold) - self.launched_at
+        return max(waited, *(float(o["startup_s"]) for o in cold))
 
     @staticmethod
     def _root_cause(outcomes: list[dict[str, Any]]) -> RankError:
@@ -443,6 +458,7 @@ class GroupRun:
             while time.monotonic() < deadline and not all(f.done() for f in running):
                 time.sleep(0.02)
         outcomes = [self._outcome(f) for f in futures if f.done()]
+        self.startup_s = self._startup_s(outcomes)
         rank0 = next((o for o in outcomes if o.get("rank") == 0 and "started_at" in o), None)
         if rank0 is not None:
             self.train_time_s = rank0["ended_at"] - rank0["started_at"]

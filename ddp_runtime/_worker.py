@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
-from ddp_runtime import _compat
+from ddp_runtime import _compat, _warmup
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
 
@@ -95,11 +95,12 @@ def _device(spec: RankSpec, worker_address: str) -> torch.device:
     return device
 
 
-def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> None:
+def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> float:
+    """Rank 0 opens a TCPStore on a port the OS picks on its own host and publishes host:port through a Dask
+    Variable; the other ranks read it and connect. No fixed port, so many groups share a cluster. Returns the
+    seconds this rank spent on its worker's one-time start-up meanwhile (0.0 on a warm worker)."""
     import torch.distributed as dist
 
-    """Rank 0 opens a TCPStore on a port the OS picks on its own host and publishes host:port through a Dask
-    Variable; the other ranks read it and connect. No fixed port, so many groups share a cluster."""
     variable = Variable(rendezvous_variable_name(spec.channel))
     store_timeout = timedelta(seconds=spec.rendezvous_timeout_s)
     if spec.world_rank == 0:
@@ -125,12 +126,10 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     # and still importing torch, a busy host) would otherwise fail the group under TorchConfig.timeout_s with a
     # store-wait error that names nobody. Once all ranks are in, connecting takes milliseconds.
     # init_process_group touches torch._dynamo.trace_rules when torch._dynamo is in sys.modules, which it is
-    # while the worker preload is still importing it in the background (seconds on a busy host): wait for the
-    # preload here, before joining, not inside init_process_group under the collective timeout. (Joining the
-    # thread, not importing the module: an import here can deadlock with the preload's on the module locks.)
-    for thread in threading.enumerate():
-        if thread.name == _compat.PRELOAD_THREAD_NAME:
-            thread.join(spec.rendezvous_timeout_s)
+    # while the worker preload is still importing it in the background (seconds on a busy host): a cold worker
+    # finishes its start-up here (the preload threads, then DDP's lazy imports), before joining, not inside
+    # init_process_group under the collective timeout; its driver takes that time out of the group's.
+    startup_s = _warmup.warm_process(ddp=True, timeout_s=spec.rendezvous_timeout_s)
     store.set(f"joined/{spec.world_rank}", "1")
     store.wait([f"joined/{rank}" for rank in range(spec.world_size)], store_timeout)
     dist.init_process_group(
@@ -141,6 +140,7 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
         timeout=timedelta(seconds=spec.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
+    return startup_s
 
 
 class _Rank0Link:
@@ -221,9 +221,15 @@ def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
 
 
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
-    """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?}."""
+    """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?, ...}; on a
+    worker that was cold, also ``startup_s`` (seconds of its one-time start-up this rank waited for: imports)
+    and ``ready_at`` (when it was done: time.time())."""
+    entered = time.perf_counter()
+    cold = not _warmup.is_warm(ddp=spec.world_size > 1)
     import torch
     import torch.distributed as dist
+
+    imports_s = time.perf_counter() - entered  # torch's own import, on a worker no preload warmed
 
     worker = get_worker()
     worker_address = worker.address
@@ -237,8 +243,12 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         if spec.cpus:
             torch.set_num_threads(max(1, int(spec.cpus)))
         if spec.world_size > 1:
-            _init_process_group(spec, worker_address, device)
+            startup_s = _init_process_group(spec, worker_address, device)
             initialised = True
+        else:
+            startup_s = _warmup.warm_process(ddp=False, timeout_s=spec.rendezvous_timeout_s)
+        if cold:
+            outcome.update(startup_s=imports_s + startup_s, ready_at=time.time())
         storage = RunStorage(spec.storage_path, spec.run_name, spec.storage_options)
         context = TrainContext(
             world_rank=spec.world_rank,

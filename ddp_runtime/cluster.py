@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dask
 from distributed import Client, LocalCluster
 
-from ddp_runtime import _compat
+from ddp_runtime import _compat, _warmup
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
 
@@ -103,6 +103,42 @@ def max_concurrent_groups(client: Client, scaling_config: ScalingConfig) -> int:
     """How many groups of this shape the cluster can run at the same time (0: none fits)."""
     resources = {k: float(v) for k, v in scaling_config.worker_resources.items()}
     return client.run_on_scheduler(gang.capacity, scaling_config.num_workers, resources)
+
+
+def warm_up_workers(
+    client: Client,
+    scaling_config: ScalingConfig | None = None,
+    *,
+    prepare: Callable[[], None] | None = None,
+    timeout_s: float = 300.0,
+) -> dict[str, float | str]:
+    """Do the one-time start-up of every worker that could host a rank of ``scaling_config`` now, all at once,
+    instead of inside the first groups (where it would count as their time and worker-seconds): the imports the
+    worker preloads started in the background, DDP's lazy imports for multi-rank groups, then ``prepare()`` on
+    each (e.g. import the training function's module; shipped by cloudpickle). Runs in a thread of each worker
+    beside whatever it runs; costs one round trip on warm workers.
+
+    Returns each worker's seconds of start-up (about 0.0 when it was warm), or why it did not finish (an error,
+    or still going after ``timeout_s``): a rank on that worker then waits for the rest, and its group reports
+    those seconds as ``Result.startup_s``, apart from its ``held_s``.
+    """
+    scaling = scaling_config or ScalingConfig()
+    resources = {k: float(v) for k, v in scaling.worker_resources.items()}
+    workers = client.run_on_scheduler(gang.capable_workers, resources)
+    if not workers:
+        return {}
+    payload = None
+    if prepare is not None:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(prepare)
+    answers = client.run(
+        _warmup.warm_worker, payload, scaling.num_workers > 1, timeout_s, workers=workers, on_error="return"
+    )
+    return {
+        address: answer if isinstance(answer, float | str) else f"{type(answer).__name__}: {answer}"
+        for address, answer in answers.items()
+    }
 
 
 def groups_that_fit(client: Client, scaling_config: ScalingConfig, *, what: str) -> int:

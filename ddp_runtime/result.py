@@ -51,9 +51,12 @@ class Result:
     # Seconds rank 0 spent inside the training function (all attempts): fit()'s wall time minus this is the
     # runtime's own overhead (reservation, launch, rendezvous, teardown).
     train_time_s: float = 0.0
-    # Seconds the group held its workers (all attempts): from its reservation on the scheduler to its release.
-    # Times the number of ranks, this is what the group cost the cluster (worker-seconds).
+    # Seconds the group held its workers (all attempts): from its reservation on the scheduler to its release,
+    # less ``startup_s``. Times the number of ranks, this is what the group cost the cluster (worker-seconds).
     held_s: float = 0.0
+    # Seconds the group waited for its workers' one-time start-up (all attempts; the slowest rank's): a cold
+    # worker's first imports (the preloads, torch._dynamo). 0.0 on warm workers (``cluster.warm_up_workers``).
+    startup_s: float = 0.0
     # When rank 0 of the last attempt entered and left the training function (epoch seconds), and on which
     # Dask worker: consecutive groups on one worker show how long it sat idle between them.
     started_at: float | None = None

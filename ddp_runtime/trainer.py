@@ -121,11 +121,13 @@ class TorchTrainer:
         attempt = 0
         self._train_time_s = 0.0
         self._held_s = 0.0
+        self._startup_s = 0.0
         self._rank0_window: tuple[str, float, float] | None = None
         while True:
             outcome = GroupRun(self, client, attempt, resume, committed, history).run()
             self._train_time_s += outcome.train_time_s
             self._held_s += outcome.held_s
+            self._startup_s += outcome.startup_s
             self._rank0_window = outcome.rank0_window or self._rank0_window
             committed = outcome.committed
             if outcome.error is None:
@@ -167,6 +169,7 @@ class TorchTrainer:
             attempts_errors=errors,
             train_time_s=self._train_time_s,
             held_s=self._held_s,
+            startup_s=self._startup_s,
             rank0_worker=self._rank0_window[0] if self._rank0_window else None,
             started_at=self._rank0_window[1] if self._rank0_window else None,
             ended_at=self._rank0_window[2] if self._rank0_window else None,

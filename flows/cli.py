@@ -176,6 +176,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"Resources: {usage['worker_seconds']:.1f} worker-seconds, {usage['gpu_seconds']:.1f} GPU-seconds; "
         f"early stopping saved {usage['saved_worker_seconds']:.1f} worker-seconds "
         f"({usage['saved_gpu_seconds']:.1f} GPU-seconds)"
+        + (
+            f"; worker start-up {usage['startup_seconds']:.1f}s (first imports; in no trial's time)"
+            if usage.get("startup_seconds")
+            else ""
+        )
     )
     stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in summary["timings"].items())
     print(
@@ -192,10 +197,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         MlflowLinks.for_tracking_uri(uri, local_ui=local_ui),
         summary["experiment_id"],
         parent_run_id=summary["parent_run_id"],
-        trial_run_ids=[t["run_id"] for t in summary["trials"] if t.get("run_id")],
+        trial_run_ids=[r["mlflow_run_id"] for r in summary["leaderboard"] if r.get("mlflow_run_id")],  # best first
         best_run_id=summary["best_trial"]["run_id"],
         registered=(reg["name"], reg["version"]),
+        metric=summary["selection"]["metric"],
+        mode=summary["selection"]["mode"],
     )
+    if summary.get("report_url"):
+        views["sweep report"] = summary["report_url"]  # a page of its own: interactive plots of every trial
     for label, url in views.items():
         print(f"  {label + ':':17} {url}")
     if not args.no_server and os.environ.get(

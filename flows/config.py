@@ -123,9 +123,10 @@ class TrainingSettings(_Section):
     system_metrics_interval_s: float = Field(
         5.0,
         ge=0,
-        description="Seconds between samples of MLflow's system metrics (CPU, memory, GPU utilisation and memory "
-        "where there is one) logged by each trial's rank 0 to its run as system/*; 0: off. Only with an MLflow "
-        "tracking server (a SQLite or file store is written by the flow process alone)",
+        description="Longest seconds between samples of the system metrics (host and trial CPU, memory, GPU "
+        "utilisation and memory where there is one) logged by each trial's rank 0 to its run as system/*: the first "
+        "0.5 s after it starts training, then at gaps growing with its age up to this, and one at its end; 0: off. "
+        "Only with an MLflow tracking server (a SQLite or file store is written by the flow process alone)",
     )
     hang_timeout_s: float | None = Field(
         None,

@@ -88,7 +88,9 @@ def training_pipeline(
     _log_outcome(logger, cfg, best, evaluation, registration)
     _log_views(logger, cfg, parent, views)
     outcome = {"best": best, "evaluation": evaluation, "registration": registration, "board": board}
-    return _summary(cfg, tracker.experiment_id, parent, prepared, sweep, stages.timings, **outcome)
+    return _summary(
+        cfg, tracker.experiment_id, parent, prepared, sweep, stages.timings, report_url=leaderboard.report_url, **outcome
+    )
 
 
 # ------------------------------------------------------------------------------------------- the stages' parts
@@ -281,12 +283,15 @@ def _summary(
     evaluation: dict[str, Any],
     registration: dict[str, Any],
     board: Any,
+    report_url: str | None = None,
 ) -> dict[str, Any]:
     """The flow run's result: where everything is recorded, what won, and how long each stage took."""
     return {
         "parent_run_id": parent,
         "experiment_id": experiment_id,
         "tracking_uri": redact(cfg.mlflow.tracking_uri),  # e.g. a database URI from MLFLOW_TRACKING_URI
+        "selection": {"metric": cfg.selection.metric, "mode": cfg.selection.mode},
+        "report_url": report_url,
         "best_trial": best.to_dict(),
         "failed_trials": [t.trial_id for t in sweep.failed],
         "test_metrics": evaluation["metrics"],

@@ -120,9 +120,11 @@ class LeaderboardArtifact:
     mlflow_ui: MlflowLinks
     experiment_id: str
     parent_run_id: str
-    trial_run_ids: tuple[str, ...]
+    trial_run_ids: tuple[str, ...]  # best first
     report_url: str | None
     table: str
+    metric: str | None = None  # what the runs-table link sorts by
+    mode: str = "max"
 
     def publish(
         self, *, best_run_id: str | None = None, registered: tuple[str, str | int] | None = None
@@ -135,6 +137,8 @@ class LeaderboardArtifact:
             trial_run_ids=self.trial_run_ids,
             best_run_id=best_run_id,
             registered=registered,
+            metric=self.metric,
+            mode=self.mode,
         )
         links = ["- " + " · ".join(markdown_link(f"MLflow {label}", url) for label, url in views.items())]
         if self.report_url:
@@ -144,7 +148,7 @@ class LeaderboardArtifact:
             key="sweep-leaderboard",
             description=f"Trials of MLflow run {self.parent_run_id}",
         )
-        return views
+        return {**views, "sweep report": self.report_url} if self.report_url else views
 
 
 @dataclass(frozen=True)
@@ -172,10 +176,13 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
     mlflow_ui = MlflowLinks.for_tracking_uri(record.tracking_uri)
     eid = tracker.experiment_id
     rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
-    trial_run_ids = tuple(t.run_id for t in sweep.trials if t.run_id)
+    # Best first (the leaderboard's order), so the compare view opens with the winner in its first column.
+    trial_run_ids = tuple(str(r["mlflow_run_id"]) for r in rows if r.get("mlflow_run_id"))
     views = {
         f"MLflow {label}": url
-        for label, url in sweep_views(mlflow_ui, eid, parent_run_id=parent, trial_run_ids=trial_run_ids).items()
+        for label, url in sweep_views(
+            mlflow_ui, eid, parent_run_id=parent, trial_run_ids=trial_run_ids, metric=record.metric, mode=record.mode
+        ).items()
     }
     artifact = LeaderboardArtifact(
         mlflow_ui=mlflow_ui,
@@ -189,8 +196,15 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
             mode=record.mode,
             run_url={str(r["mlflow_run_id"]): mlflow_ui.run(eid, str(r["mlflow_run_id"])) for r in rows},
         ),
+        metric=record.metric,
+        mode=record.mode,
     )
     artifact.publish()
+    if artifact.report_url:  # the parent run's description links the report, a page of its own
+        tracker.set_tags(
+            parent,
+            {DESCRIPTION_TAG: f"{flow_run_description()}\n\nSweep report: {markdown_link('sweep_report.html', artifact.report_url)}"},
+        )
     metrics = dict(sweep.usage())
     best = sweep.best()
     if record.metric and best is not None and best.best is not None:
@@ -208,9 +222,11 @@ def _sweep_report(
     mlflow_ui: MlflowLinks,
     views: dict[str, str | None],
 ) -> str | None:
-    """The sweep report (learning curves, parallel coordinates, best so far, leaderboard: one self-contained
-    HTML page and its PNGs) as the parent run's ``report/`` artifacts; its address in the MLflow UI, if any.
-    ``views``: the MLflow views to link, by label."""
+    """The sweep report (one self-contained, interactive HTML page; a PNG for PBT) as the parent run's
+    ``report/`` artifacts; its address: a page of its own where the tracking server serves one (sweepflow's
+    servers, report_page.py), else MLflow's artifact viewer; None without a server. ``views``: the MLflow views
+    to link, by label."""
+    from sweepflow.tasks.reporting.report_page import REPORT_PATH, report_page_url
     from sweepflow.tasks.reporting.sweep_report import write_sweep_report
 
     eid = tracker.experiment_id
@@ -220,16 +236,17 @@ def _sweep_report(
         "run_url_template": mlflow_ui.run(eid, "{run_id}"),
     }
     out_dir = os.path.join(record.scratch_dir, f"report-{parent}")
+    page = report_page_url(record.tracking_uri, mlflow_ui.ui, parent, REPORT_PATH)
     write_sweep_report(
         sweep,
         out_dir=out_dir,
         search_space=dict(record.search_space),
         title=record.title,
         links={k: v for k, v in links.items() if v},
+        page_url=page,
     )
     tracker.log_artifact(parent, out_dir, "report")
-    run_page = mlflow_ui.run(eid, parent)
-    return f"{run_page}/artifacts/report/sweep_report.html" if run_page else None
+    return page or mlflow_ui.run_artifact(eid, parent, REPORT_PATH)
 
 
 def prefect_flow_run_url() -> str | None:

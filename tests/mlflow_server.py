@@ -238,5 +238,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = tmp_path_factory.mktemp("mlflow-server")
     artifact_root = state / "artifact-root"
     artifact_root.mkdir()
-    with run_mlflow_server(str(state), default_artifact_root=artifact_root.as_uri()) as uri:
+    # sweepflow's app, as every server sweepflow starts: it serves sweep reports as pages of their own.
+    with run_mlflow_server(
+        str(state), default_artifact_root=artifact_root.as_uri(), extra_args=("--app-name", "sweepflow")
+    ) as uri:
         yield uri

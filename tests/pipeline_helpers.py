@@ -50,3 +50,15 @@ def held_classifier(config: dict) -> None:
         train_image_classifier(config)
     finally:
         train.report = real_report
+
+
+def burning_quality(config: dict) -> None:
+    """``scripted_quality`` that keeps a core busy for ``config['epoch_s']`` (default 0.05) seconds per epoch:
+    a trial whose CPU use and training time are known."""
+    for epoch in range(1, config["epochs"] + 1):
+        until = time.perf_counter() + config.get("epoch_s", 0.05)
+        while time.perf_counter() < until:
+            pass
+        train.report(
+            {"epoch": epoch, "val_loss": float(config["quality"]), "val_accuracy": 1.0 / config["quality"]}
+        )

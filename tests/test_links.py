@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from sweepflow.tasks.tracking.links import (
     MlflowLinks,
@@ -17,27 +17,33 @@ from sweepflow.tasks.tracking.links import (
 
 def test_mlflow_links_open_the_model_training_views_without_credentials():
     links = MlflowLinks.for_tracking_uri("https://alice:s3cret@mlflow.example.com:5443/")
+    ml = "workflowType=machine_learning"
     assert links.ui == "https://mlflow.example.com:5443"
-    assert links.runs_table("7") == (
-        "https://mlflow.example.com:5443/#/experiments/7/runs?workflowType=machine_learning"
+    assert links.runs_table("7") == f"https://mlflow.example.com:5443/#/experiments/7/runs?{ml}"
+    assert links.run("7", "abc") == f"https://mlflow.example.com:5443/#/experiments/7/runs/abc?{ml}"
+    assert links.model_version("digits model", 3) == (
+        f"https://mlflow.example.com:5443/#/models/digits%20model/versions/3?{ml}"
     )
-    assert links.run("7", "abc") == "https://mlflow.example.com:5443/#/experiments/7/runs/abc"
-    assert (
-        links.model_version("digits model", 3)
-        == "https://mlflow.example.com:5443/#/models/digits%20model/versions/3"
-    )
-    compare = links.compare("7", ["a1", "b2"])
+    compare = links.compare("7", ["b2", "a1"])
     query = parse_qs(urlsplit(compare.split("#", 1)[1]).query)
-    assert json.loads(unquote(query["runs"][0])) == ["a1", "b2"]
-    assert json.loads(unquote(query["experiments"][0])) == ["7"]
+    assert json.loads(query["runs"][0]) == ["b2", "a1"]  # in the order given (best first)
+    assert json.loads(query["experiments"][0]) == ["7"] and query["workflowType"] == ["machine_learning"]
     assert "s3cret" not in "".join([links.ui, compare])
     assert links.compare("7", []) is None
+
+
+def test_the_runs_table_link_lists_one_sweeps_trials_best_first():
+    table = MlflowLinks("http://127.0.0.1:5000").runs_table("7", parent_run_id="p1", metric="val_loss", mode="min")
+    query = parse_qs(urlsplit(table.split("#", 1)[1]).query)
+    assert query["searchFilter"] == ["tags.`mlflow.parentRunId` = 'p1'"]
+    assert query["orderByKey"] == ["metrics.`best_val_loss`"] and query["orderByAsc"] == ["true"]
+    assert query["workflowType"] == ["machine_learning"]
 
 
 def test_a_store_without_a_server_has_links_only_to_a_named_local_ui():
     assert MlflowLinks.for_tracking_uri("sqlite:///tmp/mlflow.db").run("1", "r") is None
     local = MlflowLinks.for_tracking_uri("sqlite:///tmp/mlflow.db", local_ui="http://127.0.0.1:5000/")
-    assert local.run("1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r"
+    assert local.run("1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r?workflowType=machine_learning"
     assert markdown_link("r", None) == "r" and markdown_link("r", "http://x") == "[r](http://x)"
 
 

@@ -185,7 +185,8 @@ def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_
     assert stack.read_env(str(tmp_path))["PREFECT_API_AUTH_STRING"] == "admin:S3CRET-AUTH"
     assert os.stat(tmp_path / "stack.env").st_mode & 0o077 == 0
     mlflow = by_name["mlflow"]
-    assert mlflow.argv[mlflow.argv.index("--app-name") + 1] == "basic-auth"
+    # MLflow's basic-auth app, with sweepflow's report route (tasks/reporting/report_page.py) on top
+    assert mlflow.argv[mlflow.argv.index("--app-name") + 1] == "sweepflow-basic-auth"
     assert mlflow.env["MLFLOW_AUTH_ADMIN_PASSWORD"] == "ML-S3CRET"
     with open(mlflow.env["MLFLOW_AUTH_CONFIG_PATH"]) as f:
         assert "mlflow-auth.db" in f.read()

@@ -117,6 +117,17 @@ def test_sweep_result_picks_the_best_reached_value_and_totals_the_resources():
     assert SweepResult(trials, metric="val_loss", mode="min").best().trial_id == "trial_0000"
     totals = sweep.usage()
     assert totals["worker_seconds"] == pytest.approx(2 * (10 + 4 + 1))
+    assert totals["startup_seconds"] == 0
+    # A cold cluster's start-up: before the first trial (the sweep's) and inside a group (a restarted worker's),
+    # stated apart and in no trial's worker-seconds.
+    cold = SweepResult(
+        (*trials, _trial(3, TrialStatus.COMPLETED, 0.5, ranks=2, group_seconds=2.0, startup_seconds=6.5)),
+        metric="val_accuracy",
+        mode="max",
+        startup_s=12.25,
+    )
+    assert cold.usage()["startup_seconds"] == pytest.approx(18.75)
+    assert cold.usage()["worker_seconds"] == pytest.approx(2 * (10 + 4 + 1 + 2))
     assert totals["gpu_seconds"] == pytest.approx(2 * 1 * (10 + 4 + 1))
     assert totals["saved_worker_seconds"] == pytest.approx(2 * 2 * 1.5)
     assert totals["saved_gpu_seconds"] == pytest.approx(2 * 2 * 1.5)

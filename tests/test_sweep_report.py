@@ -1,19 +1,25 @@
-"""The sweep report (sweepflow.tasks.reporting.sweep_report): files, a self-contained HTML page, the leaderboard's
-order and wording, non-blank plots, log axes, edge cases, and the page as a headless Chromium renders it."""
+"""The sweep report (sweepflow.tasks.reporting.sweep_report): one self-contained, interactive HTML page. Its
+structure, the data it embeds for its script (curves, every varying hyperparameter on an axis, log axes, trial
+colours, importances), the leaderboard's order and wording, a legend that names each trial once, edge cases, and
+the page as a headless Chromium renders it (SVG plots drawn, a highlight and a brushed range applied from the
+URL fragment, as hovering and dragging would)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from browser import screenshot
+from browser import rendered_dom, screenshot
 from matplotlib.image import imread
 
+from sweepflow.tasks.reporting.importance import MIN_TRIALS
 from sweepflow.tasks.reporting.sweep_report import HTML_NAME, axis_positions, make_axis, write_sweep_report
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 
@@ -154,6 +160,19 @@ def _column(page: _Page, name: str) -> list[str]:
     return [row[i] for row in page.body_rows]
 
 
+def _data(text: str) -> dict[str, Any]:
+    """The JSON the page embeds for its script."""
+    found = re.search(r'<script type="application/json" id="sweep-data">(.*?)</script>', text, re.S)
+    assert found, "no embedded data"
+    return json.loads(found.group(1))
+
+
+def _legend(text: str) -> list[str]:
+    """The trial ids of the learning curves' legend, in its order (each entry once per trial)."""
+    found = re.search(r'<ul class="legend"[^>]*>(.*?)</ul>', text, re.S)
+    return re.findall(r'<li data-trial="([^"]+)"', found.group(1)) if found else []
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("report")
@@ -162,39 +181,47 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     )
 
 
+@pytest.fixture(scope="module")
+def page(report: dict[str, str]) -> tuple[str, _Page, dict[str, Any]]:
+    text, parsed = _parse(report["html"])
+    return text, parsed, _data(text)
+
+
 # --------------------------------------------------------------------------------------------------
-# Files and self-containment
+# One file, self-contained
 # --------------------------------------------------------------------------------------------------
 
 
-def test_writes_the_plots_and_the_page(report: dict[str, str]) -> None:
-    assert set(report) == {"html", "learning_curves", "parallel_coordinates", "best_so_far"}
+def test_writes_one_page(report: dict[str, str]) -> None:
+    assert set(report) == {"html"}  # no PNGs: the page draws its plots (pbt.png only for PBT sweeps)
     assert os.path.basename(report["html"]) == HTML_NAME
-    for name, path in report.items():
-        assert os.path.isfile(path) and os.path.getsize(path) > 1000, name
-        assert os.path.dirname(path) == os.path.dirname(report["html"])
-    assert not [f for f in os.listdir(os.path.dirname(report["html"])) if ".tmp" in f]
+    assert os.path.getsize(report["html"]) > 10_000
+    assert os.listdir(os.path.dirname(report["html"])) == [HTML_NAME]  # nothing half-written left behind
 
 
-def test_page_fetches_nothing_but_links_to_what_it_was_given(report: dict[str, str]) -> None:
-    text, page = _parse(report["html"])
-    assert "<script" not in text.lower() and "<link" not in text.lower()
+def test_page_fetches_nothing_and_its_links_open_in_a_new_tab(page) -> None:
+    text, parsed, _ = page
+    scripts = [attrs for tag, attrs in parsed.tags if tag == "script"]
+    assert scripts == [{"type": "application/json", "id": "sweep-data"}, {}]  # the data and the inline code
+    assert not [tag for tag, attrs in parsed.tags if "src" in attrs or tag in ("link", "iframe", "img")]
     assert "@import" not in text and "url(" not in text  # no CSS that loads fonts or images
-    srcs = [attrs["src"] for _, attrs in page.tags if "src" in attrs]
-    assert len(srcs) == 3 and all(src.startswith("data:image/png;base64,") for src in srcs)
+    for api in ("fetch(", "XMLHttpRequest", "import(", "WebSocket", "sendBeacon", "innerHTML", "eval("):
+        assert api not in text, api
     allowed = {url for name, url in LINKS.items() if name != "run_url_template"}
     allowed |= {RUN_URL.replace("{run_id}", t.run_id) for t in _sweep().trials}
-    hrefs = [attrs["href"] for _, attrs in page.tags if "href" in attrs]
-    assert hrefs and set(hrefs) <= allowed
+    anchors = [attrs for tag, attrs in parsed.tags if tag == "a"]
+    assert anchors and {a["href"] for a in anchors} <= allowed
+    # A sandboxed frame (MLflow's artifact viewer) blanks itself when a link navigates it: every link opens a tab.
+    assert all(a["target"] == "_blank" and a["rel"] == "noopener noreferrer" for a in anchors)
     assert not re.search(
         r"""\b(?:src|href)\s*=\s*["']?https?://""", text.replace('href="http://127.0.0.1', "")
     )
 
 
-def test_header_shows_the_best_trial_and_the_links(report: dict[str, str]) -> None:
-    text, page = _parse(report["html"])
+def test_header_shows_the_best_trial_and_the_links(page) -> None:
+    text, _, _ = page
     assert "<h1>CIFAR-10 sweep</h1>" in text
-    best = re.search(r'<section class="best">(.*?)</section>', text, re.S)
+    best = re.search(r'<section class="best"[^>]*>(.*?)</section>', text, re.S)
     assert best, "no best-trial box"
     box = best.group(1)
     assert "<b>t05</b>" in box and "1.199" in box and "at epoch 4 of 4" in box
@@ -202,8 +229,147 @@ def test_header_shows_the_best_trial_and_the_links(report: dict[str, str]) -> No
     assert f'href="{RUN_URL.replace("{run_id}", "05" + "ab" * 15)}"' in box
     for name, url in LINKS.items():
         if name != "run_url_template":
-            assert f'<a href="{url}">{name}</a>' in text
+            assert f'<a href="{url}" target="_blank" rel="noopener noreferrer">{name}</a>' in text
     assert "l2=8" in text  # the fixed parameter, said once
+
+
+def test_the_page_says_where_it_opens_when_framed(tmp_path) -> None:
+    """In MLflow's artifact viewer (a sandboxed frame) the script shows a notice naming the page's own address."""
+    url = "http://127.0.0.1:5000/sweepflow/report?run_id=abc&path=report%2Fsweep_report.html"
+    files = write_sweep_report(_sweep(), out_dir=str(tmp_path), search_space=SPACE, title="t", page_url=url)
+    text, _ = _parse(files["html"])
+    notice = re.search(r'<p class="notice" id="framed" hidden>(.*?)</p>', text, re.S)
+    assert notice and "cannot open" in notice.group(1) and url.replace("&", "&amp;") in notice.group(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The data the plots are drawn from
+# --------------------------------------------------------------------------------------------------
+
+
+def test_every_trial_is_embedded_with_its_curve(page) -> None:
+    _, _, data = page
+    assert (data["metric"], data["mode"], data["better"], data["best"]) == ("val_loss", "min", "lower", "t05")
+    trials = {t["id"]: t for t in data["trials"]}
+    assert list(trials) == ["t00", "t01", "t02", "t03", "t04", "t05"]
+    assert trials["t00"]["curve"] == [[1, 2.1], [2, 1.6], [3, 1.31234567], [4, 1.2]]
+    assert trials["t01"]["curve"] == [[1, 2.3], [2, 1.9], [4, 1.45]]  # its NaN report skipped
+    assert trials["t04"]["curve"] == [] and trials["t04"]["error"] == OOM.splitlines()[0]
+    assert trials["t05"]["bestPoint"] == [4, 1.1987654]
+    assert [trials[i]["status"] for i in ("t00", "t02", "t04")] == ["completed", "stopped", "failed"]
+    assert trials["t02"]["config"] == {
+        "l1": "4",
+        "lr": "0.09123",
+        "batch_size": "32",
+    }  # as the table prints them
+    colors = [t["color"] for t in data["trials"]]
+    assert (
+        len(set(colors)) == len(colors) and data["colorBy"] == "trial"
+    )  # one colour per trial, in every plot
+    assert data["curvesLog"] is False
+
+
+def test_parallel_coordinates_have_an_axis_per_hyperparameter_and_log_axes(page) -> None:
+    _, _, data = page
+    axes = {a["name"]: a for a in data["axes"]}
+    assert list(axes) == ["l1", "lr", "batch_size", "best val_loss"]  # the space's order, the value last
+    assert [a["scale"] for a in data["axes"]] == ["log", "log", "categorical", "linear"]
+    # Positions are the ParamAxis ones: lr by ratio over the searched range 1e-4..1e-1.
+    lr = axes["lr"]["pos"]
+    assert lr["t01"] == pytest.approx(math.log10(0.000123456789 / 1e-4) / 3, abs=1e-6)
+    assert [label for _, label in axes["lr"]["ticks"]] == ["0.0001", "0.001", "0.01", "0.1"]
+    assert axes["batch_size"]["pos"] == {"t00": 0, "t01": 1, "t02": 0, "t03": 1, "t04": 0, "t05": 1}
+    metric = axes["best val_loss"]["pos"]
+    assert metric["t04"] is None  # failed before any report: no line
+    assert metric["t05"] == 0 and metric["t02"] == 1  # 1.199 is the bottom, 2.6 the top
+
+
+def test_every_varying_hyperparameter_gets_an_axis(tmp_path) -> None:
+    """Not only the first few: five sampled parameters, and a config value outside the space that differs."""
+    space = {
+        **SPACE,
+        "momentum": {"type": "uniform", "low": 0.8, "high": 0.99},
+        "dropout": {"type": "choice", "values": [0.0, 0.25, 0.5]},
+        "warmup": {"type": "randint", "low": 0, "high": 5},
+    }
+    trials = tuple(
+        _trial(
+            i,
+            [2.0 - 0.1 * i, 1.5 - 0.1 * i],
+            TrialStatus.COMPLETED,
+            {
+                "l1": 4 * 2 ** (i % 3),
+                "lr": 10.0 ** -(i + 1),
+                "batch_size": 32,
+                "momentum": 0.8 + 0.03 * i,
+                "dropout": 0.25 * (i % 3),
+                "warmup": i % 5,
+                "optimizer": ["sgd", "adam"][i % 2],
+            },
+        )
+        for i in range(4)
+    )
+    files = write_sweep_report(
+        SweepResult(trials=trials, metric="val_loss", mode="min"),
+        out_dir=str(tmp_path),
+        search_space=space,
+        title="many",
+    )
+    text, _ = _parse(files["html"])
+    data = _data(text)
+    names = [a["name"] for a in data["axes"]]
+    assert names == ["l1", "lr", "batch_size", "momentum", "dropout", "warmup", "optimizer", "best val_loss"]
+    scales = {a["name"]: a["scale"] for a in data["axes"]}
+    assert scales["momentum"] == "linear" and scales["optimizer"] == "categorical" and scales["lr"] == "log"
+    assert "Log axes for log-sampled parameters (l1, lr)" in text
+
+
+def test_best_so_far_follows_the_order_trials_ended(page) -> None:
+    _, _, data = page
+    b = data["bestSoFar"]
+    # ended: t02 (2.6), t00 (1.2), t01 (1.45), t04 (failed), t03 (1.8), t05 (1.199)
+    assert b["order"] == ["t02", "t00", "t01", "t04", "t03", "t05"]
+    assert b["running"] == [2.6, 1.2, 1.2, 1.2, 1.2, pytest.approx(1.1987654)]
+
+
+def test_importances_are_computed_for_the_finished_trials(page) -> None:
+    text, _, data = page
+    values = data["importance"]["values"]
+    assert set(values) == {"l1", "lr", "batch_size"}
+    assert sum(values.values()) == pytest.approx(1.0) and all(v >= 0 for v in values.values())
+    assert list(values.values()) == sorted(values.values(), reverse=True)  # largest first
+    assert (
+        "5 finished trials" in data["importance"]["note"]
+    )  # completed and stopped early; not the failed one
+    bars = re.findall(r'<li data-param="([^"]+)">', text)
+    assert bars == list(values)
+
+
+def test_importances_need_a_few_finished_trials(tmp_path) -> None:
+    trials = (
+        _trial(0, [1.0, 0.8], TrialStatus.COMPLETED, {"l1": 8, "lr": 1e-3, "batch_size": 32}),
+        _trial(1, [1.2], TrialStatus.STOPPED, {"l1": 4, "lr": 1e-2, "batch_size": 64}),
+        _trial(2, [], TrialStatus.FAILED, {"l1": 16, "lr": 1e-4, "batch_size": 32}, error="boom"),
+    )
+    files = write_sweep_report(
+        SweepResult(trials=trials, metric="val_loss", mode="min"),
+        out_dir=str(tmp_path),
+        search_space=SPACE,
+        title="few",
+    )
+    text, _ = _parse(files["html"])
+    assert _data(text)["importance"]["values"] == {}
+    assert (
+        f"Not computed: 2 finished trials with a value; hyperparameter importances need at least {MIN_TRIALS}."
+        in text
+    )
+
+
+def test_the_legend_names_each_trial_once_best_first(page) -> None:
+    text, _, data = page
+    # Best first, as the table; t04 has no curve, so no line to name.
+    assert _legend(text) == ["t05", "t00", "t01", "t03", "t02"]
+    assert text.count("★ best") == 1 and re.search(r'<li data-trial="t05" class="is-best">', text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,31 +377,40 @@ def test_header_shows_the_best_trial_and_the_links(report: dict[str, str]) -> No
 # --------------------------------------------------------------------------------------------------
 
 
-def test_leaderboard_is_best_first_and_says_by_what(report: dict[str, str]) -> None:
-    _, page = _parse(report["html"])
-    assert "Trials, best first by best val_loss (lower is better)" in page.headings
-    assert page.header[:5] == ["trial", "status", "best_val_loss", "best_epoch", "epochs"]
-    assert page.header[5:8] == ["l1", "lr", "batch_size"]  # the sampled hyperparameters, in the space's order
-    assert "l2" not in page.header  # fixed: said in the header, not repeated on every row
-    assert page.header[-1] == "MLflow run"
+def test_leaderboard_is_best_first_and_says_by_what(page) -> None:
+    _, parsed, _ = page
+    assert "Trials, best first by best val_loss (lower is better)" in parsed.headings
+    assert parsed.header[:5] == ["trial", "status", "best_val_loss", "best_epoch", "epochs"]
+    assert parsed.header[5:8] == [
+        "l1",
+        "lr",
+        "batch_size",
+    ]  # the sampled hyperparameters, in the space's order
+    assert "l2" not in parsed.header  # fixed: said in the header, not repeated on every row
+    assert parsed.header[-1] == "MLflow run"
     # best values: t05 1.199, t00 1.2, t01 1.45, t03 1.8, t02 2.6; the failed trial without one last
-    assert _column(page, "trial") == ["t05", "t00", "t01", "t03", "t02", "t04"]
-    assert _column(page, "best_val_loss") == ["1.199", "1.2", "1.45", "1.8", "2.6", "—"]
+    assert _column(parsed, "trial") == ["t05", "t00", "t01", "t03", "t02", "t04"]
+    assert _column(parsed, "best_val_loss") == ["1.199", "1.2", "1.45", "1.8", "2.6", "—"]
+    rows = [attrs.get("data-trial") for tag, attrs in parsed.tags if tag == "tr" and "data-trial" in attrs]
+    assert rows == _column(parsed, "trial")  # each row says its trial: the plots' hover highlights it
 
 
-def test_floats_are_rounded_to_four_significant_digits(report: dict[str, str]) -> None:
-    text, page = _parse(report["html"])
-    assert _column(page, "lr") == ["0.009877", "0.01235", "0.0001235", "0.003457", "0.09123", "0.04568"]
-    assert "0.0123456789" not in text and "1.31234567" not in text and "1.1987654" not in text
+def test_floats_are_rounded_to_four_significant_digits(page) -> None:
+    text, parsed, _ = page
+    assert _column(parsed, "lr") == ["0.009877", "0.01235", "0.0001235", "0.003457", "0.09123", "0.04568"]
+    table = text[
+        text.index("<table>") : text.index("</table>")
+    ]  # the data for the plots keeps full precision
+    assert "0.0123456789" not in table and "1.31234567" not in table and "1.1987654" not in table
     numbers = [
-        cell for row in page.body_rows for cell in row[2:-1] if re.fullmatch(r"-?[\d.]+(e[-+]\d+)?", cell)
+        cell for row in parsed.body_rows for cell in row[2:-1] if re.fullmatch(r"-?[\d.]+(e[-+]\d+)?", cell)
     ]
     assert numbers and all(len(re.sub(r"e.*|[-.]|^0+", "", n).lstrip("0")) <= 4 for n in numbers)
 
 
-def test_statuses_are_worded_and_failures_explained(report: dict[str, str]) -> None:
-    _, page = _parse(report["html"])
-    statuses = dict(zip(_column(page, "trial"), _column(page, "status"), strict=True))
+def test_statuses_are_worded_and_failures_explained(page) -> None:
+    _, parsed, _ = page
+    statuses = dict(zip(_column(parsed, "trial"), _column(parsed, "status"), strict=True))
     assert statuses == {
         "t05": "completed",
         "t00": "completed",
@@ -244,30 +419,33 @@ def test_statuses_are_worded_and_failures_explained(report: dict[str, str]) -> N
         "t02": "stopped early",
         "t04": "failed",
     }
-    failed_row = _column(page, "trial").index("t04")
-    status_cell = page.cell_attrs[1:][failed_row][page.header.index("status")]
+    failed_row = _column(parsed, "trial").index("t04")
+    status_cell = parsed.cell_attrs[1:][failed_row][parsed.header.index("status")]
     assert status_cell["span.title"] == OOM.splitlines()[0]
 
 
-def test_run_ids_link_to_mlflow_only_with_a_template(report: dict[str, str], tmp_path) -> None:
-    _, page = _parse(report["html"])
-    runs = page.header.index("MLflow run")
+def test_run_ids_link_to_mlflow_only_with_a_template(page, tmp_path) -> None:
+    _, parsed, _ = page
+    runs = parsed.header.index("MLflow run")
     trials = {t.trial_id: t for t in _sweep().trials}
-    for trial_id, attrs in zip(_column(page, "trial"), page.cell_attrs[1:], strict=True):
+    for trial_id, attrs in zip(_column(parsed, "trial"), parsed.cell_attrs[1:], strict=True):
         assert attrs[runs]["a.href"] == RUN_URL.replace("{run_id}", trials[trial_id].run_id)
 
     plain = write_sweep_report(_sweep(), out_dir=str(tmp_path), search_space=SPACE, title="no links")
-    text, page = _parse(plain["html"])
+    text, parsed = _parse(plain["html"])
     assert "<a " not in text
-    assert _column(page, "MLflow run")[0] == trials["t05"].run_id[:8]
+    assert _column(parsed, "MLflow run")[0] == trials["t05"].run_id[:8]
 
 
 def test_everything_is_escaped(tmp_path) -> None:
     evil = "<img src=x onerror=alert(1)>"
+    breakout = "</script><script>alert(1)</script>"
     trial = _trial(
         0, [1.0, 0.5], TrialStatus.FAILED, {"l1": 8, "lr": 1e-3, "batch_size": evil}, error=f'"{evil}'
     )
-    trial2 = _trial(1, [1.0], TrialStatus.COMPLETED, {"l1": 8, "lr": 1e-2, "batch_size": 32})
+    trial2 = replace(
+        _trial(1, [1.0], TrialStatus.COMPLETED, {"l1": 8, "lr": 1e-2, "batch_size": 32}), name=breakout
+    )
     result = SweepResult(trials=(trial, trial2), metric="val_loss", mode="min")
     files = write_sweep_report(
         result,
@@ -276,34 +454,21 @@ def test_everything_is_escaped(tmp_path) -> None:
         title=f"</title>{evil}",
         links={'"><script>': "javascript:alert(1)", "run_url_template": RUN_URL},
     )
-    text, page = _parse(files["html"])
-    assert evil not in text and "<script" not in text and "javascript:" not in text
+    text, parsed = _parse(files["html"])
+    assert evil not in text and breakout not in text and "javascript:" not in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
-    assert [tag for tag, _ in page.tags if tag == "img"] == ["img"] * 3  # only the plots
+    assert [tag for tag, _ in parsed.tags if tag in ("script", "img")] == [
+        "script",
+        "script",
+    ]  # only the page's
+    assert (
+        _data(text)["trials"][0]["config"]["batch_size"] == evil
+    )  # intact as data, drawn as text by the script
 
 
 # --------------------------------------------------------------------------------------------------
-# Plots
+# Axes (pure)
 # --------------------------------------------------------------------------------------------------
-
-
-def _assert_not_blank(path: str) -> np.ndarray:
-    pixels = imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 400, pixels.shape
-    rgb = pixels[..., :3]
-    assert float(rgb.var()) > 0, f"{path} is a single colour"
-    rgb8 = np.round(rgb.reshape(-1, 3) * 255).astype(np.uint32)
-    # Colours packed into one integer each: np.unique(axis=0) is far slower on a full-page screenshot.
-    colours = len(np.unique(rgb8[:, 0] << 16 | rgb8[:, 1] << 8 | rgb8[:, 2]))
-    assert colours > 20, f"{path} has only {colours} colours"
-    return rgb
-
-
-def test_plots_are_not_blank(report: dict[str, str]) -> None:
-    for name in ("learning_curves", "parallel_coordinates", "best_so_far"):
-        rgb = _assert_not_blank(report[name])
-        non_white = float((rgb.min(axis=2) < 0.95).mean())
-        assert non_white > 0.01, f"{name}: only {non_white:.1%} of the pixels are drawn"
 
 
 def test_log_sampled_parameters_are_spaced_by_ratio() -> None:
@@ -334,11 +499,10 @@ def test_axes_are_labelled_with_real_values() -> None:
     assert [label for _, label in layers.ticks()] == ["[64, 64]", "[128]"]
 
 
-def test_200_trials_render_every_row_and_readable_curves(tmp_path) -> None:
-    """How long the report takes as trials grow is measured by benchmarks/bench_report.py, not asserted here."""
+def _many(n: int) -> SweepResult:
     rng = np.random.default_rng(0)
     trials = []
-    for i in range(200):
+    for i in range(n):
         lr = float(10 ** rng.uniform(-4, -1))
         status = [TrialStatus.COMPLETED, TrialStatus.STOPPED, TrialStatus.FAILED][i % 3]
         losses = list(
@@ -347,11 +511,24 @@ def test_200_trials_render_every_row_and_readable_curves(tmp_path) -> None:
         trials.append(
             _trial(i, losses, status, {"l1": int(rng.choice([4, 8, 16])), "lr": lr, "batch_size": 32})
         )
-    result = SweepResult(trials=tuple(trials), metric="val_loss", mode="min")
-    files = write_sweep_report(result, out_dir=str(tmp_path / "big"), search_space=SPACE, title="200 trials")
-    _assert_not_blank(files["learning_curves"])
-    _, page = _parse(files["html"])
-    assert len(page.body_rows) == 200
+    return SweepResult(trials=tuple(trials), metric="val_loss", mode="min")
+
+
+def test_200_trials_are_coloured_by_value_with_every_row(tmp_path) -> None:
+    """How long the report takes as trials grow is measured by benchmarks/bench_report.py, not asserted here."""
+    files = write_sweep_report(
+        _many(200), out_dir=str(tmp_path / "big"), search_space=SPACE, title="200 trials"
+    )
+    text, parsed = _parse(files["html"])
+    assert len(parsed.body_rows) == 200
+    data = _data(text)
+    assert len(data["trials"]) == 200 and data["colorBy"] == "best"
+    assert (
+        _legend(text) == [] and 'class="scale-bar"' in text
+    )  # 200 names help nobody: the colour scale instead
+    best = data["best"]
+    dark = next(t["color"] for t in data["trials"] if t["id"] == best)
+    assert dark == "#440154"  # viridis' darkest: the best trial
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,6 +542,7 @@ def test_a_sweep_without_trials_says_so(tmp_path) -> None:
     assert set(files) == {"html"}
     text, _ = _parse(files["html"])
     assert "No trial ran" in text and "3 were not started (time budget)" in text
+    assert "<script" not in text  # nothing to draw
 
 
 def test_all_failed(tmp_path) -> None:
@@ -374,10 +552,12 @@ def test_all_failed(tmp_path) -> None:
     )
     result = SweepResult(trials=trials, metric="val_loss", mode="min")
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space=SPACE, title="all failed")
-    text, page = _parse(files["html"])
+    text, parsed = _parse(files["html"])
     assert "there is no best trial" in text
-    assert _column(page, "status") == ["failed", "failed"]
-    _assert_not_blank(files["learning_curves"])  # the one report that came before the failure
+    assert _column(parsed, "status") == ["failed", "failed"]
+    data = _data(text)
+    assert data["best"] is None and data["trials"][1]["curve"] == [[1, 2.0]]  # the report before the failure
+    assert 'id="plot-curves"' in text and "Not computed: 0 finished trials" in text
 
 
 def test_all_failed_before_any_report(tmp_path) -> None:
@@ -385,9 +565,9 @@ def test_all_failed_before_any_report(tmp_path) -> None:
     result = SweepResult(trials=trials, metric="val_loss", mode="min")
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space=SPACE, title="nothing reported")
     assert set(files) == {"html"}
-    text, page = _parse(files["html"])
-    assert "No trial reported a finite val_loss" in text
-    assert _column(page, "trial") == ["t00"]
+    text, parsed = _parse(files["html"])
+    assert "No trial reported a finite val_loss" in text and 'id="plot-curves"' not in text
+    assert _column(parsed, "trial") == ["t00"]
 
 
 def test_a_single_trial_with_a_single_hyperparameter(tmp_path) -> None:
@@ -395,9 +575,10 @@ def test_a_single_trial_with_a_single_hyperparameter(tmp_path) -> None:
     trial = _trial(0, [1.0, 0.8], TrialStatus.COMPLETED, {"lr": 1e-3})
     result = SweepResult(trials=(trial,), metric="val_loss", mode="min")
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space=space, title="one")
-    assert set(files) == {"html", "learning_curves", "parallel_coordinates", "best_so_far"}
-    for name in ("learning_curves", "parallel_coordinates", "best_so_far"):
-        _assert_not_blank(files[name])
+    text, _ = _parse(files["html"])
+    data = _data(text)
+    assert [a["name"] for a in data["axes"]] == ["lr", "best val_loss"]
+    assert all(f'id="{plot}"' in text for plot in ("plot-curves", "plot-parallel", "plot-best-so-far"))
 
 
 def test_nan_reports_are_skipped(tmp_path) -> None:
@@ -405,31 +586,61 @@ def test_nan_reports_are_skipped(tmp_path) -> None:
     other = _trial(1, [math.nan], TrialStatus.STOPPED, {"l1": 4, "lr": 1e-2})
     result = SweepResult(trials=(trial, other), metric="val_loss", mode="min")
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space=SPACE, title="nan")
-    _, page = _parse(files["html"])
-    assert _column(page, "best_val_loss") == ["0.7", "—"]
-    assert "nan" not in " ".join(_column(page, "best_val_loss")).lower()
-    _assert_not_blank(files["learning_curves"])
+    text, parsed = _parse(files["html"])
+    assert _column(parsed, "best_val_loss") == ["0.7", "—"]
+    assert "nan" not in " ".join(_column(parsed, "best_val_loss")).lower()
+    assert [t["curve"] for t in _data(text)["trials"]] == [[[2, 1.0], [4, 0.7]], []]
+    assert "NaN" not in text and "Infinity" not in text  # the embedded JSON is strict
 
 
 def test_mode_max_sorts_higher_first(tmp_path) -> None:
     files = write_sweep_report(
         _sweep("max"), out_dir=str(tmp_path), search_space=SPACE, title="max", links=LINKS
     )
-    text, page = _parse(files["html"])
-    assert "Trials, best first by best val_loss (higher is better)" in page.headings
-    assert _column(page, "trial") == ["t05", "t00", "t01", "t03", "t02", "t04"]
-    best = [float(v) for v in _column(page, "best_val_loss")[:-1]]
+    text, parsed = _parse(files["html"])
+    assert "Trials, best first by best val_loss (higher is better)" in parsed.headings
+    assert _column(parsed, "trial") == ["t05", "t00", "t01", "t03", "t02", "t04"]
+    best = [float(v) for v in _column(parsed, "best_val_loss")[:-1]]
     assert best == sorted(best, reverse=True)
-    assert "<b>t05</b>" in re.search(r'<section class="best">(.*?)</section>', text, re.S).group(1)
+    assert "<b>t05</b>" in re.search(r'<section class="best"[^>]*>(.*?)</section>', text, re.S).group(1)
+    data = _data(text)
+    assert data["better"] == "higher" and data["trials"][5]["bestPoint"] == [4, pytest.approx(1 / 1.1987654)]
 
 
 def test_search_space_without_sampled_parameters(tmp_path) -> None:
     trial = _trial(0, [1.0, 0.9], TrialStatus.COMPLETED, {"l1": 8})
     result = SweepResult(trials=(trial,), metric="val_loss", mode="min")
     files = write_sweep_report(result, out_dir=str(tmp_path), search_space={"l1": 8}, title="fixed only")
-    assert "parallel_coordinates" not in files and "learning_curves" in files
     text, _ = _parse(files["html"])
-    assert "samples no parameter" in text
+    assert "no hyperparameter was sampled" in text and 'id="plot-curves"' in text
+    assert _data(text)["axes"] == []
+
+
+def test_population_based_training_keeps_its_lineage_plot(tmp_path) -> None:
+    c = TrialStatus.COMPLETED
+    trials = [
+        _trial(
+            i,
+            [2.0 - 0.1 * i - 0.2 * e for e in range(6)],
+            c,
+            {"l1": 8, "lr": 10.0 ** -(i + 1), "batch_size": 32},
+        )
+        for i in range(4)
+    ]
+    start = {"iteration": 0, "config": dict(trials[0].config)}
+    exploit = {"iteration": 2, "config": {**trials[1].config, "lr": 0.02}, "donor": "t01"}
+    trials[0] = replace(trials[0], config_history=(start, exploit))
+    files = write_sweep_report(
+        SweepResult(trials=tuple(trials), metric="val_loss", mode="min"),
+        out_dir=str(tmp_path),
+        search_space=SPACE,
+        title="pbt",
+    )
+    assert set(files) == {"html", "pbt"}
+    rgb = imread(files["pbt"])[..., :3]
+    assert rgb.shape[0] > 200 and float((rgb.min(axis=2) < 0.95).mean()) > 0.01  # drawn, not blank
+    text, _ = _parse(files["html"])
+    assert '<section class="card" id="pbt">' in text and 'src="data:image/png;base64,' in text
 
 
 # --------------------------------------------------------------------------------------------------
@@ -437,16 +648,83 @@ def test_search_space_without_sampled_parameters(tmp_path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def _assert_not_blank(path: str) -> np.ndarray:
+    rgb = imread(path)[..., :3]
+    assert float(rgb.var()) > 0, f"{path} is a single colour"
+    return rgb
+
+
+def _plots(dom: str) -> dict[str, str]:
+    """Each plot container's rendered markup, by id."""
+    out = {}
+    for plot in ("plot-curves", "plot-parallel", "plot-best-so-far"):
+        found = re.search(rf'<div class="plot" id="{plot}">(.*?)</div>', dom, re.S)
+        out[plot] = found.group(1) if found else ""
+    return out
+
+
 @pytest.mark.browser
-def test_report_renders_in_headless_chromium(report: dict[str, str], tmp_path) -> None:
-    shot = screenshot(f"file://{os.path.abspath(report['html'])}", str(tmp_path / "sweep_report.png"))
-    shot = Path(shot)
-    assert shot.stat().st_size > 50_000, f"screenshot is only {shot.stat().st_size} bytes"
-    rgb = _assert_not_blank(str(shot))
-    assert rgb.shape[:2] == (2400, 1280)
-    # The page is mostly white with text; its plots are what makes it colourful. Measured at 1280x2400: ~8% of
-    # the pixels drawn and ~1.3% colourful with the plots, ~4% and ~0.2% when the images fail to show.
-    non_white = float((rgb.min(axis=2) < 0.95).mean())
-    colourful = float(((rgb.max(axis=2) - rgb.min(axis=2)) > 0.25).mean())
-    assert non_white > 0.06, f"only {non_white:.1%} of the page is drawn"
-    assert colourful > 0.006, f"only {colourful:.2%} of the page is in colour: did the plots render?"
+def test_the_script_draws_the_plots_and_highlights_a_trial(report: dict[str, str], tmp_path) -> None:
+    """``#highlight=t03`` applies what hovering t03 does: its marks in every plot, its legend entry and its table
+    row get the class "hl" (the others fade)."""
+    url = f"file://{os.path.abspath(report['html'])}#highlight=t03"
+    dom = rendered_dom(url, str(tmp_path / "profile"), wait_ms=3000)
+    assert 'data-rendered="true"' in dom and 'data-highlight="t03"' in dom
+    plots = _plots(dom)
+    for plot, markup in plots.items():
+        assert markup.startswith("<svg"), f"{plot} was not drawn"
+        assert re.search(r'<g class="trial hl" data-trial="t03"', markup), f"t03 not highlighted in {plot}"
+        assert not re.search(r'<g class="trial[^"]*\bhl\b[^"]*" data-trial="(?!t03)', markup)
+    curves = plots["plot-curves"]
+    assert curves.count('<g class="trial') == 5  # t04 failed before any report: no line
+    assert re.search(r'<g class="trial best-trial" data-trial="t05"', curves)  # the best: drawn once
+    assert curves.count("best-star") == 1
+    # Early stops: an end mark each, named (t02 after 1 report, t03 after 2).
+    assert re.findall(r'data-stop-label="([^"]+)"', curves) == ["t02", "t03"]
+    assert curves.count("stop-mark") == 2
+    assert plots["plot-parallel"].count('<g class="trial') == 5 and "log scale" in plots["plot-parallel"]
+    assert re.search(r'<li data-trial="t03" class="hl">', dom)
+    assert re.search(r'<tr data-trial="t03" class="hl">', dom)
+
+
+@pytest.mark.browser
+def test_a_brushed_range_filters_every_plot_and_the_table(report: dict[str, str], page, tmp_path) -> None:
+    """``#brush=lr:0.5-1`` is what dragging along the lr axis over its upper half does."""
+    _, _, data = page
+    lr = next(a for a in data["axes"] if a["name"] == "lr")["pos"]
+    inside = {t for t, p in lr.items() if p is not None and 0.5 <= p <= 1}
+    assert inside and len(inside) < 6
+    dom = rendered_dom(
+        f"file://{os.path.abspath(report['html'])}#brush=lr:0.5-1", str(tmp_path / "p"), wait_ms=3000
+    )
+    assert f'data-selected="{len(inside)}"' in dom
+    out_rows = set(re.findall(r'<tr[^>]*data-trial="([^"]+)" class="out"', dom))
+    assert out_rows == {t.trial_id for t in _sweep().trials} - inside
+    brushes = re.findall(r'<rect [^>]*class="brush"[^>]*>', dom)
+    shown = [b for b in brushes if "display: none" not in b]
+    assert len(brushes) == len(data["axes"]) and len(shown) == 1 and 'height="' in shown[0]  # lr's range
+
+
+def _pixels_near(rgb: np.ndarray, color: str, tolerance: float = 0.1) -> int:
+    target = np.array([int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(rgb - target).max(axis=2) < tolerance).sum())
+
+
+@pytest.mark.browser
+def test_report_looks_right_at_1600x1000(report: dict[str, str], page, tmp_path) -> None:
+    """The first screen at 1600x1000 (highlighting the best trial, as a hover would): the header, the best trial
+    and the learning curves, the best trial's curve drawn thick and starred."""
+    _, _, data = page
+    shot = screenshot(
+        f"file://{os.path.abspath(report['html'])}#highlight=t05",
+        str(tmp_path / "sweep_report.png"),
+        size=(1600, 1000),
+        wait_ms=3000,
+    )
+    rgb = _assert_not_blank(shot)
+    assert rgb.shape[:2] == (1000, 1600)
+    # Measured: ~9,000 pixels of t05's colour (its curve and parallel-coordinates line, 4-5 px wide) and ~60 of
+    # the star's gold; without the script only its legend swatch and table cell: ~150 and ~20.
+    best_color = next(t["color"] for t in data["trials"] if t["id"] == "t05")
+    assert _pixels_near(rgb, best_color) > 2000, "the best trial's curve is not drawn"
+    assert _pixels_near(rgb, "#f5c518") > 35, "no star at the best trial's best value"

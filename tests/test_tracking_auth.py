@@ -1,6 +1,6 @@
 """A tracking server that asks for credentials (MLflow's basic-auth app, as ``sweepflow stack up
 --mlflow-auth-file`` runs it): the flow holds the credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``),
-the Dask workers do not, and each trial's rank 0 still writes MLflow's system metrics to the trial's run."""
+the Dask workers do not, and each trial's rank 0 still writes its system metrics to the trial's run."""
 
 from __future__ import annotations
 
@@ -74,11 +74,11 @@ def test_system_metrics_reach_a_server_that_asks_for_credentials(
                     "mlflow": {"tracking_uri": auth_mlflow, "experiment_name": "auth"},
                     "sweep": {"search_space": {"quality": 1}, "num_samples": 1},
                     "training": {
-                        "train_fn": "pipeline_helpers:scripted_quality",
-                        "epochs": 40,  # 40 x 50 ms: a few samples at 0.5 s
-                        "system_metrics_interval_s": 0.5,
+                        # 24 x 50 ms of a busy core: a trial shorter than the default 5 s between samples
+                        "train_fn": "pipeline_helpers:burning_quality",
+                        "epochs": 24,
                     },
-                    "scheduler": {"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 40},
+                    "scheduler": {"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 24},
                     "resources": {"ranks_per_trial": 1},
                 }
             )
@@ -99,7 +99,12 @@ def test_system_metrics_reach_a_server_that_asks_for_credentials(
         # The credentials were on rank 0's worker only while it trained.
         assert _worker_passwords(cluster) == [None]
 
-    run = MlflowClient(auth_mlflow).get_run(trial.run_id)
-    assert "system/cpu_utilization_percentage" in run.data.metrics, sorted(run.data.metrics)
+    mlflow = MlflowClient(auth_mlflow)
+    run = mlflow.get_run(trial.run_id)
+    # Sampled from the trial's start (after 0.5 s, then at its end), with the CPU its rank 0 burnt.
+    cpu = mlflow.get_metric_history(trial.run_id, "system/process_cpu_percentage")
+    assert len(cpu) >= 2 and all(m.value > 0 for m in cpu), ([m.value for m in cpu], trial.train_time_s)
+    assert run.data.metrics["system/cpu_utilization_percentage"] > 0, sorted(run.data.metrics)
     assert "system/system_memory_usage_megabytes" in run.data.metrics
+    assert "system/process_memory_megabytes" in run.data.metrics
     assert PASSWORD not in repr(run.data.tags) + repr(run.data.params)

@@ -50,3 +50,34 @@ def test_trials_start_in_their_order_and_a_forfeited_turn_does_not_block_the_res
     for t in threads:
         t.join(5)
     assert order == [0, 2, 3]
+
+
+def test_the_progress_line_counts_as_running_only_the_trials_holding_a_slot():
+    """One trial at a time: the first gives its slot back at its final report and the second starts while the
+    first's group tears down; the line says 1 running (and 1 idle), never 2. A paused trial (HyperBand) is idle
+    until it gets a slot again."""
+    from sweepflow.tasks.sweep.progress import SweepProgress
+    from sweepflow.tasks.sweep.results import TrialStatus
+
+    lines: list[str] = []
+    progress = SweepProgress("loss", "min", 2, log=lines.append)
+    slots = TrialSlots(1)
+    first = slots.acquire(0)
+    progress.holds_slot("t0", first)
+    progress.update("t0")
+    assert "1 running, 0 stopped" in lines[-1] and "1 pending" in lines[-1]
+    first.release()  # its final report was answered
+    second = slots.acquire(1, timeout=0)
+    progress.holds_slot("t1", second)
+    progress.update("t1")
+    assert "trials: 1 running, 1 idle, 0 stopped early" in lines[-1] and "0 pending" in lines[-1], lines[-1]
+    progress.update("t0", metrics={"loss": 0.5}, status=TrialStatus.COMPLETED)
+    assert "trials: 1 running, 0 stopped early, 1 completed" in lines[-1], lines[-1]
+
+    second.release()  # t1 pauses at a milestone
+    again = slots.reacquire()
+    progress.holds_slot("t1", again)  # ... and goes on: running again
+    assert "trials: 1 running, 0 stopped early, 1 completed" in lines[-1], lines[-1]
+    again.release()
+    progress.update("t1", status=TrialStatus.STOPPED)
+    assert "trials: 0 running, 1 stopped early, 1 completed, 0 failed, 0 pending" in lines[-1], lines[-1]

@@ -64,10 +64,13 @@ def mlflow_server_spec(
     name: str = MLFLOW,
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
+    app_name: str = "sweepflow",
 ) -> services.ServiceSpec:
     """``mlflow server``. With ``proxy_artifacts`` clients upload through the server to ``artifacts`` (e.g. an
     s3:// destination only the server has credentials for); without, ``artifacts`` is the default artifact
-    root that clients write to directly (a local directory here)."""
+    root that clients write to directly (a local directory here). ``app_name``: MLflow's app plugin to run,
+    "sweepflow" (MLflow's server plus the route that shows a sweep report as a page of its own,
+    sweepflow.tasks.reporting.report_page) or "sweepflow-basic-auth" (the same with MLflow's logins)."""
     port = services.free_port(host)
     artifact_args = (
         ["--serve-artifacts", "--artifacts-destination", artifacts]
@@ -89,11 +92,15 @@ def mlflow_server_spec(
             str(port),
             "--workers",
             "1",
+            "--app-name",
+            app_name,
         ],
         health={"kind": "http", "url": f"{url}/health"},
         address=url,
         # Without this MLflow 3 also spawns a job runner and 7 consumer processes (~1.6 GB) we do not use.
         env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})},
+        # A server started before it ran this app (no report route) is restarted once, not reused.
+        code_key=f"app={app_name}",
     )
 
 

@@ -450,14 +450,15 @@ def up(
         proxy_artifacts=True,
         host=host,
         env=s3_env,
+        app_name="sweepflow-basic-auth" if exposure.mlflow_auth else "sweepflow",
     )
     allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
     mlflow_auth_env, mlflow_client_env = _mlflow_auth(state_dir, exposure.mlflow_auth)
     mlflow = dataclasses.replace(
         mlflow,
-        argv=[*mlflow.argv, *allowed, *(["--app-name", "basic-auth"] if exposure.mlflow_auth else [])],
+        argv=[*mlflow.argv, *allowed],
         env={**mlflow.env, **mlflow_auth_env},
-        code_key=_key(secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env),
+        code_key=_key(secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env, app=mlflow.code_key),
     )
     prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host)
     auth = (

@@ -1,5 +1,7 @@
-"""Human-facing reports of what a sweep did (``sweep_report``: a self-contained HTML page with plots).
+"""Human-facing reports of what a sweep did: ``sweep_report`` (one self-contained, interactive HTML page; its
+style and script in ``report_script``, its hyperparameter importances from ``importance``) and ``report_page``
+(the MLflow server route that serves it as a page of its own).
 
-The report module imports matplotlib and pandas; import it where a report is written, not on every import of
-``sweepflow.tasks``.
+The report modules import matplotlib, pandas and Optuna; import them where a report is written, not on every
+import of ``sweepflow.tasks``.
 """

@@ -1,17 +1,26 @@
-"""A sweep's report: one self-contained HTML page with plots, for a person to look at rather than read.
+"""A sweep's report: one self-contained, interactive HTML page, for a person to look at rather than read.
 
-``write_sweep_report`` turns a ``SweepResult`` into static PNG plots and a ``sweep_report.html`` that embeds
-them (base64 ``data:`` URIs, inline CSS: it opens offline, from an MLflow artifact view, a mail attachment or
-a file share, and fetches nothing). The page shows:
+``write_sweep_report`` turns a ``SweepResult`` into ``sweep_report.html``: the data the plots need as JSON in the
+page, and a script of its own (report_script.py) that draws them as SVG. Inline CSS and script, no ``src``, no
+CDN, no fonts: the page opens offline, from a file share, a mail attachment, MLflow's artifact viewer or as a page
+of its own from the tracking server (report_page.py), and fetches nothing. It shows:
 
 - a header: the title, the best trial (id, best value, epoch, config), the trial counts and any links given
-  (MLflow parent run, Prefect flow run, ...);
-- learning curves: the selection metric per training iteration, one line per trial, early-stopped trials
-  marked where ASHA stopped them, failed trials dashed, the best trial thick;
-- parallel coordinates: one axis per sampled hyperparameter plus the best metric, each trial a line coloured
-  by its best value (log axes for log-sampled parameters, the values themselves on categorical axes);
+  (MLflow views, Prefect flow run, ...), all opening in a new tab (``target="_blank"``);
+- learning curves: the selection metric per training iteration, one line per trial (each trial once in the
+  legend, the best marked there and by a thick line and a star at its best value), trials stopped early
+  ending in a square with their name beside it (names pushed apart where ends pile up), failed trials dashed;
+- parallel coordinates: an axis per hyperparameter that varied (the search space's sampled ones, and any other
+  config value that differs between trials) plus the best value; log axes for log-sampled parameters, the
+  values themselves on categorical axes; dragging along an axis keeps only the trials in that range;
 - best so far: how the sweep's best value improved as trials ended;
+- hyperparameter importance: fANOVA over the finished trials, computed here (importance.py), or a sentence
+  saying why not (too few trials);
+- Population Based Training sweeps: the mutated hyperparameters over time and who copied whom (a PNG);
 - the leaderboard, best first, with links to each trial's MLflow run.
+
+Hovering a trial anywhere (a line, a dot, a legend entry, a table row) highlights it in every plot and the
+table; ``#highlight=<trial id>`` in the URL does the same when the page opens.
 
 Usage::
 
@@ -27,10 +36,10 @@ Usage::
             "run_url_template": "http://127.0.0.1:5000/#/experiments/1/runs/{run_id}",  # makes run ids links
         },
     )
-    files["html"]  # reports/sweep-42/sweep_report.html; also "learning_curves", "parallel_coordinates", ...
+    files["html"]  # reports/sweep-42/sweep_report.html; "pbt" too for a PBT sweep (pbt.png)
 
-Plots are drawn on matplotlib's Agg canvas directly (``Figure``, never pyplot): no display is needed, and no
-global figure state is shared between threads (Prefect runs tasks in threads).
+The PBT plot is drawn on matplotlib's Agg canvas directly (``Figure``, never pyplot): no display is needed, and
+no global figure state is shared between threads (Prefect runs tasks in threads).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 import os
 import time
@@ -47,24 +57,23 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps, patheffects
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.cm import ScalarMappable
-from matplotlib.collections import LineCollection
-from matplotlib.colors import Colormap, Normalize
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from sweepflow.tasks.reporting.importance import Importances, param_importances
+from sweepflow.tasks.reporting.report_script import CSS, SCRIPT
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus, flat_config
 
-__all__ = ["HTML_NAME", "ParamAxis", "axis_positions", "make_axis", "write_sweep_report"]
+__all__ = ["HTML_NAME", "ParamAxis", "axis_positions", "make_axis", "report_data", "write_sweep_report"]
 
 HTML_NAME = "sweep_report.html"
 RUN_URL_TEMPLATE_KEY = (
     "run_url_template"  # a `links` key: "{run_id}" in it is replaced by each trial's run id
 )
-MAX_LEGEND_TRIALS = 20  # more trials than this: lines are coloured by their best value, not named in a legend
+MAX_LEGEND_TRIALS = 20  # more trials than this: coloured by their best value, not each named in a legend
 LOG_TYPES = frozenset({"loguniform", "pow2"})  # sampled uniformly over the exponent: shown on log axes
 CATEGORICAL_TYPES = frozenset({"choice", "grid"})
 NUMERIC_TYPES = frozenset({"uniform", "quniform", "randn", "loguniform", "randint", "qrandint", "pow2"})
@@ -76,10 +85,9 @@ STATUS_WORDS = {
     TrialStatus.FAILED: "failed",
     TrialStatus.NOT_STARTED: "not started",
 }
-STOPPED_LABEL = "stopped early (ASHA)"
 DPI = 100
 EMPTY_CELL = "—"
-
+NO_VALUE_COLOR = "#8c959f"  # a trial without a value of the metric, when colours say the value
 
 # --------------------------------------------------------------------------------------------------
 # Values
@@ -271,9 +279,182 @@ def _fixed_params(search_space: Mapping[str, Any], sampled: Sequence[str]) -> di
     return fixed
 
 
+def _varying_params(search_space: Mapping[str, Any], trials: Sequence[TrialResult]) -> list[str]:
+    """The parallel-coordinates axes: the search space's sampled parameters (in its order), then any other
+    top-level config value that differs between trials (a space given as code, a value a callback set), so no
+    hyperparameter that varied is left out."""
+    sampled = _sampled_params(search_space, trials)
+    others: list[str] = []
+    for t in trials:
+        for name, value in t.config.items():
+            if name in sampled or name in others or name in search_space or isinstance(value, Mapping):
+                continue
+            if len({_fmt(u.config.get(name)) for u in trials}) > 1:
+                others.append(name)
+    return [*sampled, *others]
+
+
 # --------------------------------------------------------------------------------------------------
-# Plot data
+# The page's data: what the script draws (pure: built and tested without a browser)
 # --------------------------------------------------------------------------------------------------
+
+
+def _pick(mode: str) -> Any:
+    return np.argmax if mode == "max" else np.argmin
+
+
+def _log_worthy(values: Sequence[float]) -> bool:
+    """A log axis when every value is positive and they span more than a factor 100: a diverged trial would
+    flatten every other curve on a linear one."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 100
+
+
+def _darker(color: str, amount: float = 0.3) -> str:
+    """The colour mixed with black: a label in a light palette colour (tab10's olive) stays readable."""
+    return to_hex(tuple(c * (1 - amount) for c in to_rgb(color)))
+
+
+def _trial_colors(result: SweepResult) -> tuple[dict[str, str], str]:
+    """A colour per trial, the same in every plot, and what it says ("trial" or "best"): distinct colours when
+    the legend can name every trial; otherwise by best value (darker is better), since 200 names help nobody."""
+    trials = result.trials
+    if len(trials) <= MAX_LEGEND_TRIALS:
+        palette = colormaps["tab10" if len(trials) <= 10 else "tab20"].colors
+        return {t.trial_id: to_hex(palette[i % len(palette)]) for i, t in enumerate(trials)}, "trial"
+    norm, cmap = _best_scale(result)
+    return {
+        t.trial_id: to_hex(cmap(norm(float(t.best)))) if _is_number(t.best) else NO_VALUE_COLOR
+        for t in trials
+    }, "best"
+
+
+def _best_scale(result: SweepResult) -> tuple[Any, Any]:
+    """(value -> [0, 1], colour map): darker is better, so the good trials stand out on white."""
+    bests = [float(t.best) for t in result.trials if _is_number(t.best)] or [0.0]
+    lo, hi = min(bests), max(bests)
+    if hi <= lo:
+        pad = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    return (lambda v: (v - lo) / (hi - lo)), colormaps["viridis" if result.mode == "min" else "viridis_r"]
+
+
+def _trial_data(t: TrialResult, result: SweepResult, color: str, params: Sequence[str]) -> dict[str, Any]:
+    xs, ys = _curve(t, result.metric)
+    best_point = None
+    if len(ys):
+        i = int(_pick(result.mode)(ys))
+        best_point = [float(xs[i]), float(ys[i])]
+    error = ""
+    if t.status is TrialStatus.FAILED and t.error:
+        error = next((line.strip() for line in t.error.strip().splitlines() if line.strip()), "")
+    return {
+        "id": t.trial_id,
+        "name": t.name,
+        "status": t.status.value.lower(),
+        "statusWord": STATUS_WORDS.get(t.status, t.status.value.lower()),
+        "stopReason": t.stop_reason if t.status is TrialStatus.STOPPED else None,
+        "best": float(t.best) if _is_number(t.best) else None,
+        "bestLabel": _fmt(t.best) if _is_number(t.best) else None,
+        "bestEpoch": t.best_epoch,
+        "epochs": t.epochs,
+        "color": color,
+        "labelColor": _darker(color),
+        "curve": [[float(x), float(y)] for x, y in zip(xs, ys, strict=True)],
+        "bestPoint": best_point,
+        "config": {p: _fmt(t.config.get(p)) for p in params if p in t.config},
+        "error": error,
+    }
+
+
+def _axes_data(
+    result: SweepResult, search_space: Mapping[str, Any], params: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One entry per parallel-coordinates axis, the best value last: its scale, its ticks and every trial's
+    position on it in [0, 1] (None: it has no value there). Positions come from ``ParamAxis``, so the page draws
+    exactly what the tests check."""
+    trials = result.trials
+    axes = [make_axis(name, search_space.get(name), [t.config.get(name) for t in trials]) for name in params]
+    with_value = [t for t in trials if _is_number(t.best)]
+    if not axes or not with_value:
+        return []
+    metric_axis = make_axis(f"best {result.metric}", {"type": "uniform"}, [float(t.best) for t in with_value])  # type: ignore[arg-type]
+    out = []
+    for axis in [*axes, metric_axis]:
+        positions = {}
+        for t in trials:
+            value = t.best if axis is metric_axis else t.config.get(axis.name)
+            pos = axis.position(value) if (axis is not metric_axis or _is_number(value)) else math.nan
+            positions[t.trial_id] = None if math.isnan(pos) else round(pos, 6)
+        out.append(
+            {
+                "name": axis.name,
+                "scale": axis.scale,
+                "ticks": [[round(p, 6), label] for p, label in axis.ticks()],
+                "pos": positions,
+            }
+        )
+    return out
+
+
+def _best_so_far_data(result: SweepResult) -> dict[str, Any] | None:
+    ordered = _end_order(result.trials)
+    values = [float(t.best) for t in ordered if _is_number(t.best)]
+    if not values:
+        return None
+    pick = max if result.mode == "max" else min
+    running: list[float | None] = []
+    current: float | None = None
+    for t in ordered:
+        # Only trials the sweep can select (completed or stopped early) move its best, as in SweepResult.best().
+        if t.status.selectable and _is_number(t.best):
+            current = float(t.best) if current is None else pick(current, float(t.best))
+        running.append(current)
+    return {"order": [t.trial_id for t in ordered], "running": running, "log": _log_worthy(values)}
+
+
+def _importances(result: SweepResult, search_space: Mapping[str, Any], params: Sequence[str]) -> Importances:
+    finished = [t for t in result.trials if t.status.selectable and _is_number(t.best)]
+    log_params = frozenset(
+        p
+        for p in params
+        if isinstance(search_space.get(p), Mapping) and search_space[p].get("type") in LOG_TYPES
+    )
+    return param_importances(
+        [t.config for t in finished],
+        [float(t.best) for t in finished],  # type: ignore[arg-type]
+        params,
+        log_params=log_params,
+        mode=result.mode,
+        label=_fmt,
+    )
+
+
+def report_data(result: SweepResult, search_space: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything the page's script draws, as JSON-ready data (``importance`` included, computed here)."""
+    params = _varying_params(search_space, result.trials)
+    colors, color_by = _trial_colors(result)
+    best = result.best()
+    all_y = [y for t in result.trials for y in _curve(t, result.metric)[1].tolist()]
+    importance = _importances(result, search_space, params)
+    return {
+        "metric": result.metric,
+        "mode": result.mode,
+        "better": _better(result.mode),
+        "best": best.trial_id if best is not None else None,
+        "colorBy": color_by,
+        "params": params,
+        "trials": [_trial_data(t, result, colors[t.trial_id], params) for t in result.trials],
+        "curvesLog": _log_worthy(all_y),
+        "axes": _axes_data(result, search_space, params),
+        "bestSoFar": _best_so_far_data(result),
+        "importance": {"values": importance.values, "note": importance.note},
+    }
+
+
+def _json_for_script(data: Mapping[str, Any]) -> str:
+    """JSON that cannot end the ``<script>`` element it sits in, whatever a trial's name or error says."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _curve(trial: TrialResult, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -298,19 +479,6 @@ def _end_order(trials: Sequence[TrialResult]) -> list[TrialResult]:
     return list(trials)
 
 
-def _best_cmap(mode: str) -> Colormap:
-    # Better = darker: dark lines stand out on the white background, the weak trials fade to yellow-green.
-    return colormaps["viridis" if mode == "min" else "viridis_r"]
-
-
-def _best_norm(bests: Sequence[float]) -> Normalize:
-    lo, hi = min(bests), max(bests)
-    if hi <= lo:
-        pad = abs(lo) * 0.05 or 1.0
-        lo, hi = lo - pad, hi + pad
-    return Normalize(vmin=lo, vmax=hi)
-
-
 def _new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)  # attaches the Agg canvas: savefig needs no pyplot or display
@@ -325,268 +493,8 @@ def _png(fig: Figure) -> bytes:
 
 
 # --------------------------------------------------------------------------------------------------
-# Plots
+# Population Based Training (a PNG: the lineage has no interaction to offer)
 # --------------------------------------------------------------------------------------------------
-
-
-Curve = tuple[TrialResult, np.ndarray, np.ndarray]  # a trial, its training iterations, its metric values
-
-
-def _curve_colors(curves: Sequence[Curve], mode: str) -> tuple[dict[str, Any], ScalarMappable | None]:
-    """A colour per trial: distinct colours when the legend can name every trial; otherwise by best value
-    (with the colour scale to explain it), since 200 names in a legend help nobody."""
-    if len(curves) <= MAX_LEGEND_TRIALS:
-        palette = colormaps["tab10" if len(curves) <= 10 else "tab20"].colors
-        return {t.trial_id: palette[i % len(palette)] for i, (t, _, _) in enumerate(curves)}, None
-    bests = [float(t.best) for t, _, _ in curves if t.best is not None and _is_number(t.best)]
-    cmap, norm = _best_cmap(mode), _best_norm(bests or [0.0])
-    colors = {t.trial_id: cmap(norm(t.best)) if _is_number(t.best) else "0.6" for t, _, _ in curves}
-    return colors, ScalarMappable(norm=norm, cmap=cmap)
-
-
-def _draw_curve(ax: Any, curve: Curve, color: Any, *, is_best: bool, many: bool, mode: str) -> Line2D:
-    trial, xs, ys = curve
-    line = ax.plot(
-        xs,
-        ys,
-        color=color,
-        linewidth=3.2 if is_best else 1.4,
-        linestyle="--" if trial.status is TrialStatus.FAILED else "-",
-        alpha=1.0 if is_best else (0.55 if many else 0.9),
-        marker="o" if len(xs) == 1 else None,  # a one-report trial would otherwise be invisible
-        markersize=4,
-        zorder=4 if is_best else 2,
-        label=f"{trial.trial_id} (best)" if is_best else trial.trial_id,
-    )[0]
-    if trial.status is TrialStatus.STOPPED:  # where ASHA cut it: the point its curve would have gone on from
-        ax.plot(
-            xs[-1],
-            ys[-1],
-            marker="x",
-            color="black",
-            markersize=6 if many else 8,
-            markeredgewidth=1.2 if many else 2,
-            zorder=5,
-        )
-    if is_best:
-        pick = np.argmax(ys) if mode == "max" else np.argmin(ys)
-        ax.plot(
-            xs[pick], ys[pick], marker="*", color="gold", markeredgecolor="black", markersize=16, zorder=6
-        )
-    return line
-
-
-def _curve_legend(curves: Sequence[Curve], metric: str, best_line: Line2D | None) -> list[Line2D]:
-    """The legend's explanation of the marks, for the marks the plot has."""
-    statuses = {t.status for t, _, _ in curves}
-    entries = []
-    if best_line is not None:
-        entries.append(
-            Line2D(
-                [],
-                [],
-                color=best_line.get_color(),
-                linewidth=3.2,
-                label=f"best trial: {best_line.get_label().removesuffix(' (best)')}",
-            )
-        )
-        entries.append(
-            Line2D(
-                [],
-                [],
-                color="gold",
-                marker="*",
-                markeredgecolor="black",
-                linestyle="none",
-                markersize=12,
-                label=f"its best {metric}",
-            )
-        )
-    if TrialStatus.STOPPED in statuses:
-        entries.append(
-            Line2D(
-                [],
-                [],
-                color="black",
-                marker="x",
-                linestyle="none",
-                markersize=8,
-                markeredgewidth=2,
-                label=STOPPED_LABEL,
-            )
-        )
-    if TrialStatus.FAILED in statuses:
-        entries.append(Line2D([], [], color="0.35", linestyle="--", linewidth=1.4, label="failed"))
-    return entries
-
-
-def _plot_learning_curves(result: SweepResult, best: TrialResult | None) -> bytes | None:
-    curves: list[Curve] = [(t, *_curve(t, result.metric)) for t in result.trials]
-    curves = [c for c in curves if len(c[1])]
-    if not curves:
-        return None
-    colors, scale = _curve_colors(curves, result.mode)
-    fig = _new_figure(12, 5.5)
-    ax = fig.add_subplot()
-    lines, best_line = [], None
-    for curve in curves:
-        is_best = best is not None and curve[0].trial_id == best.trial_id
-        line = _draw_curve(
-            ax, curve, colors[curve[0].trial_id], is_best=is_best, many=scale is not None, mode=result.mode
-        )
-        lines.append(line)
-        best_line = line if is_best else best_line
-    named = lines if scale is None else []  # every trial by name, only when there are few
-    fig.legend(
-        handles=_curve_legend(curves, result.metric, best_line) + named,
-        loc="outside right upper",
-        fontsize=8,
-        frameon=False,
-    )
-    if scale is not None:
-        fig.colorbar(scale, ax=ax, label=_sort_key_words(result.metric, result.mode), pad=0.01)
-
-    all_y = np.concatenate([ys for _, _, ys in curves])
-    if all_y.min() > 0 and all_y.max() / all_y.min() > 100:
-        ax.set_yscale("log")  # a diverged trial would flatten every other curve on a linear axis
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("training iteration")
-    ax.set_ylabel(result.metric)
-    ax.grid(True, alpha=0.3)
-    return _png(fig)
-
-
-def _param_axes(
-    result: SweepResult, search_space: Mapping[str, Any], trials: Sequence[TrialResult]
-) -> list[ParamAxis]:
-    return [
-        make_axis(name, search_space[name], [t.config.get(name) for t in trials])
-        for name in _sampled_params(search_space, result.trials)
-    ]
-
-
-def _plot_parallel_coordinates(
-    result: SweepResult, search_space: Mapping[str, Any], best: TrialResult | None
-) -> bytes | None:
-    trials = [t for t in result.trials if t.best is not None and _is_number(t.best)]
-    params = _param_axes(result, search_space, trials)
-    if not trials or not params:
-        return None
-    bests = [float(t.best) for t in trials]  # type: ignore[arg-type]
-    metric_axis = make_axis(f"best {result.metric}", {"type": "uniform"}, bests)
-    axes = [*params, metric_axis]
-    xs = np.arange(len(axes), dtype=float)
-
-    # Worst first, so the better (darker) lines are drawn over the weaker ones where they cross.
-    order = sorted(trials, key=lambda t: float(t.best), reverse=(result.mode == "min"))  # type: ignore[arg-type]
-    segments = [
-        np.column_stack(
-            [xs, [a.position(t.config.get(a.name)) for a in params] + [metric_axis.position(t.best)]]
-        )
-        for t in order
-    ]
-    cmap, norm = _best_cmap(result.mode), _best_norm(bests)
-    fig = _new_figure(12, 5.5)
-    ax = fig.add_subplot()
-    colors = cmap(norm(np.array([float(t.best) for t in order])))  # type: ignore[arg-type]
-    if len(order) > MAX_LEGEND_TRIALS:
-        # Many lines: the weaker a trial, the more transparent, so the good region of the space stands out.
-        rank = np.linspace(0.0, 1.0, len(order))  # `order` is worst first
-        colors[:, 3] = 0.25 + 0.65 * rank
-    ax.add_collection(LineCollection(segments, colors=colors, linewidths=1.4, zorder=2))
-    best_index = next(
-        (i for i, t in enumerate(order) if best is not None and t.trial_id == best.trial_id), None
-    )
-    if best is not None and best_index is not None:
-        path = segments[best_index]
-        ax.plot(
-            path[:, 0],
-            path[:, 1],
-            color=cmap(norm(best.best)),
-            linewidth=3.5,
-            zorder=4,
-            path_effects=[patheffects.withStroke(linewidth=5.5, foreground="black")],
-            label=f"best trial: {best.trial_id}",
-        )
-        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False, borderaxespad=0.2)
-
-    for i, axis in enumerate(axes):
-        ax.axvline(i, color="0.25", linewidth=1.0, zorder=1)
-        for pos, label in axis.ticks():
-            # Labels on a white box, left of their axis (the last axis: right, outside the lines' area), so
-            # lines crossing behind them never hide the numbers.
-            last = i == len(axes) - 1
-            ax.annotate(
-                label,
-                xy=(i, pos),
-                xytext=(5 if last else -5, 0),
-                textcoords="offset points",
-                ha="left" if last else "right",
-                va="center",
-                fontsize=8,
-                zorder=5,
-                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
-            )
-    names = [f"{a.name}\n(log)" if a.scale == "log" else a.name for a in axes]
-    ax.set_xticks(xs, names, fontsize=9, rotation=0 if len(axes) <= 7 else 30)
-    ax.tick_params(axis="x", length=0)
-    ax.set_xlim(-0.02 * len(axes), len(axes) - 1 + 0.02 * len(axes))  # the tick labels sit outside this range
-    ax.set_ylim(-0.04, 1.04)
-    ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    fig.colorbar(
-        ScalarMappable(norm=norm, cmap=cmap),
-        ax=ax,
-        label=_sort_key_words(result.metric, result.mode),
-        pad=0.01,
-    )
-    return _png(fig)
-
-
-def _plot_best_so_far(result: SweepResult) -> bytes | None:
-    ordered = _end_order(result.trials)
-    if not any(t.best is not None for t in ordered):
-        return None
-    pick = max if result.mode == "max" else min
-    xs = np.arange(1, len(ordered) + 1)
-    running: list[float] = []
-    current: float | None = None
-    for t in ordered:
-        # Only trials the sweep can select (completed or stopped early) move its best, as in SweepResult.best().
-        if t.status.selectable and t.best is not None and _is_number(t.best):
-            current = float(t.best) if current is None else pick(current, float(t.best))
-        running.append(math.nan if current is None else current)
-
-    fig = _new_figure(12, 4)
-    ax = fig.add_subplot()
-    ax.step(xs, running, where="post", color="black", linewidth=2, label="best so far", zorder=3)
-    styles = {
-        TrialStatus.COMPLETED: {"color": "tab:blue", "marker": "o", "label": "completed"},
-        TrialStatus.STOPPED: {"color": "tab:orange", "marker": "o", "label": "stopped early"},
-        TrialStatus.FAILED: {"color": "tab:red", "marker": "x", "label": "failed (not selectable)"},
-    }
-    for status, style in styles.items():
-        points = [
-            (x, float(t.best))
-            for x, t in zip(xs, ordered, strict=True)
-            if t.status is status and t.best is not None and _is_number(t.best)
-        ]
-        if points:
-            px, py = zip(*points, strict=True)
-            ax.scatter(
-                px, py, s=28, zorder=4, color=style["color"], marker=style["marker"], label=style["label"]
-            )
-    all_y = [float(t.best) for t in ordered if t.best is not None and _is_number(t.best)]
-    if min(all_y) > 0 and max(all_y) / min(all_y) > 100:
-        ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlim(0.5, len(ordered) + 0.5)
-    ax.set_xlabel("trials, in the order they ended")
-    ax.set_ylabel(f"best {result.metric}")
-    ax.grid(True, alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
-    return _png(fig)
 
 
 def _pbt_params(trials: Sequence[TrialResult]) -> list[str]:
@@ -601,7 +509,7 @@ def _pbt_params(trials: Sequence[TrialResult]) -> list[str]:
     return sorted(changed)[:4]
 
 
-def _plot_pbt(result: SweepResult) -> bytes | None:
+def _plot_pbt(result: SweepResult, trial_colors: Mapping[str, str]) -> bytes | None:
     """Population Based Training: each mutated hyperparameter of each trial over its reports (a step line that
     changes at its exploits), and below, who copied whom: an arrow from the donor's row to the recipient's at
     the report it happened."""
@@ -613,16 +521,24 @@ def _plot_pbt(result: SweepResult) -> bytes | None:
     params = _pbt_params(everyone)
     fig = _new_figure(12, 2.6 * (len(params) + 1))
     axes = fig.subplots(len(params) + 1, 1, sharex=True, squeeze=False)[:, 0]
-    colors = {t.trial_id: colormaps["tab10"](i % 10) for i, t in enumerate(everyone)}
+    colors = {t.trial_id: trial_colors.get(t.trial_id, "black") for t in everyone}  # as in the other plots
     for ax, name in zip(axes, params, strict=False):
         for t in everyone:
             history = t.config_history or ({"iteration": 0, "config": t.config},)
             xs = [int(e["iteration"]) for e in history] + [max(t.epochs, int(history[-1]["iteration"]))]
             ys = [flat_config(e["config"]).get(name) for e in history]
             ys = [float(y) if _is_number(y) else math.nan for y in ys]
-            ax.step(xs, [*ys, ys[-1]], where="post", color=colors[t.trial_id], linewidth=1.6, label=t.trial_id)
+            ax.step(
+                xs, [*ys, ys[-1]], where="post", color=colors[t.trial_id], linewidth=1.6, label=t.trial_id
+            )
             ax.scatter(xs[1:-1], ys[1:], color=colors[t.trial_id], s=18, zorder=3)
-        values = [v for t in everyone for e in t.config_history for k, v in flat_config(e["config"]).items() if k == name]
+        values = [
+            v
+            for t in everyone
+            for e in t.config_history
+            for k, v in flat_config(e["config"]).items()
+            if k == name
+        ]
         positive = [float(v) for v in values if _is_number(v) and v > 0]
         if positive and len(positive) == len(values) and max(positive) / min(positive) > 20:
             ax.set_yscale("log")
@@ -631,7 +547,9 @@ def _plot_pbt(result: SweepResult) -> bytes | None:
     lineage = axes[-1]
     rows = {t.trial_id: i for i, t in enumerate(everyone)}
     for t in everyone:
-        lineage.hlines(rows[t.trial_id], 0, max(t.epochs, 1), color=colors[t.trial_id], linewidth=1.2, alpha=0.6)
+        lineage.hlines(
+            rows[t.trial_id], 0, max(t.epochs, 1), color=colors[t.trial_id], linewidth=1.2, alpha=0.6
+        )
         for entry in t.config_history[1:]:
             x, donor = int(entry["iteration"]), entry["donor"]
             lineage.annotate(
@@ -655,43 +573,6 @@ def _plot_pbt(result: SweepResult) -> bytes | None:
 # HTML
 # --------------------------------------------------------------------------------------------------
 
-CSS = """
-:root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --accent: #0969da; --bg-soft: #f6f8fa; }
-* { box-sizing: border-box; }
-body { margin: 0; padding: 24px 32px 48px; color: var(--fg); background: #fff;
-       font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1200px; margin: 0 auto; }
-h1 { font-size: 26px; margin: 0 0 4px; }
-h2 { font-size: 18px; margin: 32px 0 8px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
-a { color: var(--accent); }
-.meta { color: var(--muted); margin: 0 0 12px; }
-.links { margin: 8px 0 16px; padding: 0; list-style: none; display: flex; flex-wrap: wrap; gap: 8px 16px; }
-.links a { font-weight: 600; }
-.best { background: var(--bg-soft); border: 1px solid var(--line); border-left: 5px solid #2da44e;
-        border-radius: 6px; padding: 12px 16px; margin: 12px 0; }
-.best .value { font-size: 22px; font-weight: 700; }
-.best dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 8px 0 0; }
-.best dt { color: var(--muted); }
-.best dd { margin: 0; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-.notice { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px; padding: 12px 16px; }
-figure { margin: 8px 0 0; }
-figure img { display: block; width: 100%; max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
-figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
-.table-wrap { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; }
-table { border-collapse: collapse; width: 100%; font-size: 13px; }
-th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); white-space: nowrap; text-align: left; }
-th { background: var(--bg-soft); position: sticky; top: 0; font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.best-row td { background: #dafbe1; font-weight: 600; }
-tbody tr:nth-child(even):not(.best-row) td { background: #fbfbfc; }
-.status { display: inline-block; padding: 0 8px; border-radius: 10px; font-size: 12px; }
-.status-completed { background: #dafbe1; color: #1a7f37; }
-.status-stopped { background: #fff1e5; color: #bc4c00; }
-.status-failed { background: #ffebe9; color: #cf222e; text-decoration: underline dotted; cursor: help; }
-.status-not_started { background: #eaeef2; color: var(--muted); }
-code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
-"""
-
 
 def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
@@ -704,8 +585,12 @@ def _safe_href(url: str) -> str | None:
 
 
 def _anchor(url: str, text: str) -> str:
+    """A link that opens in a new tab: the page may sit in a sandboxed frame (MLflow's artifact viewer), where a
+    link that navigates the frame itself only blanks it."""
     href = _safe_href(url)
-    return f'<a href="{_e(href)}">{_e(text)}</a>' if href else _e(text)
+    if not href:
+        return _e(text)
+    return f'<a href="{_e(href)}" target="_blank" rel="noopener noreferrer">{_e(text)}</a>'
 
 
 def _run_url(links: Mapping[str, str], run_id: str | None) -> str | None:
@@ -755,6 +640,10 @@ def _header_html(
     anchors = [_anchor(url, name) for name, url in links.items() if name != RUN_URL_TEMPLATE_KEY and url]
     if anchors:
         out.append('<ul class="links">' + "".join(f"<li>{a}</li>" for a in anchors) + "</ul>")
+    if fixed:
+        values = ", ".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
+        out.append(f'<p class="meta">Fixed for every trial: <code>{_e(values)}</code></p>')
+    side = ""
     if best is not None:
         # The fixed parameters are listed once below; here only what this trial's sampling chose.
         chosen = {k: v for k, v in best.config.items() if k not in fixed}
@@ -765,21 +654,18 @@ def _header_html(
             run = (
                 f" · MLflow run <code>{_anchor(run_url, best.run_id) if run_url else _e(best.run_id)}</code>"
             )
-        out.append(
-            '<section class="best">'
+        side = (
+            f'<section class="best" data-trial="{_e(best.trial_id)}">'
             f"<div>Best trial <b>{_e(best.trial_id)}</b> {_status_badge(best, best.status.value)}{run}</div>"
             f'<div class="value">best {_e(result.metric)} = {_e(_fmt(best.best))}'
             f" <small>at epoch {_e(_fmt(best.best_epoch))} of {_e(best.epochs)}</small></div>"
             f"<dl>{rows}</dl></section>"
         )
     elif result.trials:
-        out.append(
+        side = (
             f'<p class="notice">No trial reported a value of {_e(result.metric)}: there is no best trial.</p>'
         )
-    if fixed:
-        values = ", ".join(f"{k}={_fmt(v)}" for k, v in fixed.items())
-        out.append(f'<p class="meta">Fixed for every trial: <code>{_e(values)}</code></p>')
-    return "\n".join(out)
+    return f'<header class="top"><div>{"".join(out)}</div>{side}</header>'
 
 
 def _ordered_columns(frame: pd.DataFrame, metric: str, sampled: Sequence[str]) -> list[str]:
@@ -817,7 +703,11 @@ def _column_label(column: str, metric: str, last_keys: set[str]) -> str:
 
 
 def _table_html(
-    result: SweepResult, sampled: Sequence[str], links: Mapping[str, str], best: TrialResult | None
+    result: SweepResult,
+    sampled: Sequence[str],
+    links: Mapping[str, str],
+    best: TrialResult | None,
+    colors: Mapping[str, str],
 ) -> str:
     frame = result.leaderboard()
     by_id = {t.trial_id: t for t in result.trials}
@@ -839,7 +729,9 @@ def _table_html(
                 cells.append(f"<td>{_status_badge(trial, value)}</td>")
             elif c == "trial":
                 name = f' title="{_e(trial.name)}"' if trial is not None and trial.name else ""
-                cells.append(f"<td><b{name}>{_e(value)}</b></td>")
+                color = colors.get(str(value))
+                swatch = f'<span class="swatch-cell" style="background:{_e(color)}"></span>' if color else ""
+                cells.append(f"<td>{swatch}<b{name}>{_e(value)}</b></td>")
             elif c == "mlflow_run_id":
                 run_id = value if isinstance(value, str) and value else None
                 url = _run_url(links, run_id)
@@ -851,42 +743,193 @@ def _table_html(
                 css = ' class="num"' if c in numeric else ""  # a dash lines up with the numbers too
                 cells.append(f"<td{css}>{_e(_fmt(value))}</td>")
         row_class = ' class="best-row"' if best is not None and record.get("trial") == best.trial_id else ""
-        body.append(f"<tr{row_class}>{''.join(cells)}</tr>")
+        body.append(f'<tr{row_class} data-trial="{_e(record.get("trial"))}">{"".join(cells)}</tr>')
     return (
-        f"<h2>Trials, best first by {_e(_sort_key_words(result.metric, result.mode))}</h2>\n"
+        f'<section class="card"><h2>Trials, best first by {_e(_sort_key_words(result.metric, result.mode))}</h2>\n'
         f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>\n<tbody>\n'
         + "\n".join(body)
-        + "\n</tbody></table></div>"
+        + "\n</tbody></table></div></section>"
     )
 
 
-@dataclass(frozen=True)
-class _Plot:
-    key: str
-    heading: str
-    caption: str
-    png: bytes | None
-    missing: str  # said instead of the plot when there is nothing to draw
+def _legend_html(data: Mapping[str, Any], order: Sequence[str]) -> str:
+    """Each trial once, best first, its colour and how it ended; the best trial tagged (once: its line, not a
+    second entry). Many trials: the colour scale instead, since every trial is in the table below anyway."""
+    trials = {t["id"]: t for t in data["trials"] if t["curve"]}
+    if data["colorBy"] == "best":
+        cmap = colormaps["viridis" if data["mode"] == "min" else "viridis_r"]
+        stops = ", ".join(to_hex(cmap(x)) for x in np.linspace(0, 1, 7))
+        bests = [t["best"] for t in data["trials"] if t["best"] is not None]
+        lo, hi = (_fmt(min(bests)), _fmt(max(bests))) if bests else (EMPTY_CELL, EMPTY_CELL)
+        return (
+            f'<div class="legend-scale"><div>colour: best {_e(data["metric"])}</div>'
+            f'<div class="scale-bar" style="background: linear-gradient(90deg, {stops})"></div>'
+            f'<div class="scale-words"><span>{_e(lo)}</span><span>{_e(hi)}</span></div>'
+            f'<p class="caption">{len(trials)} trials: hover a line for its name; all are in the table below.</p></div>'
+        )
+    items = []
+    for trial_id in order:
+        t = trials.get(trial_id)
+        if t is None:
+            continue
+        best = trial_id == data["best"]
+        dashed = " dashed" if t["status"] == "failed" else ""
+        note = {"stopped": "stopped", "failed": "failed"}.get(t["status"], "")
+        css = ' class="is-best"' if best else ""
+        items.append(
+            f'<li data-trial="{_e(trial_id)}"{css}>'
+            f'<span class="swatch{dashed}" style="background:{_e(t["color"])}"></span>{_e(trial_id)}'
+            + (' <span class="tag">★ best</span>' if best else "")
+            + (f' <span class="dim-status">{note}</span>' if note else "")
+            + "</li>"
+        )
+    return f'<ul class="legend" aria-label="trials">{"".join(items)}</ul>'
 
 
-def _figure_html(plot: _Plot) -> str:
-    if plot.png is None:
-        return f'<h2>{_e(plot.heading)}</h2>\n<p class="notice">{_e(plot.missing)}</p>'
-    data = base64.b64encode(plot.png).decode("ascii")
+def _key_html(data: Mapping[str, Any]) -> str:
+    """What the marks in the learning curves mean, for the marks the plot has."""
+    statuses = {t["status"] for t in data["trials"] if t["curve"]}
+    parts = []
+    if data["best"] is not None:
+        parts.append(
+            '<span><svg width="26" height="14"><line x1="1" y1="7" x2="25" y2="7" stroke="#59636e" stroke-width="3.4"/>'
+            '<polygon points="13,1 14.6,5 19,5.2 15.6,8 16.8,12.4 13,10 9.2,12.4 10.4,8 7,5.2 11.4,5" fill="#f5c518" '
+            f'stroke="#1f2328"/></svg> the best trial, ★ at its best {_e(data["metric"])}</span>'
+        )
+    if "stopped" in statuses:
+        parts.append(
+            '<span><svg width="14" height="14"><rect x="3" y="3" width="8" height="8" fill="#fff" stroke="#59636e" '
+            'stroke-width="2"/></svg> stopped early (by the scheduler, e.g. ASHA), with its name</span>'
+        )
+    if "failed" in statuses:
+        parts.append(
+            '<span><svg width="26" height="14"><line x1="1" y1="7" x2="25" y2="7" stroke="#59636e" stroke-width="1.8" '
+            'stroke-dasharray="6 4"/></svg> failed</span>'
+        )
+    return f'<div class="key">{"".join(parts)}</div>' if parts else ""
+
+
+def _plot_card(heading: str, caption: str, plot_id: str, *, missing: str | None, extra: str = "") -> str:
+    """A section whose plot the script draws into ``plot_id``; ``missing``: said instead when there is nothing
+    to draw."""
+    if missing is not None:
+        return f'<section class="card"><h2>{_e(heading)}</h2><p class="notice">{_e(missing)}</p></section>'
     return (
-        f'<h2>{_e(plot.heading)}</h2>\n<figure><img alt="{_e(plot.heading)}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{_e(plot.caption)}</figcaption></figure>"
+        f'<section class="card"><h2>{_e(heading)}</h2><p class="caption">{_e(caption)}</p>'
+        f'<div class="plot" id="{plot_id}"></div>{extra}</section>'
     )
 
 
-def _page(title: str, sections: Sequence[str]) -> str:
+def _curves_card(data: Mapping[str, Any], order: Sequence[str]) -> str:
+    metric = data["metric"]
+    if not any(t["curve"] for t in data["trials"]):
+        return _plot_card(
+            f"Learning curves: {metric}", "", "", missing=f"No trial reported a finite {metric}."
+        )
+    caption = (
+        f"{metric} at each training iteration, one line per trial. Hover a line, a legend entry or a table row to "
+        "see that trial in every plot; click to keep it highlighted."
+    )
+    return (
+        f'<section class="card"><h2>Learning curves: {_e(metric)} per training iteration</h2>'
+        f'<p class="caption">{_e(caption)}</p>'
+        f'<div class="plot-with-legend"><div class="plot" id="plot-curves"></div>{_legend_html(data, order)}</div>'
+        f"{_key_html(data)}</section>"
+    )
+
+
+def _parallel_card(data: Mapping[str, Any]) -> str:
+    metric = data["metric"]
+    if not data["axes"]:
+        return _plot_card(
+            "Hyperparameters against the best value",
+            "",
+            "",
+            missing=f"Nothing to draw: no trial reported {metric}, or no hyperparameter was sampled.",
+        )
+    log = [a["name"] for a in data["axes"] if a["scale"] == "log"]
+    caption = (
+        f"One line per trial through its hyperparameter values and its best {metric} (the last axis). "
+        + (f"Log axes for log-sampled parameters ({', '.join(log)}). " if log else "")
+        + f"Trials without a {metric} value are left out."
+    )
+    toolbar = (
+        '<div class="toolbar"><span class="selection" id="selection">Drag along an axis to keep only the trials in '
+        'a range.</span><button type="button" id="clear-brushes" hidden>clear ranges</button></div>'
+    )
+    return (
+        f'<section class="card"><h2>Hyperparameters against the best value</h2><p class="caption">{_e(caption)}</p>'
+        f'{toolbar}<div class="plot" id="plot-parallel"></div></section>'
+    )
+
+
+def _best_so_far_card(data: Mapping[str, Any]) -> str:
+    metric = data["metric"]
+    return _plot_card(
+        f"Best {metric} so far",
+        f"The sweep's best {metric} as trials ended (the step line; failed trials do not count), and each trial's "
+        "best: filled completed, hollow stopped early, × failed.",
+        "plot-best-so-far",
+        missing=None if data["bestSoFar"] else f"No trial reported {metric}.",
+    )
+
+
+def _importance_card(data: Mapping[str, Any]) -> str:
+    importance = data["importance"]
+    values: Mapping[str, float] = importance["values"]
+    if not values:
+        body = f'<p class="caption">{_e(importance["note"])}</p>'
+    else:
+        top = max(values.values()) or 1.0
+        rows = "".join(
+            f'<li data-param="{_e(name)}"><span class="name">{_e(name)}</span>'
+            f'<span class="bar"><span style="width:{100 * share / top:.1f}%"></span></span>'
+            f'<span class="share">{100 * share:.0f}%</span></li>'
+            for name, share in values.items()
+        )
+        body = f'<p class="caption">{_e(importance["note"])}</p><ul class="importance">{rows}</ul>'
+    return f'<section class="card" id="importance"><h2>Hyperparameter importance</h2>{body}</section>'
+
+
+def _pbt_card(png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        '<section class="card" id="pbt"><h2>Population Based Training: hyperparameters over time, and who copied '
+        'whom</h2><p class="caption">Top: each trial\'s mutated hyperparameters over its reports (dots: an exploit '
+        "gave it new values). Bottom: an arrow from the donor's row to the trial that continued from its "
+        "checkpoint, at the report it happened.</p>"
+        f'<figure><img alt="Population Based Training lineage" src="data:image/png;base64,{data}"></figure></section>'
+    )
+
+
+def _framed_notice(page_url: str | None) -> str:
+    """Shown by the script when the page sits in a frame (MLflow's artifact viewer sandboxes it: no link opens
+    there): where the page opens on its own."""
+    where = (
+        f" Open it as a page of its own: {_anchor(page_url, page_url)} (copy the address if the link does not open)."
+        if page_url
+        else " Download it (the viewer's download button) and open the file for working links."
+    )
+    return f'<p class="notice" id="framed" hidden>This report is shown inside another page, where its links cannot open.{where}</p>'
+
+
+def _page(title: str, sections: Sequence[str], data: Mapping[str, Any] | None) -> str:
     body = "\n".join(sections)
+    scripts = ""
+    if data is not None:
+        scripts = (
+            f'<script type="application/json" id="sweep-data">{_json_for_script(data)}</script>\n'
+            f"<script>{SCRIPT}</script>\n"
+        )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n"
-        f"<body><main>\n{body}\n</main></body></html>\n"
+        f'<body><main>\n{body}\n</main><div id="tip" hidden></div>\n'
+        '<noscript><p class="notice">The plots are drawn by this page\'s script: allow JavaScript to see them.'
+        "</p></noscript>\n"
+        f"{scripts}</body></html>\n"
     )
 
 
@@ -910,16 +953,17 @@ def write_sweep_report(
     search_space: dict,
     title: str,
     links: dict[str, str] | None = None,
+    page_url: str | None = None,
 ) -> dict[str, str]:
-    """Write the sweep's plots (PNG) and ``sweep_report.html`` (plots embedded, no external resources) into
-    ``out_dir``; return name -> path of each file written.
+    """Write ``sweep_report.html`` (its plots drawn by its own script from data it embeds; nothing external) into
+    ``out_dir``, and ``pbt.png`` for a Population Based Training sweep; return name -> path of each file
+    written ("html", "pbt").
 
     ``search_space`` is the sweep's space as in its config (plain values are fixed parameters); it decides the
-    parallel-coordinates axes (log for loguniform/pow2, categorical for choice/grid). ``links`` are shown as
-    anchors in the header, except ``"run_url_template"`` (with ``{run_id}``), which turns run ids into links.
-
-    The keys are "html" and, when there was something to draw, "learning_curves", "parallel_coordinates",
-    "best_so_far" and (Population Based Training) "pbt" (a sweep in which no trial ran gets an HTML page saying so, and no plots).
+    parallel-coordinates axes (log for loguniform/pow2, categorical for choice/grid) and which importances are
+    judged on a log scale. ``links`` are shown as anchors in the header, except ``"run_url_template"`` (with
+    ``{run_id}``), which turns run ids into links. ``page_url``: where the report opens as a page of its own
+    (the tracking server's report route), named on the page when it is shown inside a frame.
     """
     links = dict(links or {})
     search_space = dict(search_space or {})
@@ -927,8 +971,9 @@ def write_sweep_report(
     best = result.best()
     sampled = _sampled_params(search_space, result.trials)
     fixed = _fixed_params(search_space, sampled)
-    sections = [_header_html(result, title, best, links, fixed)]
+    sections = [_framed_notice(page_url), _header_html(result, title, best, links, fixed)]
     written: dict[str, str] = {}
+    data: dict[str, Any] | None = None
 
     if not result.trials:
         extra = f": {result.not_started} were not started (time budget)" if result.not_started else ""
@@ -936,55 +981,22 @@ def write_sweep_report(
             f'<p class="notice">No trial ran in this sweep{_e(extra)}; there is nothing to plot.</p>'
         )
     else:
-        metric = result.metric
-        plots = [
-            _Plot(
-                "learning_curves",
-                f"Learning curves: {metric} per training iteration",
-                f"One line per trial. × marks where a trial was stopped early (ASHA); dashed lines are failed trials; "
-                f"the thick line is the best trial, ★ its best {metric}.",
-                _plot_learning_curves(result, best),
-                f"No trial reported a finite {metric}.",
-            ),
-            _Plot(
-                "parallel_coordinates",
-                "Hyperparameters against the best value",
-                f"One line per trial through its hyperparameter values and its best {metric}, coloured by that "
-                f"value (darker is better). Log axes for log-sampled parameters. Trials without a {metric} "
-                f"value are left out.",
-                _plot_parallel_coordinates(result, search_space, best),
-                f"Nothing to draw: no trial reported {metric}, or the search space samples no parameter.",
-            ),
-            _Plot(
-                "best_so_far",
-                f"Best {metric} so far",
-                f"The sweep's best {metric} as trials ended (step line; failed trials do not count), and each "
-                f"trial's best (dots).",
-                _plot_best_so_far(result),
-                f"No trial reported {metric}.",
-            ),
+        data = report_data(result, search_space)
+        order = [str(r) for r in result.leaderboard()["trial"]]  # best first, as the table
+        colors = {t["id"]: t["color"] for t in data["trials"]}
+        sections += [
+            _curves_card(data, order),
+            _parallel_card(data),
+            f'<div class="row">{_best_so_far_card(data)}{_importance_card(data)}</div>',
         ]
-        pbt = _plot_pbt(result)
+        pbt = _plot_pbt(result, colors)
         if pbt is not None:  # a Population Based Training sweep
-            plots.append(
-                _Plot(
-                    "pbt",
-                    "Population Based Training: hyperparameters over time, and who copied whom",
-                    "Top: each trial's mutated hyperparameters over its reports (dots: an exploit gave it new "
-                    "values). Bottom: an arrow from the donor's row to the trial that continued from its checkpoint, "
-                    "at the report it happened.",
-                    pbt,
-                    "",
-                )
-            )
-        for plot in plots:
-            sections.append(_figure_html(plot))
-            if plot.png is not None:
-                path = os.path.join(out_dir, f"{plot.key}.png")
-                _write_bytes(path, plot.png)
-                written[plot.key] = path
-        sections.append(_table_html(result, sampled, links, best))
+            path = os.path.join(out_dir, "pbt.png")
+            _write_bytes(path, pbt)
+            written["pbt"] = path
+            sections.append(_pbt_card(pbt))
+        sections.append(_table_html(result, sampled, links, best, colors))
 
     html_path = os.path.join(out_dir, HTML_NAME)
-    _write_bytes(html_path, _page(title, sections).encode("utf-8"))
+    _write_bytes(html_path, _page(title, sections, data).encode("utf-8"))
     return {"html": html_path, **written}

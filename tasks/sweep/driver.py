@@ -13,6 +13,7 @@ tag of its MLflow run. The sweep's state lives in the trials' MLflow child runs 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Any
 from distributed import Client
 from prefect.utilities.annotations import quote
 
+from ddp_runtime.cluster import warm_up_workers
+from ddp_runtime.config import ScalingConfig
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
@@ -32,8 +35,10 @@ from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.sweep.trial import SweepRuntime, registered_runtime, run_trial
 from sweepflow.tasks.tracking.runs import RunTracker
+from sweepflow.tasks.training.function import TrainFunction
 
 _SLOT_FREED = object()  # wakes the loop: a trial gave its slot back, so the next one may start
+_COLD_S = 0.25  # a worker whose start-up took longer was cold (a warm one answers in milliseconds)
 
 
 class Sweep:
@@ -98,10 +103,12 @@ class Sweep:
             fail_fast=self.fail_fast,
             observer=self.observer,
         )
+        started = time.perf_counter()
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
             cleanup.callback(runtime.join_writers)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:
+                startup_s = self._start_up_workers()
                 runtime.notify("sweep_started", self.sampler.total)
                 trials, not_started = self._run_trials(runtime, runtime_id, in_flight)
             except BaseException as exc:
@@ -114,12 +121,54 @@ class Sweep:
         runtime.notify("sweep_ended", tuple(trials))
         if runtime.observer_error is not None:  # the trials have ended (as after any error): now it is raised
             raise runtime.observer_error
-        return SweepResult(
+        result = SweepResult(
             tuple(trials),
             metric=self.template.selection_metric,
             mode=self.template.selection_mode,
             not_started=not_started,
+            startup_s=startup_s,
         )
+        self.log(self._summary_line(result, time.perf_counter() - started))
+        return result
+
+    def _start_up_workers(self) -> float:
+        """The workers' one-time start-up (a cold cluster's first imports: torch._dynamo, the preloads, the
+        training function's module), all at once before the first trial, so it is in no trial's time or
+        worker-seconds; returns its seconds (0.0: the workers were warm). Best effort: a worker that did not
+        finish is finished by its first rank, whose group reports those seconds apart (``startup_seconds``)."""
+        t = self.template
+        scaling = ScalingConfig(
+            num_workers=t.num_ranks, use_gpu=t.use_gpu, resources_per_worker=t.resources_per_rank or None
+        )
+        sampled = t.system_metrics_interval_s > 0 and self.tracker.tracking_uri.startswith(("http://", "https://"))
+        prepare = functools.partial(TrainFunction(t.train_fn).warm_up, system_metrics=sampled)
+        started = time.perf_counter()
+        try:
+            took = warm_up_workers(self.cluster, scaling, prepare=prepare)
+        except Exception as exc:  # noqa: BLE001 - the trials start the workers then, as they always could
+            self.log(f"worker start-up before the first trial skipped ({type(exc).__name__}: {exc})")
+            return 0.0
+        seconds = time.perf_counter() - started
+        cold = [s for s in took.values() if isinstance(s, str) or s >= _COLD_S]
+        if not cold:
+            return 0.0
+        self.log(
+            f"workers started up in {seconds:.1f}s ({len(cold)} of {len(took)} cold: first imports); "
+            "not charged to any trial"
+        )
+        return seconds
+
+    @staticmethod
+    def _summary_line(result: SweepResult, wall_s: float) -> str:
+        usage = result.usage()
+        line = (
+            f"sweep ended in {wall_s:.1f}s: {len(result.trials)} trial(s) used {usage['worker_seconds']:.1f} "
+            f"worker-seconds ({usage['gpu_seconds']:.1f} GPU-seconds; early stopping saved "
+            f"{usage['saved_worker_seconds']:.1f})"
+        )
+        if usage["startup_seconds"] > 0:
+            line += f"; worker start-up {usage['startup_seconds']:.1f}s, in no trial's time"
+        return line
 
     def _run_trials(
         self, runtime: SweepRuntime, runtime_id: str, in_flight: dict[Any, tuple[int, float]]
@@ -151,6 +200,7 @@ class Sweep:
                 filled = self.scheduler.on_trial_config(spec.trial_id, spec.params)  # PBT adds mutated names
                 if filled != spec.params:
                     spec = self.template.trial(submitted, filled, spec.resume)
+                runtime.progress.holds_slot(spec.trial_id, slot)
                 runtime.grant(spec.index, slot, queued_s=time.perf_counter() - next_in_line_since)
                 try:
                     # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
@@ -205,6 +255,7 @@ class Sweep:
     @staticmethod
     def _with_bookkeeping(result: TrialResult, submitted_at: float) -> TrialResult:
         """Per-trial bookkeeping (Prefect task run + MLflow child run + group start/stop): the trial's wall time
-        from its submission (it held a slot from then on) minus the time spent inside the training function."""
+        from its submission (it held a slot from then on) minus the time spent inside the training function and
+        any wait for a cold worker's start-up."""
         wall = time.perf_counter() - submitted_at
-        return replace(result, bookkeeping_s=wall - result.train_time_s)
+        return replace(result, bookkeeping_s=wall - result.train_time_s - result.usage.startup_seconds)

@@ -1,4 +1,9 @@
-"""The sweep's progress line: counts by status and the best value so far, logged at every change."""
+"""The sweep's progress line: counts by status and the best value so far, logged at every change.
+
+"running" counts the trials that hold a slot, so it never exceeds the sweep's concurrency: a trial gives its
+slot back at its final report (the next trial starts while its group tears down) or when it pauses (HyperBand);
+from then until it ends it is "idle".
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweepflow.tasks.sweep.results import TrialStatus
+from sweepflow.tasks.sweep.slots import HeldSlot
 
 
 @dataclass
@@ -20,7 +26,8 @@ class SweepProgress:
     total: int
     log: Callable[[str], None]
     started_at: float = field(default_factory=time.monotonic)
-    running: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)  # started, holding a slot
+    idle: set[str] = field(default_factory=set)  # started, slot given back, not ended (tearing down, or paused)
     finished: dict[str, TrialStatus] = field(default_factory=dict)
     best: tuple[float, str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -32,6 +39,7 @@ class SweepProgress:
         self, trial_id: str, *, metrics: dict[str, Any] | None = None, status: TrialStatus | None = None
     ) -> None:
         with self._lock:
+            self.idle.discard(trial_id)
             if status is None:
                 self.running.add(trial_id)
             else:
@@ -43,12 +51,28 @@ class SweepProgress:
             line = self.line()
         self.log(line)
 
+    def holds_slot(self, trial_id: str, slot: HeldSlot) -> None:
+        """``trial_id`` holds ``slot`` (granted before it starts, or again after a pause: then it is running
+        again, logged): once it gives the slot back it is no longer counted as running."""
+        slot.on_release = lambda: self._gave_slot_back(trial_id)
+        with self._lock:
+            resumed = trial_id in self.idle
+        if resumed:
+            self.update(trial_id)
+
+    def _gave_slot_back(self, trial_id: str) -> None:
+        with self._lock:  # not logged: the next line (the next trial's start, or this one's end) shows it
+            if trial_id in self.running:
+                self.running.discard(trial_id)
+                self.idle.add(trial_id)
+
     def line(self) -> str:
         statuses = list(self.finished.values())
-        pending = self.total - len(self.running) - len(self.finished)
+        pending = self.total - len(self.running) - len(self.idle) - len(self.finished)
         best = f"{self.metric}={self.best[0]:.4f} ({self.best[1]})" if self.best else "-"
+        idle = f"{len(self.idle)} idle, " if self.idle else ""
         return (
-            f"[{time.monotonic() - self.started_at:6.1f}s] trials: {len(self.running)} running, "
+            f"[{time.monotonic() - self.started_at:6.1f}s] trials: {len(self.running)} running, {idle}"
             f"{statuses.count(TrialStatus.STOPPED)} stopped early, {statuses.count(TrialStatus.COMPLETED)} completed, "
             f"{statuses.count(TrialStatus.FAILED)} failed, {pending} pending | best {best}"
         )

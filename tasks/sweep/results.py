@@ -28,7 +28,14 @@ TAG_STOP_REASON = "sweepflow.stop_reason"
 #: Per-trial summary metrics (``TrialResult.summary_metrics``): not per-epoch reports.
 SUMMARY_METRICS = ("epochs_run", "best_epoch")
 TAG_CONFIG = "sweepflow.config"  # the sampled hyperparameters as JSON (params are strings in MLflow)
-USAGE_METRICS = ("worker_seconds", "gpu_seconds", "saved_worker_seconds", "saved_gpu_seconds", "group_seconds")
+USAGE_METRICS = (
+    "worker_seconds",
+    "gpu_seconds",
+    "saved_worker_seconds",
+    "saved_gpu_seconds",
+    "group_seconds",
+    "startup_seconds",
+)
 
 
 class TrialStatus(StrEnum):
@@ -57,12 +64,14 @@ class ResourceUsage:
     """What a trial cost the cluster, and what early stopping saved.
 
     ``worker_seconds`` = ranks x the wall time its DDP group held its workers; ``gpu_seconds`` the same times
-    the GPUs per rank. A trial stopped early saved its remaining epochs at its own observed epoch time.
+    the GPUs per rank. A trial stopped early saved its remaining epochs at its own observed epoch time. A cold
+    worker's one-time start-up (first imports) is not the trial's: ``startup_seconds``, apart from the rest.
     """
 
     ranks: int = 0
     gpus_per_rank: float = 0.0
-    group_seconds: float = 0.0  # the group's wall time, from reservation to release (all attempts)
+    group_seconds: float = 0.0  # the group's wall time, from reservation to release (all attempts), less start-up
+    startup_seconds: float = 0.0  # what its group waited for cold workers' one-time start-up (usually 0)
     saved_epochs: int = 0  # epochs early stopping spared (max_t - epochs run) for a STOPPED trial
     epoch_seconds: float = 0.0  # observed mean seconds per epoch (rank 0's time in the training function)
 
@@ -156,6 +165,7 @@ class TrialResult:
             ranks=int(run.data.params.get("num_ranks", 0)),
             gpus_per_rank=float(run.data.params.get("gpus_per_rank", 0.0)),
             group_seconds=float(metrics.get("group_seconds", 0.0)),
+            startup_seconds=float(metrics.get("startup_seconds", 0.0)),
             saved_epochs=int(float(tags.get("sweepflow.saved_epochs", 0))),
             epoch_seconds=float(tags.get("sweepflow.epoch_seconds", 0.0)),
         )
@@ -255,6 +265,9 @@ class SweepResult:
     metric: str | None  # None: a Tune experiment without a metric (no best, no ordering)
     mode: str
     not_started: int = 0  # trials the time budget left unstarted
+    # Seconds the sweep waited, before its first trial, for the workers' one-time start-up (first imports on a
+    # cold cluster; about 0 on warm workers): in no trial's time or worker-seconds.
+    startup_s: float = 0.0
 
     @property
     def failed(self) -> list[TrialResult]:
@@ -270,8 +283,12 @@ class SweepResult:
         return pick(candidates, key=lambda t: t.best)
 
     def usage(self) -> dict[str, float]:
-        """The sweep's totals: worker- and GPU-seconds used, and what early stopping saved."""
-        return ResourceUsage.total([t.usage for t in self.trials])
+        """The sweep's totals: worker- and GPU-seconds used, what early stopping saved, and (apart, in none of
+        those) ``startup_seconds``: the wall time spent waiting for the workers' one-time start-up, before the
+        first trial and inside any trial's group (a worker restarted after a failure starts cold)."""
+        totals = ResourceUsage.total([t.usage for t in self.trials])
+        totals["startup_seconds"] = round(totals["startup_seconds"] + self.startup_s, 4)
+        return totals
 
     def leaderboard(self) -> pd.DataFrame:
         """One row per trial (config, status, epochs, best and last metrics, resources), best first — like Ray's

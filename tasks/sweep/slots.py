@@ -12,6 +12,7 @@ class HeldSlot:
     def __init__(self, slots: TrialSlots) -> None:
         self._slots = slots
         self._held = True
+        self.on_release: Callable[[], None] | None = None  # told once, when it is given back (e.g. the progress line)
 
     def release(self) -> None:
         """Give the slot back (idempotent)."""
@@ -76,6 +77,8 @@ class TrialSlots:
             slot._held = False
             self._free += 1
             self._cond.notify_all()
+        if slot.on_release is not None:
+            slot.on_release()
         if self.on_release is not None:
             self.on_release()
 

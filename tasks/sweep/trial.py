@@ -183,10 +183,8 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
             trial_run.slot.release()  # the one it holds now (a paused trial gets another)
     finally:
         slot.release()
-    return replace(
-        result,
-        slot_wait_s=queued_s,
-        phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s},
+    return final_state(
+        replace(result, slot_wait_s=queued_s, phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s})
     )
 
 
@@ -219,7 +217,9 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
     )
     writer = RunWriter(rt.tracker, run_id)
     rt.writers.append(writer)
-    _link_task_run_to(rt.tracker, run_id)
+    url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)
+    # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
+    get_run_logger().info("%s: MLflow run %s", spec.name, url or run_id)
     writer.log_params(
         {
             **spec.params,
@@ -243,11 +243,32 @@ def _prefect_task_run_tags() -> dict[str, str]:
     }
 
 
-def _link_task_run_to(tracker: RunTracker, run_id: str) -> None:
-    """The other way: the trial's Prefect task run links to its MLflow run (where the UI has a web server)."""
-    url = MlflowLinks.for_tracking_uri(tracker.tracking_uri).run(tracker.experiment_id, run_id)
+def _show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result: TrialResult) -> None:
+    """How the trial ended, where a user looks: its MLflow run's description (the outcome and best value above
+    the Prefect link, not only a tag chip), and its Prefect task run's link artifact, titled with the trial and
+    keyed by it so the flow run's artifacts are told apart."""
+    metric = spec.template.selection_metric
+    best = f"; best {metric} {result.best:.4g} at epoch {result.best_epoch}" if metric and result.best is not None else ""
+    summary = f"{spec.name}: {result.outcome()}{best}"
+    prefect = _prefect_task_run_tags().get(DESCRIPTION_TAG)
+    writer.set_tags({DESCRIPTION_TAG: "\n\n".join(p for p in (f"**Outcome:** {summary}", prefect) if p)})
+    url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, writer.run_id)
     if url and prefect_task_run_id():
-        create_link_artifact(link=url, link_text=f"MLflow run {run_id}", description="The trial's MLflow run")
+        create_link_artifact(
+            link=url,
+            link_text=f"{spec.name} in MLflow",
+            key=f"{spec.trial_id.replace('_', '-')}-{rt.parent_run_id[:8]}",
+            description=f"**{summary}**",
+        )
+
+
+def final_state(result: TrialResult) -> Any:
+    """The trial task's final Prefect state: Completed (the sweep goes on), named "Stopped early" for an
+    early stop, with how the trial ended as its message; its data is the result."""
+    from prefect.states import Completed
+
+    name = "Stopped early" if result.status is TrialStatus.STOPPED else "Completed"
+    return Completed(data=result, name=name, message=f"{result.name}: {result.outcome()}")
 
 
 class _TrialRun:
@@ -393,6 +414,7 @@ class _TrialRun:
             return False
         self._keep_history(fit)
         self.slot = self.rt.slots.reacquire()
+        self.rt.progress.holds_slot(self.spec.trial_id, self.slot)
         latest = RunStorage(storage, "checkpoints", self.rt.storage_options).list_committed()
         if not latest:
             self.logger.warning(
@@ -540,6 +562,7 @@ class _TrialRun:
             del summary[f"best_{spec.template.selection_metric}"]  # logged with the report that reached it
         writer.log({**result.usage.metrics(), **summary}, step=max(result.epochs, 0))
         writer.set_tags(result.summary_tags())
+        _show_outcome(spec, rt, writer, result)
         # Stopped by the sweep's own abort (an error elsewhere): KILLED, not a normal early stop.
         aborted = (
             result.status is TrialStatus.STOPPED
@@ -661,6 +684,7 @@ class _TrialRun:
             ranks=spec.template.num_ranks,
             gpus_per_rank=spec.template.gpus_per_rank,
             group_seconds=fit.held_s,
+            startup_seconds=fit.startup_s,  # a cold worker's first imports: not the trial's
             # What early stopping spared: the epochs up to max_t this trial did not train, at its own pace.
             saved_epochs=max(spec.template.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
             epoch_seconds=fit.train_time_s / trained if trained > 0 else 0.0,
@@ -714,6 +738,7 @@ def _over_groups(last: train.Result, earlier: list[train.Result]) -> train.Resul
         last,
         train_time_s=last.train_time_s + sum(r.train_time_s for r in earlier),
         held_s=last.held_s + sum(r.held_s for r in earlier),
+        startup_s=last.startup_s + sum(r.startup_s for r in earlier),
         num_failures=last.num_failures + sum(r.num_failures for r in earlier),
         started_at=earlier[0].started_at or last.started_at,
     )

@@ -47,26 +47,46 @@ class MlflowLinks:
             return cls(_without_credentials(tracking_uri))
         return cls(local_ui.rstrip("/") if local_ui else None)
 
-    def runs_table(self, experiment_id: str) -> str | None:
-        # workflowType=machine_learning: the runs table, not the GenAI overview MLflow 3 opens by default.
-        return self._at(f"/experiments/{experiment_id}/runs?workflowType=machine_learning")
+    def runs_table(
+        self, experiment_id: str, *, parent_run_id: str | None = None, metric: str | None = None, mode: str = "max"
+    ) -> str | None:
+        """The experiment's runs table; with ``parent_run_id`` only that sweep's trials, listed flat (MLflow
+        keeps a nested parent collapsed, and cannot be told otherwise by URL), and with ``metric`` sorted best
+        first by ``best_<metric>`` (which the trial runs log as they train)."""
+        query: list[tuple[str, str]] = []
+        if parent_run_id:
+            query.append(("searchFilter", f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
+        if metric:
+            query += [("orderByKey", f"metrics.`best_{metric}`"), ("orderByAsc", "true" if mode == "min" else "false")]
+        return self._at(f"/experiments/{experiment_id}/runs", query)
 
     def run(self, experiment_id: str, run_id: str) -> str | None:
         return self._at(f"/experiments/{experiment_id}/runs/{run_id}")
 
+    def run_artifact(self, experiment_id: str, run_id: str, path: str) -> str | None:
+        """The run page's artifact viewer, opened on ``path`` (e.g. "report/sweep_report.html")."""
+        return self._at(f"/experiments/{experiment_id}/runs/{run_id}/artifacts/{path}")
+
     def compare(self, experiment_id: str, run_ids: Sequence[str]) -> str | None:
-        """The compare view of these runs (MLflow's own route: JSON lists of run and experiment ids)."""
+        """The compare view of these runs, in this order (give them best first: MLflow shows them as given).
+        MLflow's own route: JSON lists of run and experiment ids."""
         if not run_ids:
             return None
-        runs = quote(json.dumps(list(run_ids), separators=(",", ":")), safe="")
-        experiments = quote(json.dumps([str(experiment_id)], separators=(",", ":")), safe="")
-        return self._at(f"/compare-runs?runs={runs}&experiments={experiments}")
+        runs = json.dumps(list(run_ids), separators=(",", ":"))
+        experiments = json.dumps([str(experiment_id)], separators=(",", ":"))
+        return self._at("/compare-runs", [("runs", runs), ("experiments", experiments)])
 
     def model_version(self, name: str, version: str | int) -> str | None:
         return self._at(f"/models/{quote(name, safe='')}/versions/{version}")
 
-    def _at(self, route: str) -> str | None:
-        return f"{self.ui}/#{route}" if self.ui else None
+    def _at(self, route: str, query: Sequence[tuple[str, str]] = ()) -> str | None:
+        """``route`` in the UI, in its model-training mode: without ``workflowType=machine_learning`` MLflow 3
+        opens runs, the compare view and model versions in its GenAI mode (traces, judges, prompts)."""
+        if not self.ui:
+            return None
+        # Last: MLflow's compare view reads its runs and experiments only when they lead the query.
+        pairs = [*(kv for kv in query if kv[0] != "workflowType"), ("workflowType", "machine_learning")]
+        return f"{self.ui}/#{route}?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in pairs)
 
 
 def sweep_views(
@@ -77,12 +97,15 @@ def sweep_views(
     trial_run_ids: Sequence[str],
     best_run_id: str | None = None,
     registered: tuple[str, str | int] | None = None,
+    metric: str | None = None,
+    mode: str = "max",
 ) -> dict[str, str | None]:
-    """The MLflow views of one sweep, by label, in the order a user wants them: the runs table, the pipeline's
-    parent run, the compare view of its trials, the best trial's run and the registered version (those known:
+    """The MLflow views of one sweep, by label, in the order a user wants them: the runs table (the sweep's
+    trials, best first by ``metric``), the pipeline's parent run, the compare view of its trials
+    (``trial_run_ids``: give them best first), the best trial's run and the registered version (those known:
     ``best_run_id`` and ``registered`` = (name, version) once the sweep has them)."""
     views = {
-        "runs table": mlflow.runs_table(experiment_id),
+        "runs table": mlflow.runs_table(experiment_id, parent_run_id=parent_run_id, metric=metric, mode=mode),
         "parent run": mlflow.run(experiment_id, parent_run_id),
         "compare trials": mlflow.compare(experiment_id, trial_run_ids),
     }

@@ -62,10 +62,12 @@ _SYSTEM_METRICS_FINISH_S = 10.0  # longest a trial's end waits for its last syst
 
 @dataclass(frozen=True)
 class SystemMetrics:
-    """Where rank 0 logs MLflow's system metrics (``system/cpu_utilization_percentage``, memory, GPU) while it
-    trains: every ``interval_s`` seconds, to run ``run_id`` on ``tracking_uri``. ``auth_env``: the flow's MLflow
-    credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) for a server that asks for them; they travel with
-    the Dask task, are set on rank 0 only while it trains, and are never in a repr."""
+    """Where rank 0 logs the trial's system metrics (``system/cpu_utilization_percentage``, the trial's own
+    ``system/process_cpu_percentage``, memory, GPU; see ``system_metrics.py``) while it trains: from its start,
+    at gaps growing up to ``interval_s`` seconds, and at its end, to run ``run_id`` on ``tracking_uri``.
+    ``auth_env``: the flow's MLflow credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) for a server that
+    asks for them; they travel with the Dask task, are set on rank 0 only while it trains, and are never in a
+    repr."""
 
     tracking_uri: str
     run_id: str
@@ -78,44 +80,25 @@ class SystemMetrics:
 
 @contextlib.contextmanager
 def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
-    """MLflow's monitor thread around the training function, on rank 0 only (one machine's view per trial)."""
+    """The trial's system-metrics sampler around the training function, on rank 0 only (one machine's view per
+    trial). Every call to the tracking server happens in the sampler's thread, never the training thread's (a
+    server that is away keeps MLflow's HTTP client retrying for minutes); the function's end waits at most
+    _SYSTEM_METRICS_FINISH_S for the last sample to be written."""
     import ddp_runtime
 
     if settings is None or ddp_runtime.get_context().get_world_rank() != 0:
         yield
         return
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from sweepflow.tasks.training.system_metrics import TrialSampler
 
-    # Every call to the tracking server happens off the training thread: creating the monitor reads the run
-    # (to continue a restarted group's steps), and a server that is away keeps MLflow's HTTP client retrying
-    # for minutes. Training never waits for it; its end waits at most _SYSTEM_METRICS_FINISH_S.
-    started: list[SystemMetricsMonitor] = []
-
-    def begin() -> None:
-        monitor = SystemMetricsMonitor(
-            settings.run_id,
-            sampling_interval=settings.interval_s,
-            resume_logging=True,  # a restarted group continues the steps, it does not overwrite them
-            tracking_uri=settings.tracking_uri,
-        )
-        monitor.start()
-        started.append(monitor)
-
-    def end() -> None:
-        beginning.join()
-        for monitor in started:
-            monitor.finish()  # joins its thread and flushes the last samples
-
-    # MLflow's client reads the auth variables on every request: they are set for as long as the monitor runs.
+    # MLflow's client reads the auth variables on every request: they are set for as long as the sampler runs.
     with tracking_auth_scope(settings.auth_env):
-        beginning = threading.Thread(target=begin, name="system-metrics-start", daemon=True)
-        beginning.start()
+        sampler = TrialSampler(settings.tracking_uri, settings.run_id, max_interval_s=settings.interval_s)
+        sampler.start()
         try:
             yield
         finally:
-            ending = threading.Thread(target=end, name="system-metrics-finish", daemon=True)
-            ending.start()
-            ending.join(_SYSTEM_METRICS_FINISH_S)
+            sampler.stop(_SYSTEM_METRICS_FINISH_S)
 
 
 @dataclass(frozen=True)
@@ -190,6 +173,17 @@ class TrainFunction:
                 f"training.train_fn={self.target!r}: no module {module_name!r}; it must be importable in the flow "
                 "process and on every Dask worker (install your package there, or put it on PYTHONPATH)"
             )
+
+    def warm_up(self, *, system_metrics: bool = False) -> None:
+        """Import the function's module where it will run, ahead of its first trial (the sweep's worker start-up:
+        ``ddp_runtime.cluster.warm_up_workers``; a function object's modules came with it), and with
+        ``system_metrics`` what the trial's system-metrics sampler writes with."""
+        if isinstance(self.target, str):
+            import_train_fn(self.target)
+        if system_metrics:
+            from sweepflow.tasks.training.system_metrics import warm_up
+
+            warm_up()
 
     @property
     def path(self) -> str:
