@@ -240,6 +240,9 @@ def test_a_class_trainable_under_pbt_continues_from_its_donor(services):
         perturbation_interval=4,
         hyperparam_mutations={"lr": [0.003, 0.01, 0.03, 0.1]},
         resample_probability=0.0,
+        # Its steps take microseconds: asynchronously, on a loaded machine one trial could end before the other
+        # reported at all (a finished trial is no donor). Synchronous: both meet at every interval.
+        synch=True,
     )
     analysis = tune.run(
         Climber, config={"lr": tune.grid_search([0.1, 0.003])}, stop={"training_iteration": 12},
