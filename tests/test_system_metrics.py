@@ -33,6 +33,7 @@ def test_a_short_trial_gets_true_cpu_readings_from_its_start(mlflow_server):
     sampler on the same run (a restarted group) continues the steps."""
     client = MlflowClient(mlflow_server)
     run_id = client.create_run(client.create_experiment(f"sysmetrics-{time.time_ns()}")).info.run_id
+    client.log_metric(run_id, "val_accuracy", 0.5, step=0)  # the trial's first report
     burner = subprocess.Popen([sys.executable, "-c", BURN.format(s=30)])
     try:
         sampler = TrialSampler(mlflow_server, run_id, max_interval_s=5.0, pid=burner.pid)
@@ -59,6 +60,31 @@ def test_a_short_trial_gets_true_cpu_readings_from_its_start(mlflow_server):
     assert steps == list(range(len(steps))) and len(steps) > len(process_cpu)
 
 
+def test_nothing_is_written_before_the_trials_own_first_report(mlflow_server):
+    """MLflow's compare view opens on the metric a run logged first: the samples wait for the trial's first
+    report and then all go, numbered from 0; a trial that never reports still gets them at its end."""
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"sysfirst-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    sampler = TrialSampler(mlflow_server, run_id, max_interval_s=0.3)
+    sampler.start()
+    time.sleep(1.0)
+    assert not client.get_run(run_id).data.metrics, "system metrics were written before the trial reported"
+    client.log_metric(run_id, "best_val_accuracy", 0.5, step=0)
+    time.sleep(0.8)
+    assert sampler.stop(timeout_s=30)
+    assert list(client.get_run(run_id).data.metrics)[0] == "best_val_accuracy"
+    steps = sorted(m.step for m in _history(client, run_id, "cpu_utilization_percentage"))
+    assert len(steps) >= 4 and steps == list(range(len(steps))), steps  # the held samples were not lost
+
+    silent = client.create_run(experiment).info.run_id
+    sampler = TrialSampler(mlflow_server, silent, max_interval_s=0.3)
+    sampler.start()
+    time.sleep(0.5)
+    assert sampler.stop(timeout_s=30)
+    assert _history(client, silent, "cpu_utilization_percentage")
+
+
 def test_gpu_metrics_come_from_nvidia_smi_for_the_gpus_the_rank_sees(tmp_path, monkeypatch, mlflow_server):
     """Without NVML's Python binding, `nvidia-smi --query-gpu` (here a fake one first on PATH) gives each
     visible GPU's utilisation and memory; CUDA_VISIBLE_DEVICES=1 shows GPU 1 only."""
@@ -77,6 +103,7 @@ def test_gpu_metrics_come_from_nvidia_smi_for_the_gpus_the_rank_sees(tmp_path, m
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     client = MlflowClient(mlflow_server)
     run_id = client.create_run(client.create_experiment(f"gpumetrics-{time.time_ns()}")).info.run_id
+    client.log_metric(run_id, "val_accuracy", 0.5, step=0)
 
     sampler = TrialSampler(mlflow_server, run_id, max_interval_s=5.0)
     sampler.start()

@@ -190,6 +190,41 @@ def test_a_raising_callback_fails_the_experiment_naming_it(services, tmp_path):
     assert [r.info.status for r in runs if "mlflow.parentRunId" not in r.data.tags] == ["FAILED"]
 
 
+def test_an_error_of_ours_inside_a_trial_fails_the_experiment_and_ends_its_run(services, tmp_path, monkeypatch):
+    """Not a training failure but a bug of sweepflow's own, raised in a trial's task after it trained: the
+    experiment fails with that error (it does not wait for ever on the trial's MLflow writer) and the trial's
+    run ends FAILED."""
+    import sweepflow.tasks.sweep.trial as trial_module
+
+    def broken(self, fit, error):
+        raise TypeError("an error of ours")
+
+    monkeypatch.setattr(trial_module._TrialRun, "_result", broken)
+    tuner = tune.Tuner(
+        quick_trainable,
+        param_space={"q": tune.grid_search([1.0])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(name="ours-broken", storage_path=str(tmp_path / "results"), verbose=0),
+    )
+    outcome: list[BaseException | None] = []
+
+    def fit() -> None:
+        try:
+            tuner.fit()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what fit raised is the test's subject
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    thread.join(timeout=240)
+    assert not thread.is_alive(), "fit() hangs after an error inside a trial's task"
+    assert isinstance(outcome[0], TypeError) and "an error of ours" in str(outcome[0]), outcome
+    client = MlflowClient(services["mlflow"])
+    runs = client.search_runs([client.get_experiment_by_name("ours-broken").experiment_id])
+    assert sorted(r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags) == ["FAILED"]
+
+
 # ---- checked before any work (no services)
 
 

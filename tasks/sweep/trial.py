@@ -179,6 +179,11 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
             result = trial_run.train(artifact_uri)
             if rt.fail_fast and result.status is TrialStatus.FAILED:  # before its slot frees: none starts
                 rt.end_early(f"fail_fast: {spec.name} failed")
+        except BaseException:
+            # An error of ours, not the training's (those end as a FAILED result): the run ends FAILED before the
+            # error goes on, or the sweep's join_writers would wait for its end for ever.
+            writer.finish(TrialStatus.FAILED.mlflow_status)
+            raise
         finally:
             trial_run.slot.release()  # the one it holds now (a paused trial gets another)
     finally:
@@ -217,9 +222,13 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
     )
     writer = RunWriter(rt.tracker, run_id)
     rt.writers.append(writer)
-    url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)
-    # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
-    get_run_logger().info("%s: MLflow run %s", spec.name, url or run_id)
+    try:
+        url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)
+        # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
+        get_run_logger().info("%s: MLflow run %s", spec.name, url or run_id)
+    except BaseException:
+        writer.finish(TrialStatus.FAILED.mlflow_status)  # or join_writers waits for its end for ever
+        raise
     writer.log_params(
         {
             **spec.params,

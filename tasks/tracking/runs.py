@@ -402,6 +402,7 @@ class RunWriter:
         self.run_id = run_id
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
+        self._finished = False
         self._thread = threading.Thread(target=self._loop, name=f"mlflow-run-{run_id[:8]}", daemon=True)
         self._thread.start()
 
@@ -424,7 +425,12 @@ class RunWriter:
         self._queue.put(("artifacts", (local_dir, artifact_path)))
 
     def finish(self, status: str) -> None:
-        """Queue the run's end (FINISHED, KILLED or FAILED); nothing can be queued after it."""
+        """Queue the run's end (FINISHED, KILLED or FAILED); nothing can be queued after it. Only the first
+        call counts, so whoever holds the writer when an error goes by can end the run without asking whether it
+        was ended: a writer never finished would keep ``join`` waiting for ever."""
+        if self._finished:
+            return
+        self._finished = True
         self._queue.put(("end", status))
         self._queue.put(self._STOP)
 

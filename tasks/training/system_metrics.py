@@ -22,6 +22,9 @@ whose first call returns 0.0; and it is the host's CPU, not the trial's. Here, o
   on from the run's earlier system metrics (a restarted group continues the steps); a sample taken before the
   client was ready, or whose write failed, goes with the next one. (MLflow's client is imported during the
   workers' start-up, ``warm_up``: imported by a trial's sampler, it would hold the GIL against its training.)
+- writes nothing before the run has a metric of the trial's own (its first report): MLflow's compare view opens
+  its parallel-coordinates plot on the metric a run logged first, which must be the trial's best value, not
+  the CPU. A trial that never reports gets its samples at its end, after a short wait for its last report.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ FIRST_SAMPLE_S = 0.5  # the first sample, after the function starts (sooner when
 LAST_SAMPLE_MIN_S = 0.1  # the sample at the end is taken when at least this long has passed since the last one
 _STEP_FROM = "system/cpu_utilization_percentage"  # the metric whose last step a restarted group continues from
 _GIVE_UP_AFTER = 3  # consecutive failed writes (the server is away): the sampler stops
+_OWN_METRIC_WAIT_S = 2.0  # at the end, the longest wait for the trial's first report to reach its run
 NVIDIA_SMI_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total"
 _MIB = 1024 * 1024 / 1e6  # nvidia-smi's MiB in MB (MLflow's system metrics are in MB)
 
@@ -298,7 +302,7 @@ class TrialSampler:
         except (OSError, RuntimeError):
             net_start = None
         gpus = find_gpus()
-        client, step = None, 0
+        client, step, reported = None, 0, False
         pending: list[tuple[dict[str, float], int]] = []  # samples not written yet, with their times (ms)
         last_sample = started
         while True:
@@ -319,6 +323,10 @@ class TrialSampler:
                 except Exception as exc:  # noqa: BLE001 - the trial trains on; its run lacks system metrics
                     log.warning("system metrics of run %s: no MLflow client (%s)", self.run_id, type(exc).__name__)
                     return
+            if not reported:  # the trial's own metrics go first (see the module docstring)
+                reported = self._has_own_metrics(client, wait_s=_OWN_METRIC_WAIT_S if stopping else 0.0)
+                if not reported and not stopping:
+                    continue
             if self._write(client, pending, step):
                 step += len(pending)
                 pending = []
@@ -327,6 +335,20 @@ class TrialSampler:
                 return
             if stopping:
                 return
+
+    def _has_own_metrics(self, client: Any, *, wait_s: float) -> bool:
+        """Whether the run has a metric that is not a system metric, asked again for up to ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                keys = client.get_run(self.run_id).data.metrics
+            except Exception:  # noqa: BLE001 - the server is slow to answer: the next sample asks again
+                keys = {}
+            if any(not key.startswith("system/") for key in keys):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _first_step(self, client: Any) -> int:
         """After the run's earlier system metrics (a restarted or resumed trial), else 0."""
