@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -156,6 +157,26 @@ def _start(cmd: list[str], env: Mapping[str, str], log_path: Path, url: str) -> 
         f"mlflow server did not answer {url}/health within {STARTUP_TIMEOUT_S:.0f} s (a slow machine? raise "
         f"STARTUP_TIMEOUT_S in {__file__}). Log {log_path} ends with:\n{_log_tail(log_path)}"
     )
+
+
+def basic_auth_env(
+    state: os.PathLike[str], *, admin: str, password: str, default_permission: str
+) -> dict[str, str]:
+    """The environment of an ``mlflow server`` running MLflow's basic-auth app (``--app-name basic-auth`` or
+    ours, ``sweepflow-basic-auth``): its config file and user database in ``state``, ``admin`` as the admin."""
+    config = Path(state) / "basic_auth.ini"
+    config.write_text(
+        f"[mlflow]\ndefault_permission = {default_permission}\n"
+        f"database_uri = sqlite:///{Path(state) / 'auth.db'}\n"
+        f"admin_username = {admin}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_AUTH_ADMIN_USERNAME": admin,
+        "MLFLOW_AUTH_ADMIN_PASSWORD": password,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+    }
 
 
 @contextmanager

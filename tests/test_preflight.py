@@ -13,12 +13,12 @@ import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from conftest import free_port
+from http_stub import serving
 
 from sweepflow.flows.cli import main
 
@@ -225,15 +225,8 @@ def file_server(tmp_path_factory) -> Iterator[str]:
         def log_message(self, format, *args):  # noqa: A002 - the base class's signature
             pass  # the test reads this process's stderr
 
-    handler = Quiet
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Quiet) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

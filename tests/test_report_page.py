@@ -9,15 +9,15 @@ from __future__ import annotations
 import http.server
 import os
 import secrets
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from browser import rendered_dom
+from http_stub import serving
 from mlflow.tracking import MlflowClient
-from mlflow_server import run_mlflow_server
+from mlflow_server import basic_auth_env, run_mlflow_server
 
 from sweepflow.tasks.reporting.report_page import (
     PING_ROUTE,
@@ -106,14 +106,8 @@ def stock_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(NotFound) as url:
+        yield url
 
 
 def test_no_page_without_a_server_that_serves_it(stock_server: str) -> None:
@@ -161,19 +155,7 @@ def test_basic_auth_reads_the_report_as_it_reads_artifacts(tmp_path, monkeypatch
     """``--app-name sweepflow-basic-auth`` (``stack up --mlflow-auth-file``): logins as MLflow's basic-auth app,
     and the report only for the users who may read the run."""
     admin, password = "admin1", "pw-" + secrets.token_hex(8)
-    config = tmp_path / "basic_auth.ini"
-    config.write_text(
-        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
-        f"database_uri = sqlite:///{tmp_path / 'auth.db'}\n"
-        f"admin_username = {admin}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-    )
-    env = {
-        "MLFLOW_AUTH_CONFIG_PATH": str(config),
-        "MLFLOW_AUTH_ADMIN_USERNAME": admin,
-        "MLFLOW_AUTH_ADMIN_PASSWORD": password,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
-    }
+    env = basic_auth_env(tmp_path, admin=admin, password=password, default_permission="NO_PERMISSIONS")
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     with run_mlflow_server(

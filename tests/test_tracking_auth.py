@@ -10,7 +10,7 @@ import secrets
 import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow_server import run_mlflow_server
+from mlflow_server import basic_auth_env, run_mlflow_server
 from prefect import flow
 
 from ddp_runtime.cluster import local_cluster
@@ -25,19 +25,7 @@ PASSWORD = "pw-" + secrets.token_hex(8)
 @pytest.fixture(scope="module")
 def auth_mlflow(tmp_path_factory):
     state = tmp_path_factory.mktemp("mlflow-auth")
-    config = state / "basic_auth.ini"
-    config.write_text(
-        "[mlflow]\ndefault_permission = READ\n"
-        f"database_uri = sqlite:///{state / 'auth.db'}\n"
-        f"admin_username = {USER}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-    )
-    env = {
-        "MLFLOW_AUTH_CONFIG_PATH": str(config),
-        "MLFLOW_AUTH_ADMIN_USERNAME": USER,
-        "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
-    }
+    env = basic_auth_env(state, admin=USER, password=PASSWORD, default_permission="READ")
     artifacts = state / "artifacts"
     artifacts.mkdir()
     with run_mlflow_server(

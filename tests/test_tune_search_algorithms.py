@@ -308,3 +308,10 @@ def test_tune_run_with_a_repeater(services):
     assert trials[1].last_result["loss"] == pytest.approx(trials[0].last_result["loss"] + 0.01)
     parent = MlflowClient(services["mlflow"]).get_run(analysis.info["parent_run_id"])
     assert "each config run 2x (Repeater)" in parent.data.params["search"]
+
+
+def test_multi_objective_search_is_refused_saying_it_is_not_built():
+    """Ray's multi-objective OptunaSearch (lists of metrics and modes): one sentence that it is not built here
+    and what to do instead, not a complaint about the mode's type."""
+    with pytest.raises(NotImplementedError, match="multi-objective search is not built in sweepflow; search one metric"):
+        OptunaSearch(metric=["loss", "gain"], mode=["min", "max"])

@@ -119,29 +119,23 @@ def plan(
                 "OptunaSearch no space; plain values in config/param_space are merged into every trial's config"
             )
         optuna_seed = search_alg.seed if search_alg.seed is not None else seed
+        tpe = {  # what both of Optuna's ways of searching take
+            "num_samples": configs,
+            "mode": mode,
+            "seed": optuna_seed,
+            "n_startup_trials": search_alg.n_startup_trials,
+            "points_to_evaluate": search_alg.points_to_evaluate,
+        }
         if search_alg.define_by_run:
             sampler = DefineByRunSampler(
                 search_alg.space,  # type: ignore[arg-type]  # callable: define_by_run
                 constants=param_space,
-                num_samples=configs,
-                mode=mode,
-                seed=optuna_seed,
-                n_startup_trials=search_alg.n_startup_trials,
-                points_to_evaluate=search_alg.points_to_evaluate,
+                **tpe,
             )
             label = f"tpe (optuna, define-by-run {qualified_name(search_alg.space)})"
         else:
             space = _deep_merged(param_space, search_alg.space or {})  # type: ignore[arg-type]  # a dict here
-            sampler = SearchSampler(
-                space,
-                num_samples=configs,
-                metric=metric,
-                mode=mode,
-                seed=optuna_seed,
-                n_startup_trials=search_alg.n_startup_trials,
-                points_to_evaluate=search_alg.points_to_evaluate,
-                evaluated_rewards=search_alg.evaluated_rewards,
-            )
+            sampler = SearchSampler(space, metric=metric, evaluated_rewards=search_alg.evaluated_rewards, **tpe)
             label = "tpe (optuna)"
     else:
         raise TypeError(

@@ -75,10 +75,7 @@ class HyperBandScheduler(TrialScheduler):
         stop_last_trials: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(time_attr, str) or not time_attr:
-            raise ValueError(f"HyperBandScheduler: time_attr must name a reported counter, got {time_attr!r}")
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"HyperBandScheduler: mode must be 'min' or 'max', got {mode!r}")
+        self._check_time_attr_and_mode(time_attr, mode)
         if isinstance(max_t, bool) or not isinstance(max_t, int | float) or max_t < 1:
             raise ValueError(f"HyperBandScheduler: max_t must be >= 1 (in units of {time_attr!r}), got {max_t!r}")
         if isinstance(reduction_factor, bool) or not isinstance(reduction_factor, int | float) or reduction_factor <= 1:

@@ -99,10 +99,7 @@ class PopulationBasedTraining(TrialScheduler):
             )
         if custom_explore_fn is not None and not callable(custom_explore_fn):
             raise TypeError(f"PopulationBasedTraining: custom_explore_fn must be a function, got {custom_explore_fn!r}")
-        if not isinstance(time_attr, str) or not time_attr:
-            raise ValueError(f"PopulationBasedTraining: time_attr must name a reported counter, got {time_attr!r}")
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"PopulationBasedTraining: mode must be 'min' or 'max', got {mode!r}")
+        self._check_time_attr_and_mode(time_attr, mode)
         if not _is_number(perturbation_interval) or perturbation_interval <= 0:
             raise ValueError(
                 f"PopulationBasedTraining: perturbation_interval must be > 0 (in units of {time_attr!r}), "

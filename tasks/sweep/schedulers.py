@@ -87,6 +87,17 @@ class TrialScheduler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
+    def _check_time_attr_and_mode(self, time_attr: Any, mode: Any) -> None:
+        """The two arguments every Ray scheduler takes, checked alike; the errors name the scheduler."""
+        owner = type(self).__name__
+        if not isinstance(time_attr, str) or not time_attr:
+            raise ValueError(
+                f"{owner}: time_attr must be the non-empty name of a reported, monotonically increasing value "
+                f"(e.g. 'training_iteration'), got {time_attr!r}"
+            )
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"{owner}: mode must be 'min' or 'max' ('min' for a loss, 'max' for accuracy), got {mode!r}")
+
     # A scheduler is pickled with the experiment's settings (``Tuner.restore`` builds it again from them): its
     # locks are not state, and are made anew.
     def __getstate__(self) -> dict[str, Any]:
@@ -229,15 +240,7 @@ class ASHAScheduler(TrialScheduler):
             raise ValueError(
                 f"ASHAScheduler: metric must be the non-empty name of a reported metric, got {metric!r}"
             )
-        if not isinstance(time_attr, str) or not time_attr:
-            raise ValueError(
-                f"ASHAScheduler: time_attr must be the non-empty name of a reported, monotonically "
-                f"increasing value (e.g. 'training_iteration'), got {time_attr!r}"
-            )
-        if mode not in (None, "min", "max"):
-            raise ValueError(
-                f"ASHAScheduler: mode must be 'min' or 'max' ('min' for a loss, 'max' for accuracy), got {mode!r}"
-            )
+        self._check_time_attr_and_mode(time_attr, mode)
         if brackets != 1:
             raise ValueError(f"ASHAScheduler(brackets={brackets!r}): only one bracket is supported; use brackets=1")
         if stop_last_trials is not True:
@@ -426,10 +429,7 @@ class MedianStoppingRule(TrialScheduler):
         hard_stop: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(time_attr, str) or not time_attr:
-            raise ValueError(f"MedianStoppingRule: time_attr must name a reported, increasing value, got {time_attr!r}")
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"MedianStoppingRule: mode must be 'min' or 'max', got {mode!r}")
+        self._check_time_attr_and_mode(time_attr, mode)
         if not _is_number(grace_period) or grace_period < 0:
             raise ValueError(f"MedianStoppingRule: grace_period must be a number >= 0, got {grace_period!r}")
         if isinstance(min_samples_required, bool) or not isinstance(min_samples_required, int) or min_samples_required < 1:

@@ -35,6 +35,12 @@ class OptunaSearch:
         evaluated_rewards: Sequence[float] | None = None,
         n_startup_trials: int = 4,
     ) -> None:
+        if isinstance(metric, list | tuple) or isinstance(mode, list | tuple):
+            raise NotImplementedError(
+                f"OptunaSearch(metric={metric!r}, mode={mode!r}): multi-objective search is not built in "
+                "sweepflow; search one metric (metric='loss', mode='min'), or report a combination of the "
+                "objectives as one metric and search that"
+            )
         if mode not in (None, "min", "max"):
             raise ValueError(f"OptunaSearch(mode={mode!r}): mode must be 'min' or 'max'")
         if isinstance(n_startup_trials, bool) or not isinstance(n_startup_trials, int) or n_startup_trials < 0:
