@@ -112,6 +112,19 @@ def task_abandoned(worker: Worker, key: Hashable) -> bool:
     return task is None or task.state in ("cancelled", "released", "forgotten")
 
 
+def runs_alone_in_its_process(worker: Worker) -> bool:
+    """Whether this worker's process runs one task at a time and nothing else: a nanny's worker process (one
+    worker per process, apart from the client's) with one task thread.
+
+    Relies on ``Worker.nanny`` (the nanny's address; None for a worker started without one, e.g. in the
+    client's process) and ``Worker.state.nthreads`` (the task thread count, which Dask keeps in the worker's
+    state machine, an internal). Written for distributed 2026.8. If it breaks (ranks then keep per-trial working
+    directories by the per-thread fallback, or not at all): read the thread count from
+    ``worker.executor._max_workers`` or the ``--nthreads`` the worker was started with.
+    """
+    return worker.nanny is not None and worker.state.nthreads == 1
+
+
 # ------------------------------------------------------------------------------------------- distributed: client
 
 
@@ -193,6 +206,7 @@ __all__ = [
     "processing_keys",
     "queued_items",
     "running_workers",
+    "runs_alone_in_its_process",
     "scheduler_address",
     "scheduler_singleton",
     "task_abandoned",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from distributed import Client, Future, Queue, Variable
@@ -24,6 +26,8 @@ from ddp_runtime import _compat
 from ddp_runtime import _gang as gang
 from ddp_runtime._hang import blame_stuck_rank, hang_error
 from ddp_runtime._worker import (
+    CHECKPOINT_THEN_CONTINUE,
+    CHECKPOINT_THEN_STOP,
     CONTINUE,
     STARTED,
     STOP,
@@ -40,7 +44,18 @@ from ddp_runtime.result import RankError, RankHangError
 
 log = logging.getLogger(__name__)
 
-ReportCallback = Callable[[dict[str, Any]], bool | None]
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``on_report`` may return instead of a bool: whether the group stops at this report, and whether rank
+    0 saves a checkpoint of it first (when its function offers one: ``report(..., checkpoint_on_request=...)``;
+    e.g. a Tune class trainable, asked by a callback's ``should_checkpoint``)."""
+
+    stop: bool = False
+    checkpoint: bool = False
+
+
+ReportCallback = Callable[[dict[str, Any]], bool | Verdict | None]
 
 _POLL_S = 0.1  # how long the driver blocks on the report queue before checking the ranks' futures
 _LIVENESS_EVERY_S = 0.5  # how often the driver checks that the group's workers are still alive
@@ -205,6 +220,8 @@ class GroupRun:
         hosts = [get_address_host(a) for a in addresses]
         node_order = list(dict.fromkeys(hosts))
         next_index = (self.committed[-1].index + 1) if self.committed else 0
+        # Ray's switch, read where a Ray script sets it (the driver): 0 keeps ranks in their worker's directory.
+        chdir = os.environ.get("RAY_CHDIR_TO_TRIAL_DIR", "1").strip() != "0"
         specs = []
         for rank, host in enumerate(hosts):
             same_host = [r for r, h in enumerate(hosts) if h == host]
@@ -227,6 +244,7 @@ class GroupRun:
                     storage_options=rc.storage_options,
                     resume_from=self.resume,
                     next_checkpoint_index=next_index,
+                    chdir=chdir,
                 )
             )
         return specs
@@ -408,15 +426,22 @@ class GroupRun:
         )
 
     def _on_report(self, message: dict[str, Any]) -> str:
+        if message["metrics"] is None:  # the checkpoint the last verdict asked for: the last report's
+            if message["checkpoint"] is not None:
+                self._track_checkpoint(message["checkpoint"], self.history[-1])
+            return CONTINUE  # rank 0 goes by the verdict it had
         metrics = dict(message["metrics"])
         metrics.setdefault("training_iteration", len(self.history) + 1)
         self.history.append(metrics)
         if message["checkpoint"] is not None:
             self._track_checkpoint(message["checkpoint"], metrics)
         callback = self.trainer.on_report
-        if callback is not None and callback(dict(metrics)):
-            return STOP
-        return STOP if stop_met(self.trainer.run_config.stop, self.trainer.name, metrics) else CONTINUE
+        answer = callback(dict(metrics)) if callback is not None else None
+        verdict = answer if isinstance(answer, Verdict) else Verdict(stop=bool(answer))
+        stop = verdict.stop or stop_met(self.trainer.run_config.stop, self.trainer.name, metrics)
+        if verdict.checkpoint and message["checkpoint"] is None:
+            return CHECKPOINT_THEN_STOP if stop else CHECKPOINT_THEN_CONTINUE
+        return STOP if stop else CONTINUE
 
     def _track_checkpoint(self, path: str, metrics: dict[str, Any]) -> None:
         cfg = self.trainer.run_config.checkpoint_config

@@ -6,7 +6,11 @@ data, so the driver sees which rank failed and Dask never retries a rank on its 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import hashlib
 import inspect
+import logging
 import os
 import re
 import sys
@@ -14,7 +18,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,14 +26,19 @@ from typing import TYPE_CHECKING, Any
 from distributed import Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
-from ddp_runtime import _compat, _warmup
+from ddp_runtime import _compat, _network, _warmup
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
 
 if TYPE_CHECKING:  # imported inside the functions that run on workers: drivers never need torch
     import torch
 
+log = logging.getLogger(__name__)
+
 STOP, CONTINUE = "stop", "continue"
+# The same verdicts, asking rank 0 first for a checkpoint of the report they answer when its function offers one
+# (``report(..., checkpoint_on_request=...)``); it sends the checkpoint back (``metrics`` None), then goes on.
+CHECKPOINT_THEN_STOP, CHECKPOINT_THEN_CONTINUE = "checkpoint,stop", "checkpoint,continue"
 STARTED = {"started": True}  # rank 0's first message on the report queue: the group is set up
 _VERDICT_POLL_S = 1.0  # while waiting for a verdict, how often rank 0 checks that its driver still wants it
 
@@ -59,6 +68,7 @@ class RankSpec:
     storage_options: dict[str, Any] | None
     resume_from: Checkpoint | None
     next_checkpoint_index: int
+    chdir: bool = True  # run the function in its trial directory (Ray: RAY_CHDIR_TO_TRIAL_DIR, default 1)
 
     @property
     def channel(self) -> str:
@@ -96,9 +106,11 @@ def _device(spec: RankSpec, worker_address: str) -> torch.device:
 
 
 def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> float:
-    """Rank 0 opens a TCPStore on a port the OS picks on its own host and publishes host:port through a Dask
-    Variable; the other ranks read it and connect. No fixed port, so many groups share a cluster. Returns the
-    seconds this rank spent on its worker's one-time start-up meanwhile (0.0 on a warm worker)."""
+    """Rank 0 opens a TCPStore on its Dask worker's address (which the other hosts reach: the scheduler does),
+    on a port the OS picks, and publishes host:port through a Dask Variable; the other ranks read it and
+    connect. No fixed port, so many groups share a cluster. gloo/NCCL then connect through the interface holding
+    each rank's worker address (``_network``). Returns the seconds this rank spent on its worker's one-time
+    start-up meanwhile (0.0 on a warm worker)."""
     import torch.distributed as dist
 
     variable = Variable(rendezvous_variable_name(spec.channel))
@@ -120,6 +132,8 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
         WORLD_SIZE=str(spec.world_size),
         LOCAL_RANK=str(spec.local_rank),
         LOCAL_WORLD_SIZE=str(spec.local_world_size),
+        # gloo/NCCL connect through the interface holding this worker's address, not the host name's.
+        **_network.socket_interface_env(spec.backend, get_address_host(worker_address)),
     )
     # Every rank joins the store first, bounded by the rendezvous timeout: gloo/NCCL start-up waits for its
     # peers under the process group's own (collective) timeout, so a peer slow to arrive (a worker restarted
@@ -169,20 +183,26 @@ class _Rank0Link:
         self._opener = threading.Thread(target=open_queues, name=f"{spec.channel}-open", daemon=True)
         self._opener.start()
 
-    def send(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> bool:
-        """Send one report; True when the driver asks the group to stop."""
+    def send(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None) -> tuple[bool, bool]:
+        """Send one report (``metrics`` None: the checkpoint the last verdict asked for, for that report);
+        returns whether the driver asks the group to stop, and whether it asks for a checkpoint of the report."""
         self._opener.join()
         if "error" in self._queues:
             raise RuntimeError(f"rank 0 could not reach the driver's report queue: {self._queues['error']}")
         self._queues["reports"].put(
-            {"metrics": _jsonable(metrics), "checkpoint": checkpoint.path if checkpoint else None}
+            {
+                "metrics": _jsonable(metrics) if metrics is not None else None,
+                "checkpoint": checkpoint.path if checkpoint else None,
+            }
         )
         # The driver answers at once. If it died instead (its process was killed), Dask cancels this task but
         # cannot stop its thread: notice that, and stop, so the worker is not held until the timeout.
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                return self._queues["verdicts"].get(timeout=_VERDICT_POLL_S) == STOP
+                verdict = self._queues["verdicts"].get(timeout=_VERDICT_POLL_S)
+                stop = verdict in (STOP, CHECKPOINT_THEN_STOP)
+                return stop, verdict in (CHECKPOINT_THEN_STOP, CHECKPOINT_THEN_CONTINUE)
             except TimeoutError:
                 if self._abandoned():
                     raise StopTraining() from None
@@ -220,6 +240,66 @@ def _call(train_fn: Callable[..., Any], config: dict[str, Any] | None) -> None:
         train_fn()  # as in Ray, a zero-argument function simply does not see train_loop_config
 
 
+def _trial_dir(spec: RankSpec, local_directory: str) -> str:
+    """The trial's local directory on this worker (Ray's trial directory; ``get_context().get_trial_dir()``):
+    one per trial (its checkpoint storage), kept for its later groups on this worker, in the worker process's
+    scratch space, which Dask deletes when the worker closes. Ranks never share one: a group's ranks run in
+    distinct worker processes, each with its own scratch space."""
+    digest = hashlib.sha1(f"{spec.storage_path}\0{spec.run_name}".encode()).hexdigest()[:12]
+    directory = os.path.join(local_directory, "trials", f"trial-{digest}")
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+_CLONE_FS = 0x00000200  # <linux/sched.h>: a thread's filesystem attributes (current directory, root, umask)
+_warned_shared_cwd = False
+
+
+def _own_cwd_for_this_thread() -> bool:
+    """Give the calling thread a current directory of its own (Linux: ``unshare(CLONE_FS)``; the threads and
+    processes it then starts inherit it). The thread keeps it for life: a pool thread that runs other tasks
+    later has it back where it was. False where that is not possible: another OS, or a seccomp profile that
+    forbids ``unshare`` (Docker's default does, without CAP_SYS_ADMIN)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).unshare(_CLONE_FS) == 0
+
+
+@contextlib.contextmanager
+def _working_in(directory: str, *, own_process: bool, enabled: bool = True) -> Iterator[None]:
+    """Run the block in ``directory``, then go back: Ray runs each trial in its trial directory, so its
+    examples write to relative paths ("my_model/"), which concurrent trials sharing a cwd would overwrite.
+
+    The current directory belongs to the whole process. With ``own_process`` (a nanny's worker process with
+    one task thread: this rank is the only task in it) changing it is safe: what else runs there is Dask's own
+    threads and the worker's preloads, which use absolute paths (its scratch space, and sys.path, where
+    multiprocessing resolves ''). Otherwise other tasks run beside this rank (two one-rank trials on a worker
+    with several threads, or a worker in the client's process): the rank's thread gets a current directory of
+    its own first, or, where it cannot, the rank stays where it is, with a warning."""
+    global _warned_shared_cwd
+    if not enabled:
+        yield
+        return
+    if not own_process and not _own_cwd_for_this_thread():
+        if not _warned_shared_cwd:
+            _warned_shared_cwd = True
+            log.warning(
+                "trials run in this worker's working directory %s, not each in its own (%s): this worker runs "
+                "several tasks at once and cannot give one thread a directory of its own; start workers with "
+                "--nthreads 1 (one rank per worker process), or write to get_context().get_trial_dir()",
+                os.getcwd(),
+                directory,
+            )
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
     """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?, ...}; on a
     worker that was cold, also ``startup_s`` (seconds of its one-time start-up this rank waited for: imports)
@@ -250,6 +330,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         if cold:
             outcome.update(startup_s=imports_s + startup_s, ready_at=time.time())
         storage = RunStorage(spec.storage_path, spec.run_name, spec.storage_options)
+        trial_dir = _trial_dir(spec, worker.local_directory)
         context = TrainContext(
             world_rank=spec.world_rank,
             world_size=spec.world_size,
@@ -258,7 +339,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             node_rank=spec.node_rank,
             device=device,
             experiment_name=spec.run_name,
-            trial_dir=storage.uri,
+            trial_dir=trial_dir,
         )
         link = _Rank0Link(spec) if spec.world_rank == 0 else None
         _install(
@@ -271,7 +352,9 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             )
         )
         outcome["started_at"] = time.time()
-        _call(train_fn, config)
+        alone = _compat.runs_alone_in_its_process(worker)
+        with _working_in(trial_dir, own_process=alone, enabled=spec.chdir):
+            _call(train_fn, config)
         outcome["status"] = "finished"
     except StopTraining:
         outcome["status"] = "stopped"

@@ -7,6 +7,8 @@ metrics to the driver, waits for its verdict (continue or stop), and broadcasts 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,8 +71,9 @@ class _Session:
     storage: RunStorage
     resume_from: Checkpoint | None
     next_index: int
-    # rank 0 only: sends a report to the driver and returns True when the driver asks the group to stop
-    send_report: Callable[[dict[str, Any], Checkpoint | None], bool] | None
+    # rank 0 only: sends a report to the driver; returns whether the driver asks the group to stop, and whether
+    # it asks for a checkpoint of that report (metrics None: sends the checkpoint it asked for)
+    send_report: Callable[[dict[str, Any] | None, Checkpoint | None], tuple[bool, bool]] | None
 
 
 _local = threading.local()
@@ -99,11 +102,19 @@ def get_checkpoint() -> Checkpoint | None:
     return _current().resume_from
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    *,
+    checkpoint_on_request: Callable[[str], Any] | None = None,
+) -> None:
     """Report metrics (kept from rank 0 only) and optionally a checkpoint (persisted once, by rank 0).
 
     Every rank must call it the same number of times. Returns once the checkpoint is durably stored; raises
-    ``StopTraining`` on every rank when the driver asked the group to stop.
+    ``StopTraining`` on every rank when the driver asked the group to stop. ``checkpoint_on_request``: a report
+    without a checkpoint can still get one when the driver's ``on_report`` asks for it (``Verdict(checkpoint=
+    True)``): rank 0 then calls it with an empty directory to write the checkpoint into, and persists that as
+    this report's checkpoint.
     """
     if not isinstance(metrics, dict):
         raise TypeError(
@@ -119,7 +130,16 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> Non
                 stored = session.storage.persist(local_dir, session.next_index, metrics)
             session.next_index += 1
         assert session.send_report is not None
-        stop = session.send_report(dict(metrics), stored)
+        stop, wanted = session.send_report(dict(metrics), stored)
+        if wanted and stored is None and checkpoint_on_request is not None:
+            directory = tempfile.mkdtemp(prefix="ddp-runtime-requested-")
+            try:
+                checkpoint_on_request(directory)
+                stored = session.storage.persist(directory, session.next_index, metrics)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            session.next_index += 1
+            session.send_report(None, stored)  # the driver keeps it as this report's checkpoint
     if ctx.world_size > 1:
         import torch
         import torch.distributed as dist

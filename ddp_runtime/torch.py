@@ -7,11 +7,12 @@ training function calls on its rank live in ``prepare``. Importing this module d
 """
 
 from ddp_runtime.prepare import get_device, prepare_data_loader, prepare_model
-from ddp_runtime.trainer import ReportCallback, TorchTrainer, default_storage_path
+from ddp_runtime.trainer import ReportCallback, TorchTrainer, Verdict, default_storage_path
 
 __all__ = [
     "ReportCallback",
     "TorchTrainer",
+    "Verdict",
     "default_storage_path",
     "get_device",
     "prepare_data_loader",

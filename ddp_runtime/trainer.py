@@ -20,7 +20,7 @@ from typing import Any
 
 from distributed import Client, default_client
 
-from ddp_runtime._group import GroupRun, ReportCallback
+from ddp_runtime._group import GroupRun, ReportCallback, Verdict
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
 from ddp_runtime.cluster import local_cluster
 from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
@@ -28,7 +28,7 @@ from ddp_runtime.result import Result, TrainingFailedError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReportCallback", "TorchTrainer", "default_storage_path"]
+__all__ = ["ReportCallback", "TorchTrainer", "Verdict", "default_storage_path"]
 
 
 class TorchTrainer:
@@ -36,7 +36,8 @@ class TorchTrainer:
 
     ``on_report(metrics) -> bool`` is called on the driver for every rank-0 report while the group runs;
     returning True stops the group at that report (the ranks see ``report`` raise and exit) and frees its
-    workers. ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
+    workers; returning a ``Verdict(stop=..., checkpoint=True)`` also asks rank 0 for a checkpoint of that report
+    (kept when its function offers one: ``report(..., checkpoint_on_request=...)``). ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
     """
 
     def __init__(

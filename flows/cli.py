@@ -104,7 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sweepflow.flows.config import Settings, resolve_settings, split_credentials
     from sweepflow.flows.preflight import PreflightError, check_pipeline
 
-    settings = Settings.from_env()  # the one read of the environment's settings; passed down from here
+    try:  # the one read of the environment's settings; passed down from here
+        settings = Settings.from_env()
+    except ValueError as exc:
+        return _refuse(exc, args)
     try:  # the config becomes the flow run's parameters, which Prefect stores: credentials leave it here
         public, credentials = split_credentials(config, settings)
     except ValueError as exc:
@@ -141,6 +144,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return launcher.run(state_dir, argv, started_at=t0)
             finally:  # they may hold credentials: not left behind for a later main() in this process
                 os.environ.pop("SWEEPFLOW_RUN_SET", None)
+    else:
+        from sweepflow.flows.run_services import TemporaryServerError, use_temporary_prefect
+
+        try:  # Prefect's temporary server, waited for within our bound (not at the flow's first call)
+            use_temporary_prefect(settings)
+        except (TemporaryServerError, ValueError) as exc:
+            return _refuse(exc, args)
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
     from sweepflow.tasks.sweep.trial import MetricNotReported
@@ -225,21 +235,31 @@ def cmd_server(args: argparse.Namespace) -> int:
     from sweepflow.flows.config import PipelineConfig, Settings
     from sweepflow.services import supervisor
     from sweepflow.services.local import (
+        IDLE_STOP,
         LOCAL_SERVICES,
         ensure_dask,
         ensure_mlflow,
         ensure_server,
         stop_server,
+        use_idle_stop,
     )
     from sweepflow.tasks import WORKER_PRELOAD
 
-    state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir), Settings.from_env())
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        print(f"sweepflow server: {exc}", file=sys.stderr)
+        return 2
+    state_dir = _state_dir(PipelineConfig(state_dir=args.state_dir), settings)
     if args.action == "start":  # each one reused if alive and healthy, (re)started otherwise; in parallel
         starts = {
             "prefect": ensure_server,
             "mlflow": ensure_mlflow,
             "dask": lambda state_dir: ensure_dask(state_dir, worker_preload=[WORKER_PRELOAD]),
         }
+        idle_stop = use_idle_stop(state_dir, settings.services_idle_minutes * 60)
+        if idle_stop:  # they stop themselves once unused for that long (sweepflow.services.idle)
+            starts[IDLE_STOP] = lambda _: idle_stop()
         with ThreadPoolExecutor(max_workers=len(starts)) as pool:
             futures = {name: pool.submit(start, state_dir) for name, start in starts.items()}
             failed = False
@@ -259,7 +279,11 @@ def cmd_server(args: argparse.Namespace) -> int:
             print(f"sweepflow server: {exc}", file=sys.stderr)
             return 1
         return 0
-    states = {name: supervisor.describe(state_dir, name) for name in LOCAL_SERVICES}
+    states = {  # the idle watchdog only where there is one (not with SWEEPFLOW_SERVICES_IDLE_MINUTES=0)
+        name: supervisor.describe(state_dir, name)
+        for name in LOCAL_SERVICES
+        if name != IDLE_STOP or supervisor.read_record(state_dir, name)
+    }
     for name, (address, why) in states.items():
         print(f"{name}: {address or why}")
     return 0 if all(address for address, _ in states.values()) else 1
@@ -364,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--no-server",
         action="store_true",
-        help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run)",
+        help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run; "
+        "Prefect's temporary server gets PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS to start, default 120)",
     )
     run.add_argument("--summary-json", help="write the run summary to this file")
     run.add_argument(

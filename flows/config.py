@@ -233,6 +233,11 @@ class PipelineConfig(_Section):
         return self
 
 
+#: How long the local services stay up unused (``Settings.services_idle_minutes``): an hour after a run, its
+#: MLflow and Prefect UIs still answer; after that the services cost nothing until the next run starts them.
+DEFAULT_SERVICES_IDLE_MINUTES = 60.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """The machine-dependent settings, read from the environment once, at the entry point (the CLI, or the
@@ -244,6 +249,12 @@ class Settings:
     scheduler_address: str | None = None  # $DASK_SCHEDULER_ADDRESS
     prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
     stack_dir: str | None = None  # $SWEEPFLOW_STACK_DIR: the stack `infra/stack` manages (set by stack.env)
+    # $PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, as given (checked where it is used): how long
+    # `sweepflow run --no-server` waits for Prefect's temporary server (sweepflow.flows.run_services)
+    prefect_startup_timeout: str | None = None
+    # $SWEEPFLOW_SERVICES_IDLE_MINUTES: the local services stop themselves once unused for this long (0: never);
+    # see sweepflow.services.idle
+    services_idle_minutes: float = DEFAULT_SERVICES_IDLE_MINUTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -257,7 +268,24 @@ class Settings:
             scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
             prefect_api_url=env.get("PREFECT_API_URL") or None,
             stack_dir=env.get("SWEEPFLOW_STACK_DIR") or None,
+            prefect_startup_timeout=env.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or None,
+            services_idle_minutes=_idle_minutes(env.get("SWEEPFLOW_SERVICES_IDLE_MINUTES")),
         )
+
+
+def _idle_minutes(value: str | None) -> float:
+    if not value:
+        return DEFAULT_SERVICES_IDLE_MINUTES
+    try:
+        minutes = float(value)
+    except ValueError:
+        minutes = -1.0
+    if not minutes >= 0 or minutes == float("inf"):
+        raise ValueError(
+            f"SWEEPFLOW_SERVICES_IDLE_MINUTES={value!r} is not a number of minutes >= 0; set e.g. 60 (the "
+            "local services stop themselves after an hour unused), 0 (they stay up), or unset it"
+        )
+    return minutes
 
 
 def resolve_settings(

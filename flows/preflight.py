@@ -130,6 +130,14 @@ def _check_cluster(cfg: PipelineConfig) -> None:
                     "lower resources.ranks_per_trial / gpus_per_rank / cpus_per_rank, or add workers that declare "
                     "those resources (dask worker --resources GPU=1)",
                 ) from None
+            except ModuleNotFoundError as exc:  # raised on the scheduler, where the gang scheduler places ranks
+                raise PreflightError(
+                    "dask.scheduler_address",
+                    cfg.dask.scheduler_address,
+                    f"the Dask scheduler there cannot import sweepflow's ddp_runtime ({exc}), which places each "
+                    "trial's ranks from inside the scheduler",
+                    "install sweepflow (the same version as on the workers and here) where `dask scheduler` runs",
+                ) from None
         finally:
             client.close()
         return

@@ -9,7 +9,9 @@ and passed in.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -56,18 +58,90 @@ def use_run_services(
 
     tracking_uri = tracking_uri or settings.tracking_uri
     scheduler_address = scheduler_address or settings.scheduler_address
+    ours = not prefect_configured(settings)  # no Prefect API given: the state dir's server
     started = use_local_services(
         state_dir,
-        prefect=not prefect_configured(settings),
+        prefect=ours,
         mlflow=not tracking_uri,
         dask=not scheduler_address and not use_gpu,
         worker_preload=[WORKER_PRELOAD],  # the same for every caller: the state dir's one cluster serves all
         n_workers=n_workers,
         code_files=code_files,
         extra=extra,
+        idle_stop_s=settings.services_idle_minutes * 60,
     )
+    if ours and "prefect" in sys.modules:
+        # Prefect read its settings from the environment when it was first imported (a script that imports it,
+        # or a library that does, before sweepflow): without this its flows would go to a temporary server of
+        # their own, not to the one just started.
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
     return RunServices(
         tracking_uri=tracking_uri or started.get("mlflow"),
         scheduler_address=scheduler_address or started.get("dask"),
         started=started,
+    )
+
+
+#: How long ``sweepflow run --no-server`` waits for Prefect's temporary server when
+#: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is not set. Prefect's own default (20 s) is shorter than its
+#: start-up (imports, database migrations) takes on a loaded machine; the background services get 120 s too
+#: (``sweepflow.services.supervisor.START_TIMEOUT_S``).
+TEMPORARY_SERVER_TIMEOUT_S = 120
+
+
+class TemporaryServerError(RuntimeError):
+    """Prefect's temporary server did not come up: the message says what happened and what to do."""
+
+
+def temporary_server_timeout(settings: Settings) -> int:
+    """The start-up bound of ``--no-server``'s temporary server, in whole seconds (Prefect's setting is one)."""
+    if settings.prefect_startup_timeout is None:
+        return TEMPORARY_SERVER_TIMEOUT_S
+    try:
+        bound = int(settings.prefect_startup_timeout)
+    except ValueError:
+        bound = 0
+    if bound < 1:
+        raise ValueError(
+            f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={settings.prefect_startup_timeout!r} is not a "
+            "whole number of seconds of at least 1; set it to e.g. 300, or unset it "
+            f"(default {TEMPORARY_SERVER_TIMEOUT_S})"
+        )
+    return bound
+
+
+def use_temporary_prefect(settings: Settings) -> None:
+    """For ``sweepflow run --no-server`` without a configured Prefect API: start Prefect's temporary server now,
+    before the flow, and wait for it up to ``temporary_server_timeout`` (Prefect would otherwise start it at the
+    flow's first API call, give up after its own 20 s and fail the run with a traceback). The flow's clients then
+    use this server (Prefect keeps one per process, stopped when the process exits). It runs with
+    ``PREFECT_SERVER_SETTINGS`` (no telemetry), put into this process's environment, which it inherits.
+    Raises ``TemporaryServerError`` if it does not answer in time or exits, ``ValueError`` for a bad bound."""
+    if prefect_configured(settings):
+        return  # PREFECT_API_URL (or a harness): that server is used, nothing is started
+    from sweepflow.services.local import PREFECT_SERVER_SETTINGS
+    from sweepflow.tasks.compat import start_temporary_prefect_server
+
+    bound = temporary_server_timeout(settings)
+    os.environ.update(PREFECT_SERVER_SETTINGS)
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return  # Prefect itself says that it needs PREFECT_API_URL, at the flow's start
+    started = time.monotonic()
+    try:
+        start_temporary_prefect_server(bound)
+    except ChildProcessError as exc:
+        what = f"exited with code {exc.errno} before it answered (its output is above)"
+    except TimeoutError:
+        waited = time.monotonic() - started
+        what = f"did not answer within {bound} s (waited {waited:.0f} s; the machine is probably busy)"
+    else:
+        return
+    raise TemporaryServerError(
+        f"Prefect's temporary server (--no-server) {what}: run without --no-server, whose background "
+        "services start once and are reused, or give it longer with "
+        f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS (now {bound})"
     )

@@ -143,10 +143,40 @@ def failed_state_exception(state: State[Any]) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
+def start_temporary_prefect_server(timeout_s: int) -> None:
+    """Start Prefect's temporary server now and wait up to ``timeout_s`` seconds for it to answer.
+
+    Relies on (internal): ``prefect.server.api.server.SubprocessASGIServer``, the server Prefect's clients start
+    by themselves when no API URL is set (``get_client``), one per process (the instance without a port), which
+    they reuse once it runs; its ``start(timeout=)`` polls ``/health`` and raises ``RuntimeError`` when the
+    bound passes ("Timed out while attempting to connect ..."), its ``server_process`` is the ``Popen``, and
+    ``stop()`` ends it. ``timeout_s`` counts Prefect's 0.1-s sleeps between polls, so on a loaded machine the
+    wait is longer. Written for Prefect 3.9. If it breaks: set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    and call ``get_client(sync_client=True)`` (which starts it), catching its ``RuntimeError``.
+
+    Raises ``TimeoutError`` if it did not answer in time, ``ChildProcessError`` (its exit code as ``errno``) if
+    it exited first; either way it is stopped.
+    """
+    import httpx
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    try:
+        server.start(timeout=timeout_s)
+    except (RuntimeError, httpx.HTTPError):  # Prefect's time-out, or the health check's 5xx at the end
+        process = server.server_process
+        code = process.poll() if process is not None else None
+        server.stop()
+        if code is not None:
+            raise ChildProcessError(code, f"Prefect's temporary server exited with code {code}") from None
+        raise TimeoutError(f"Prefect's temporary server did not answer within {timeout_s} s") from None
+
+
 __all__ = [
     "NO_RESULT",
     "cached_task_result",
     "failed_state_exception",
+    "start_temporary_prefect_server",
     "tracking_uri_scope",
     "update_run_status",
 ]

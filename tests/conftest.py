@@ -44,6 +44,7 @@ LONGEST_FIRST = (
     "test_stack_hygiene.py",
     "test_cli.py",
     "test_tune.py",
+    "test_multihost.py",
     "test_faults_ranks.py",
     "test_resume.py",
     "test_ddp_runtime.py",

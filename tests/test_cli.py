@@ -170,3 +170,94 @@ def test_cli_refuses_an_unreachable_tracking_server_in_seconds_without_leaking_i
     assert f"http://***@127.0.0.1:{port}" in proc.stderr and "did not answer" in proc.stderr
     assert "s3cr3t" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
     assert not os.path.exists(tmp_path / "services")
+
+
+def _temporary_server_env(tmp_path, **extra: str) -> dict[str, str]:
+    """A `--no-server` run's environment with no Prefect API configured (Prefect's temporary server), the
+    server's database under tmp_path instead of ~/.prefect."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))}
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_EPHEMERAL_ENABLED="true",  # whatever the user's Prefect profile says
+        SWEEPFLOW_HOME=str(tmp_path / "home"),
+        **extra,
+    )
+    return env
+
+
+def _running_with_prefect_home(prefect_home: str) -> list[int]:
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["environ"])
+        if (p.info["environ"] or {}).get("PREFECT_HOME") == prefect_home
+    ]
+
+
+@pytest.mark.prefect
+@pytest.mark.subprocess
+def test_no_server_gives_up_on_prefects_temporary_server_at_its_bound_in_one_sentence(tmp_path):
+    """A bound no start-up can meet (1 s: the server's imports alone take longer): exit 2 with what happened and
+    what to do in one line, no traceback, and the half-started server stopped, not left behind."""
+    env = _temporary_server_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")
+    proc = subprocess.run(
+        [SWEEPFLOW, "run", "--no-server", "--set", f"state_dir={tmp_path / 'state'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("sweepflow: Prefect's temporary server (--no-server) did not answer within 1 s"), line
+    assert "run without --no-server" in line and "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=" in line
+    assert not _running_with_prefect_home(env["PREFECT_HOME"])
+
+
+def test_the_temporary_servers_bound_is_whole_seconds_of_at_least_one():
+    from sweepflow.flows.config import Settings
+    from sweepflow.flows.run_services import TEMPORARY_SERVER_TIMEOUT_S, temporary_server_timeout
+
+    name = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+    assert temporary_server_timeout(Settings.from_env({})) == TEMPORARY_SERVER_TIMEOUT_S == 120
+    assert temporary_server_timeout(Settings.from_env({name: "300"})) == 300
+    for bad in ("0", "-5", "1.5", "soon"):
+        with pytest.raises(ValueError, match=f"{name}='{bad}' is not a whole number of seconds"):
+            temporary_server_timeout(Settings.from_env({name: bad}))
+
+
+@pytest.mark.prefect
+@pytest.mark.subprocess
+def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
+    """Offline (as here), Prefect's server logs an ERROR about its telemetry as it starts ("Failed to send
+    telemetry", or the telemetry task's own failure). `--no-server`'s temporary server runs with it off: its
+    settings say so, and nothing about telemetry is printed in the seconds after its start, when the telemetry
+    task runs first. The flow's client uses that server (the one started for it, not a second)."""
+    script = "\n".join(
+        [
+            "import time, httpx",
+            "from prefect.client.orchestration import get_client",
+            "from prefect.server.api.server import SubprocessASGIServer",
+            "from sweepflow.flows.config import Settings",
+            "from sweepflow.flows.run_services import use_temporary_prefect",
+            "use_temporary_prefect(Settings.from_env())",
+            "server = SubprocessASGIServer()",
+            "with get_client(sync_client=True) as client:",
+            "    assert str(client.api_url).rstrip('/') == server.api_url, (client.api_url, server.api_url)",
+            "settings = httpx.get(server.api_url + '/admin/settings', timeout=30).json()",
+            "print('analytics enabled:', settings['server']['analytics_enabled'], flush=True)",
+            "time.sleep(8)",
+        ]
+    )
+    env = _temporary_server_env(tmp_path)
+    assert "PREFECT_SERVER_ANALYTICS_ENABLED" not in env  # the setting is sweepflow's, not the test's
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "analytics enabled: False" in proc.stdout, output[-3000:]
+    assert "telemetry" not in output.lower(), output[-3000:]
+    assert not _running_with_prefect_home(env["PREFECT_HOME"])  # stopped when the process exited

@@ -27,13 +27,44 @@ def _drawn(path: str) -> float:
     return float((rgb.min(axis=2) < 0.95).mean())
 
 
-@pytest.mark.browser
-def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(
-    prefect_harness, mlflow_server, cluster, tmp_path
-):
+def _rendered_showing(url: str, profile: str, *needles: str) -> str:
+    """The page's DOM once it shows every needle: Prefect's UI fetches a task run and its logs separately, and a
+    loaded machine can leave the second outside one render's (virtual) time budget."""
+    for i, wait_ms in enumerate((15000, 30000, 60000)):
+        dom = rendered_dom(url, f"{profile}-{i}", wait_ms=wait_ms)
+        if all(needle in dom for needle in needles):
+            break
+    return dom
+
+
+@pytest.fixture(scope="module")
+def prefect_ui(tmp_path_factory):
+    """A real Prefect server with its UI (the test harness serves the API only), as `sweepflow server start` runs
+    it; the flow runs of this module's sweep go to it."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from sweepflow.services import supervisor
+    from sweepflow.services.local import PREFECT, prefect_server_spec
+
+    state = str(tmp_path_factory.mktemp("prefect-ui"))
+    try:
+        api = supervisor.ensure(state, prefect_server_spec(state))
+        with temporary_settings({PREFECT_API_URL: api}):
+            yield api
+    finally:
+        supervisor.stop(state, PREFECT)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(prefect_ui, mlflow_server, _shared_cluster, tmp_path_factory):
+    """Six trials under ASHA (some stopped early), evaluated and registered: the pipeline's summary."""
+    from conftest import SHARED_WORKERS, whole
+
+    cluster = whole(_shared_cluster, SHARED_WORKERS)
+    state = tmp_path_factory.mktemp("compare-ui")
     cfg = PipelineConfig.model_validate(
         {
-            "state_dir": str(tmp_path / "state"),
+            "state_dir": str(state / "state"),
             "dask": {"scheduler_address": cluster.scheduler.address},
             "mlflow": {
                 "tracking_uri": mlflow_server,
@@ -46,7 +77,12 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(
             "resources": {"ranks_per_trial": 1},
         }
     )
-    summary = training_pipeline(config=cfg)
+    return training_pipeline(config=cfg)
+
+
+@pytest.mark.browser
+def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, mlflow_server, tmp_path):
+    summary = finished_sweep
     client = MlflowClient(mlflow_server)
     eid, parent = summary["experiment_id"], summary["parent_run_id"]
     trial_runs = {t["trial_id"]: t["run_id"] for t in summary["trials"]}
@@ -101,3 +137,37 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(
     for name, (url, size) in pages.items():
         path = screenshot(url, os.path.join(shots, name), size=size, wait_ms=15000)
         assert _drawn(path) > 0.03, f"{name}: the page is nearly blank"
+
+
+@pytest.mark.browser
+def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sweep, prefect_ui, mlflow_server, tmp_path):
+    """In Prefect's UI: a trial that ASHA stopped reads "Stopped early" with how it ended (a success, not a
+    failure), its task run's first log line is its MLflow run's link, and its artifact is titled with the trial
+    and its result. (The flow run's page draws its task runs on a canvas: nothing to read in its DOM.)"""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, LogFilter
+    from prefect.client.schemas.sorting import LogSort
+
+    stopped = [t for t in finished_sweep["trials"] if t["status"] == "STOPPED"]
+    assert stopped, "ASHA stopped none of the six trials: the test shows nothing"
+    ui = prefect_ui.removesuffix("/api")
+    with SyncPrefectClient(prefect_ui) as client:
+        parent = MlflowClient(mlflow_server).get_run(finished_sweep["parent_run_id"])
+        flow_run_id = parent.data.tags["prefect.flow_run_id"]
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
+        trials = {t.name.split("-", 1)[0]: t for t in task_runs if t.name.startswith("trial_")}
+        trial = trials[stopped[0]["trial_id"]]
+        assert trial.state.name == "Stopped early" and trial.state.is_completed()
+        logs = client.read_logs(log_filter=LogFilter(task_run_id={"any_": [trial.id]}), sort=LogSort.TIMESTAMP_ASC)
+        assert "MLflow run http" in logs[0].message, [log.message for log in logs[:3]]
+    page = _rendered_showing(f"{ui}/runs/task-run/{trial.id}", str(tmp_path / "task-run"), "Stopped early", "MLflow run")
+    assert "Stopped early" in page
+    assert "MLflow run" in page and stopped[0]["run_id"] in page, "the MLflow link is not in the task run's logs"
+    key = f"{stopped[0]['trial_id'].replace('_', '-')}-{finished_sweep['parent_run_id'][:8]}"
+    artifact = _rendered_showing(f"{ui}/artifacts/key/{key}", str(tmp_path / "artifact"), key, "stopped early")
+    assert key in artifact and re.search(rf"{stopped[0]['trial_id']}[^<]*: stopped early", artifact)  # its outcome
+    shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
+    os.makedirs(shots, exist_ok=True)
+    path = screenshot(f"{ui}/runs/task-run/{trial.id}", os.path.join(shots, "prefect-trial-stopped-early.png"),
+                      size=(1400, 900), wait_ms=40000)  # the logs come after the page
+    assert _drawn(path) > 0.03, "the Prefect task run page is nearly blank"

@@ -323,6 +323,23 @@ def test_task_abandoned_once_its_client_cancels_it():
 
 
 @pytest.mark.dask
+def test_runs_alone_in_its_process_is_false_for_a_worker_without_a_nanny():
+    async def body(scheduler, workers, client) -> None:
+        w0, _ = workers
+        # In-process workers (no nanny) share this process with each other and the client.
+        assert w0.nanny is None and w0.state.nthreads == 1
+        assert not ddp_compat.runs_alone_in_its_process(w0)
+        # What a nanny's worker process with one task thread looks like (tests/test_tune.py runs trials there).
+        w0.nanny = "tcp://127.0.0.1:1"
+        try:
+            assert ddp_compat.runs_alone_in_its_process(w0)
+        finally:
+            w0.nanny = None
+
+    _with_cluster(body)
+
+
+@pytest.mark.dask
 def test_scheduler_address_of_a_client():
     async def body(scheduler, workers, client) -> None:
         assert ddp_compat.scheduler_address(client) == scheduler.address
@@ -406,3 +423,29 @@ def test_run_atexit_handlers_runs_them_before_os_exit():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["flushed"]
+
+
+# ------------------------------------------------------------------------ Prefect (its temporary server)
+
+
+@pytest.mark.prefect
+@pytest.mark.subprocess
+def test_start_temporary_prefect_server_gives_up_at_its_bound_and_stops_the_server(tmp_path):
+    """In a process of its own: Prefect keeps one temporary server per process (a test harness's, here)."""
+    script = "\n".join(
+        [
+            "import psutil",
+            "from sweepflow.tasks.compat import start_temporary_prefect_server",
+            "try:",
+            "    start_temporary_prefect_server(1)",  # its imports alone take longer
+            "except TimeoutError as exc:",
+            "    print('gave up:', exc)",
+            "print('stopped:', not psutil.Process().children(recursive=True))",
+        ]
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_EPHEMERAL_ENABLED="true")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gave up: Prefect's temporary server did not answer within 1 s" in proc.stdout, proc.stdout
+    assert "stopped: True" in proc.stdout, proc.stdout

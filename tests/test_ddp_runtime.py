@@ -323,6 +323,46 @@ def test_uncommitted_checkpoint_directories_are_invisible(tmp_path):
     assert [s.index for s in storage.list_committed()] == [0]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own working directory is Linux's")
+def test_ranks_sharing_a_worker_process_each_work_in_their_own_directory(tmp_path):
+    """Two one-rank trials on a worker with two task threads: each rank's thread gets a working directory of its
+    own (the process's, which the worker's other threads use, does not move), and goes back afterwards."""
+    from ddp_runtime._worker import _working_in
+
+    here = os.getcwd()
+    both_inside = threading.Barrier(2, timeout=30)
+    seen: dict[str, str] = {}
+
+    def rank(name: str) -> None:
+        directory = tmp_path / name
+        directory.mkdir()
+        with _working_in(str(directory), own_process=False):
+            with open("owner.txt", "w") as f:  # the same relative path in both
+                f.write(name)
+            both_inside.wait()  # both have written: in a shared directory one would read the other's name
+            with open("owner.txt") as f:
+                seen[name] = f.read()
+            seen[f"{name}-cwd"] = os.getcwd()
+        seen[f"{name}-after"] = os.getcwd()
+
+    threads = [threading.Thread(target=rank, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {
+        "a": "a", "b": "b",
+        "a-cwd": str(tmp_path / "a"), "b-cwd": str(tmp_path / "b"),
+        "a-after": here, "b-after": here,
+    }
+    assert os.getcwd() == here
+    with _working_in(str(tmp_path / "a"), own_process=True, enabled=False):  # RAY_CHDIR_TO_TRIAL_DIR=0
+        assert os.getcwd() == here
+    with _working_in(str(tmp_path / "a"), own_process=True):  # a worker process that runs this rank alone
+        assert os.getcwd() == str(tmp_path / "a")
+    assert os.getcwd() == here
+
+
 def test_config_errors_say_what_to_fix():
     with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
         train.ScalingConfig(num_workers=0)

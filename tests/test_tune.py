@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -701,3 +702,98 @@ def test_reuse_actors_hands_a_class_trainables_object_to_the_next_trial_and_clea
     assert sorted(pid for kind, pid in events if kind == "setup") == sorted(pid for kind, pid in events if kind == "cleanup")
     assert kinds[-kinds.count("cleanup"):] == ["cleanup"] * kinds.count("cleanup")
     assert sorted(p.name for p in tmp_path.glob("ran-*")) == [f"ran-trial_000{i}" for i in range(4)]  # its own id
+
+
+def same_relative_path_trainable(config):
+    """Writes its name to the relative path scratch/owner.txt, waits until every trial of the experiment has, then
+    reads it back (Ray runs each trial in its own directory: its examples write to relative paths, "my_model/")."""
+    me, marks = config["me"], config["marks"]
+    os.makedirs("scratch", exist_ok=True)
+    with open("scratch/owner.txt", "w") as f:
+        f.write(me)
+    with open(os.path.join(marks, f"{me}.cwd"), "w") as f:
+        f.write(os.getcwd())
+    deadline = time.monotonic() + 120
+    while len([n for n in os.listdir(marks) if n.endswith(".cwd")]) < config["together"]:
+        assert time.monotonic() < deadline, "the other trial never started: the trials did not run together"
+        time.sleep(0.05)
+    with open("scratch/owner.txt") as f:
+        seen = f.read()
+    in_trial_dir = os.path.samefile(os.getcwd(), tune.get_context().get_trial_dir())
+    tune.report({"clobbered": float(seen != me), "in_trial_dir": float(in_trial_dir)})
+
+
+def test_each_trial_runs_in_its_own_directory_so_relative_paths_do_not_clobber(services, cluster, tmp_path, monkeypatch):
+    """Two trials at once on the session's cluster write and read the same relative path: each in its own trial
+    directory (``tune.get_context().get_trial_dir()``), its worker's directory given back afterwards; with Ray's
+    ``RAY_CHDIR_TO_TRIAL_DIR=0`` a trial stays in its worker's directory."""
+    workers_cwd = cluster.run(os.getcwd)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    grid = tune.Tuner(
+        same_relative_path_trainable,
+        param_space={"me": tune.grid_search(["a", "b"]), "marks": str(marks), "together": 2},
+        tune_config=tune.TuneConfig(metric="clobbered", mode="min", max_concurrent_trials=2),
+        run_config=tune.RunConfig(name="own_directories", verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    assert [(r.metrics["clobbered"], r.metrics["in_trial_dir"]) for r in grid] == [(0.0, 1.0), (0.0, 1.0)]
+    cwds = {me: (marks / f"{me}.cwd").read_text() for me in ("a", "b")}
+    assert cwds["a"] != cwds["b"] and not set(cwds.values()) & set(workers_cwd.values())
+    for me, cwd in cwds.items():  # the files stay in the trial's directory (until its worker closes)
+        assert open(os.path.join(cwd, "scratch", "owner.txt")).read() == me
+    assert cluster.run(os.getcwd) == workers_cwd
+
+    monkeypatch.setenv("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    grid = tune.Tuner(
+        same_relative_path_trainable,
+        param_space={"me": "c", "marks": str(alone), "together": 1},
+        run_config=tune.RunConfig(name="no_chdir", verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    assert grid[0].metrics["in_trial_dir"] == 0.0
+    assert (alone / "c.cwd").read_text() in workers_cwd.values()
+    for cwd in set(workers_cwd.values()):  # what the trial wrote, where Ray would have put it: clean up
+        shutil.rmtree(os.path.join(cwd, "scratch"), ignore_errors=True)
+
+
+SIBLING_SCRIPT = '''
+from my_model import Net  # a module beside the script, importable only where the script's directory is
+
+from sweepflow import tune
+
+
+def trainable(config):
+    tune.report({"score": Net().score(config["x"])})
+
+
+if __name__ == "__main__":
+    grid = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1.0, 2.0])},
+        tune_config=tune.TuneConfig(metric="score", mode="max"),
+        run_config=tune.RunConfig(name="siblings", verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    print("best score", grid.get_best_result().metrics["score"])
+'''
+
+
+@pytest.mark.subprocess
+def test_a_scripts_sibling_modules_import_on_workers_started_elsewhere(services, cluster, tmp_path):
+    """Ray puts the driver script's directory on its workers' path, so a trainable may use the modules beside the
+    script. The session's workers were started by this process (the script's directory is not on their path):
+    the trials run, and afterwards the workers' path and modules are as before (the next run of the script gets
+    its modules as they are then)."""
+    (tmp_path / "my_model.py").write_text("class Net:\n    def score(self, x):\n        return 2 * x\n")
+    (tmp_path / "train.py").write_text(SIBLING_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "best score 4.0" in proc.stdout
+    directory = str(tmp_path)
+    left = cluster.run(lambda: (directory in sys.path, "my_model" in sys.modules))
+    assert set(left.values()) == {(False, False)}, left

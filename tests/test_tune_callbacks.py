@@ -6,6 +6,7 @@ API (``services``), like tests/test_tune.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -18,6 +19,7 @@ from sweepflow import tune
 from sweepflow.air.integrations.mlflow import MLflowLoggerCallback, setup_mlflow
 from sweepflow.tune.callback import CallbackError, check_callbacks, recording
 from sweepflow.tune.logger import LoggerCallback
+from sweepflow.tune.result import SHOULD_CHECKPOINT
 
 REPORTS = 3
 
@@ -289,3 +291,58 @@ def test_setup_mlflow_refuses_a_run_other_than_the_trials():
             setup_mlflow({"q": 1}, run_name="mine", rank_zero_only=False)
         with pytest.raises(ValueError, match="sweepflow's or MLflow's own tags"):
             setup_mlflow({"q": 1}, tags={"mlflow.runName": "x"}, rank_zero_only=False, tracking_uri="http://127.0.0.1:1/")
+
+
+class StepTrainable(tune.Trainable):
+    """Counts its steps; asks for a checkpoint of its step 4 itself; notes each save in config["saves"]."""
+
+    def setup(self, config):
+        self.i = 0
+
+    def step(self):
+        self.i += 1
+        return {"loss": 1.0 / self.i, SHOULD_CHECKPOINT: self.i == 4}
+
+    def save_checkpoint(self, checkpoint_dir):
+        open(os.path.join(self.config["saves"], str(self.i)), "w").close()
+        return {"i": self.i}
+
+    def load_checkpoint(self, checkpoint):
+        self.i = checkpoint["i"]
+
+
+class CheckpointAt(tune.Callback):
+    """Asks for a checkpoint of the results at these iterations (Ray 2.49+: set SHOULD_CHECKPOINT in the result)."""
+
+    def __init__(self, *iterations: int) -> None:
+        self.iterations = iterations
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result["training_iteration"] in self.iterations:
+            result[SHOULD_CHECKPOINT] = True
+
+
+def test_should_checkpoint_from_a_step_or_a_callback_checkpoints_that_step(services, tmp_path):
+    """Ray's ``should_checkpoint`` (``sweepflow.tune.result.SHOULD_CHECKPOINT``), in a class trainable's step result
+    or set by a callback's ``on_trial_result``, has that step saved: no periodic or end checkpoints here."""
+    saves = tmp_path / "saves"
+    saves.mkdir()
+    grid = tune.Tuner(
+        StepTrainable,
+        param_space={"saves": str(saves)},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(
+            name="should_checkpoint",
+            stop={"training_iteration": 5},
+            callbacks=[CheckpointAt(1, 3, 5)],  # 5: the step the trial stops at is saved before it stops
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
+            verbose=0,
+        ),
+    ).fit()
+    assert not grid.errors, grid.errors
+    assert sorted(int(p.name) for p in saves.iterdir()) == [1, 3, 4, 5]
+    result = grid[0]
+    assert result.metrics["training_iteration"] == 5 and SHOULD_CHECKPOINT not in result.metrics
+    with result.checkpoint.as_directory() as directory:  # the latest: step 5's, filed under its report
+        with open(os.path.join(directory, "_sweepflow_trainable_meta.json")) as f:
+            assert json.load(f) == {"iteration": 5}

@@ -30,7 +30,14 @@ from sweepflow.tune.search_space import (
     sample_from,
     uniform,
 )
-from sweepflow.tune.session import checkpoint_dir, get_checkpoint, get_trial_dir, get_trial_id, report
+from sweepflow.tune.session import (
+    checkpoint_dir,
+    get_checkpoint,
+    get_context,
+    get_trial_dir,
+    get_trial_id,
+    report,
+)
 from sweepflow.tune.trainable import function, with_parameters, with_resources
 
 _refuse = refusing(__name__)
@@ -57,6 +64,7 @@ __all__ = [
     "choice",
     "function",
     "get_checkpoint",
+    "get_context",
     "get_trial_dir",
     "get_trial_id",
     "grid_search",
@@ -76,7 +84,7 @@ __all__ = [
 
 #: Submodules a script reaches as attributes (``tune.search.ConcurrencyLimiter``, ``tune.schedulers.ASHAScheduler``)
 #: without importing them first, as with Ray.
-_SUBMODULES = {"search", "schedulers", "stopper", "logger", "analysis", "callback"}
+_SUBMODULES = {"search", "schedulers", "stopper", "logger", "analysis", "callback", "result", "utils"}
 
 
 def __getattr__(name: str) -> Any:

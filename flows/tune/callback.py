@@ -11,6 +11,10 @@ scheduler decided on it), then ``on_trial_complete`` (ended, or stopped early: R
 ``last_result``, ``trainable_name``, ``experiment_tag``, ``path``; ``str(trial)`` is its name), kept up to date
 as the trial runs; ``trials`` lists those started so far.
 
+An ``on_trial_result`` that sets ``result["should_checkpoint"] = True`` (``sweepflow.tune.result.SHOULD_CHECKPOINT``)
+has the trial checkpointed at that report, as Ray 2.49+ does: a class trainable's ``save_checkpoint`` runs before
+its next step; a function trainable keeps only the checkpoints it reports itself (in Ray too).
+
 A hook that raises fails the experiment with a ``CallbackError`` naming the callback and the hook: the running
 trials stop at their next report (their MLflow runs end KILLED), none starts, no hook is called again.
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sweepflow.tasks.sweep.events import SweepObserver
+from sweepflow.tune.result import SHOULD_CHECKPOINT
 
 if TYPE_CHECKING:
     from sweepflow.tasks.sweep.results import TrialResult
@@ -291,7 +296,7 @@ class TuneCallbacks(SweepObserver):
         trial.status, trial.mlflow_run_id = "RUNNING", run_id
         self._call("on_trial_start", iteration=self.iteration, trials=self._listed(), trial=trial)
 
-    def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> None:
+    def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> bool:
         trial = self._trial(spec)
         trial.config = trial.evaluated_params = dict(spec.params)  # PBT changes it as the trial goes on
         full = {
@@ -307,6 +312,8 @@ class TuneCallbacks(SweepObserver):
         self._call(
             "on_trial_result", iteration=self.iteration, trials=self._listed(), trial=trial, result=full
         )
+        # Ray (2.49+): a callback may set result["should_checkpoint"] to have the trial checkpointed at this report.
+        return bool(full.get(SHOULD_CHECKPOINT))
 
     def trial_ended(self, result: TrialResult) -> None:
         from sweepflow.tasks.sweep.results import TrialStatus

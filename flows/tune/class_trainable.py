@@ -6,9 +6,11 @@ resumes, and steps it until the sweep stops the trial (a stop criterion, the sch
 says ``done``. Checkpoints are taken every ``checkpoint_frequency`` steps and, with ``checkpoint_at_end``, at
 the step the experiment's stop criterion ends the trial on (``stop={"training_iteration": n}``,
 ``MaximumIterationStopper``, the scheduler's ``max_t``) or the one that says ``done``: the trial cannot be asked
-for a checkpoint after the sweep stopped it, so other stops keep the latest periodic one. A ``save_checkpoint``
-that returns a dict has it stored and handed back to ``load_checkpoint``; one that returns None (or a path) has
-written files into the directory, and ``load_checkpoint`` gets the directory.
+for a checkpoint after the sweep stopped it, so other stops keep the latest periodic one. A step is also
+checkpointed when its result says ``should_checkpoint`` (Ray's ``SHOULD_CHECKPOINT``), or when a callback's
+``on_trial_result`` sets it in the step's result (before the next step). A ``save_checkpoint`` that returns a
+dict has it stored and handed back to ``load_checkpoint``; one that returns None (or a path) has written files
+into the directory, and ``load_checkpoint`` gets the directory.
 
 Loads without Prefect or MLflow: this runs on the workers.
 """
@@ -27,9 +29,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import ddp_runtime
 from ddp_runtime import Checkpoint
 from ddp_runtime.session import StopTraining
 from sweepflow.tune import session
+from sweepflow.tune.result import DONE, SHOULD_CHECKPOINT
 from sweepflow.tune.shared import SharedValue
 
 _DICT_FILE = "_sweepflow_trainable_state.pkl"  # a dict returned by save_checkpoint
@@ -237,8 +241,9 @@ class ClassTrainableRun:
                     trainable.restore(directory)
             while True:
                 result = trainable.train()
-                done = bool(result.pop("done", False))
-                if self._save_now(trainable.iteration, done):
+                done = bool(result.pop(DONE, False))
+                asked = bool(result.pop(SHOULD_CHECKPOINT, False))  # Ray: the step asks for its checkpoint
+                if asked or self._save_now(trainable.iteration, done):
                     directory = tempfile.mkdtemp(prefix="sweepflow-trainable-")
                     try:
                         trainable.save(directory)
@@ -246,7 +251,8 @@ class ClassTrainableRun:
                     finally:
                         shutil.rmtree(directory, ignore_errors=True)
                 else:
-                    session.report(result)
+                    # A callback that sets result["should_checkpoint"] gets this step saved before the next one.
+                    ddp_runtime.report(result, checkpoint_on_request=trainable.save)
                 if done:
                     ended_cleanly = True
                     return

@@ -13,6 +13,7 @@ _PB2 = (
     "PB2 (PBT with a GP-bandit explore) is not built; use PopulationBasedTraining, whose explore resamples or "
     "perturbs each hyperparameter in hyperparam_mutations"
 )
+_BOHB = "BOHB is not built; use ASHAScheduler with OptunaSearch"
 _SEARCHER = (
     "is not wrapped (one search library is: Optuna); use sweepflow.tune.search.optuna.OptunaSearch, or the "
     "default random/grid search"
@@ -42,10 +43,18 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
         "each trial's config history in its MLflow run (pbt/config_history.json)",
         "PB2": _PB2,
-        "HyperBandForBOHB": "BOHB is not built; use ASHAScheduler with OptunaSearch",
+        "HyperBandForBOHB": _BOHB,
         "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
         "tune.with_resources",
     },
+    # Ray's own module paths for the same names (its examples import from them).
+    "sweepflow.tune.schedulers.pb2": {"PB2": _PB2},
+    "sweepflow.tune.schedulers.hb_bohb": {"HyperBandForBOHB": _BOHB},
+    "sweepflow.tune.search.ax": {"AxSearch": f"AxSearch {_SEARCHER}"},
+    "sweepflow.tune.search.bayesopt": {"BayesOptSearch": f"BayesOptSearch {_SEARCHER}"},
+    "sweepflow.tune.search.bohb": {"TuneBOHB": f"TuneBOHB {_SEARCHER}"},
+    "sweepflow.tune.search.hyperopt": {"HyperOptSearch": f"HyperOptSearch {_SEARCHER}"},
+    "sweepflow.tune.search.nevergrad": {"NevergradSearch": f"NevergradSearch {_SEARCHER}"},
     "sweepflow.tune.search": {
         "Searcher": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
         "SearchGenerator": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
@@ -56,6 +65,30 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "NevergradSearch": f"NevergradSearch {_SEARCHER}",
         "ZOOptSearch": f"ZOOptSearch {_SEARCHER}",
         "TuneBOHB": f"TuneBOHB {_SEARCHER}",
+    },
+    "sweepflow.tune.result": {
+        name: "results carry no host or process fields; report them yourself: call tune.report({..., "
+        f"{field!r}: {how}}})"
+        for name, field, how in (
+            ("HOSTNAME", "hostname", "socket.gethostname()"),
+            ("NODE_IP", "node_ip", "socket.gethostbyname(socket.gethostname())"),
+            ("PID", "pid", "os.getpid()"),
+        )
+    },
+    "sweepflow.tune.utils": {
+        "pin_in_object_store": "there is no Ray object store; pass large objects with "
+        "tune.with_parameters(trainable, name=obj), sent to every worker once",
+        "get_pinned_object": "there is no Ray object store; pass large objects with "
+        "tune.with_parameters(trainable, name=obj), which the trainable gets as keyword arguments",
+        "wait_for_gpu": "a trial's GPU is a Dask worker resource it holds alone until it ends, so there is nothing "
+        "to wait for; give GPUs with tune.with_resources(trainable, {'gpu': 1})",
+        "diagnose_serialization": "is not built; call cloudpickle.dumps(trainable) in your script to see what "
+        "cannot be sent to the Dask workers",
+    },
+    "sweepflow.tune.utils.mock_trainable": {
+        "MyTrainableClass": "Ray's example trainable is not shipped; use your own sweepflow.tune.Trainable "
+        "subclass (a copy of Ray's ray/tune/utils/mock_trainable.py next to your script works with its import "
+        "changed to from sweepflow.tune import Trainable)",
     },
     "sweepflow.air": {
         "session": "ray.air.session is Ray 2.0-2.6's trainable API; call sweepflow.tune.report(...) and "

@@ -87,4 +87,39 @@ def get_trial_id() -> str:
 
 
 def get_trial_dir() -> str:
+    """The trial's local directory on this rank's worker, which the trainable runs in (as Ray runs each trial in
+    its trial directory, unless ``RAY_CHDIR_TO_TRIAL_DIR=0``): relative paths land there, one directory per trial.
+    Scratch space: it goes with the worker; what must outlive the trial goes in a checkpoint (or to MLflow)."""
     return ddp_runtime.get_context().get_trial_dir()
+
+
+class TuneContext:
+    """Ray's ``tune.get_context()`` inside a trainable: the trial's id, name, directory and experiment, and (in a
+    DDP trial) the rank's place in its group, as ``ddp_runtime.get_context()`` (Ray Train's) has it."""
+
+    def get_trial_id(self) -> str:
+        return get_trial_id()
+
+    def get_trial_name(self) -> str:
+        from sweepflow.tasks.training.function import current_trial_run
+
+        trial = current_trial_run()
+        return trial.run_name if trial is not None else get_trial_id()
+
+    def get_trial_dir(self) -> str:
+        return get_trial_dir()
+
+    def get_experiment_name(self) -> str:
+        from sweepflow.tasks.training.function import current_trial_run
+
+        trial = current_trial_run()
+        return trial.experiment_name if trial is not None else ddp_runtime.get_context().get_experiment_name()
+
+    def __getattr__(self, name: str) -> Any:  # get_world_rank, get_world_size, get_local_rank, ...
+        return getattr(ddp_runtime.get_context(), name)
+
+
+def get_context() -> TuneContext:
+    """Ray's ``tune.get_context()``: only inside a trainable that a Tune experiment runs."""
+    ddp_runtime.get_context()  # outside a trial: the error that says where it can be called
+    return TuneContext()

@@ -16,11 +16,14 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from sweepflow.services import idle
 from sweepflow.services import supervisor as services
 
-PREFECT, MLFLOW, DASK, LAUNCHER = "prefect", "mlflow", "dask", "launcher"
-LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER)  # the launcher: see sweepflow.services.launcher
+PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP = "prefect", "mlflow", "dask", "launcher", idle.NAME
+# the launcher: see sweepflow.services.launcher; the watchdog that stops the others once idle: sweepflow.services.idle
+LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP)
 
 
 def venv_executable(name: str) -> str:
@@ -28,12 +31,58 @@ def venv_executable(name: str) -> str:
     return os.path.join(os.path.dirname(sys.executable), name)
 
 
+#: Settings of every Prefect server sweepflow starts: the background one here, the stack's, and the temporary one
+#: of ``sweepflow run --no-server`` (``sweepflow.flows.run_services``), which inherits them from the environment.
+#: Telemetry off: nobody asked for it to be sent, and an offline machine logs "ERROR ... Failed to send
+#: telemetry" at every start.
+PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+}
+
+
 def prefect_env(prefect_home: str) -> dict[str, str]:
-    return {
-        "PREFECT_HOME": prefect_home,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    }
+    return {"PREFECT_HOME": prefect_home, **PREFECT_SERVER_SETTINGS}
+
+
+#: The background Prefect server's loop services, slowed from every 5-20 s to every 60 s, for a server that
+#: costs (almost) nothing while no run goes on (benchmarks/bench_idle_services.py). None is turned off: each
+#: still does its work, a minute later at most. What they watch is rare here: ``sweepflow run`` calls its
+#: flow directly (no deployment, no work pool, no schedule: the late-run, foreman and scheduler services find
+#: nothing), pauses nothing, and a run cancelled from the UI is cleaned up a minute later. Scheduled
+#: deployments (prefect.yaml's nightly-retrain) live on the stack, whose server keeps Prefect's defaults
+#: (sweepflow.services.stack). The task-run recorder and event persister, which write what the UI shows of a
+#: run, keep their intervals. Not settable here: the docket worker behind these services polls its in-memory
+#: queue 4 times a second (``docket.Worker``'s defaults, which Prefect does not expose).
+LOCAL_PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
+    "PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_CLEANUP_RECONCILER_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_FOREMAN_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "60",
+    "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT60S",  # a duration (ISO 8601)
+}
+
+#: Dask settings of the background cluster (its scheduler, nannies and workers: a nanny hands its config to its
+#: worker), for a cluster that costs (almost) nothing while idle. With Dask's defaults an idle cluster of two
+#: workers used ~7 CPU-seconds a minute here (benchmarks/bench_idle_services.py), mostly on timers that run
+#: whether or not there is work, in every process.
+LOCAL_DASK_CONFIG: Mapping[str, Any] = {
+    # The statistical profiler samples each worker's threads 100 times a second, busy or not (~1.2 CPU-s/min
+    # per idle worker), for the dashboard's profile page, which nobody reads here.
+    "distributed.worker.profile.enabled": False,
+    # The event-loop health check, 50 times a second in the scheduler, each nanny and each worker; once a
+    # second still catches a loop blocked for longer than its 3-s warning limit.
+    "distributed.admin.tick.interval": "1s",
+    # Memory checks (worker: spill/pause; nanny: restart at 95 %), 10 a second -> 1.
+    "distributed.worker.memory.monitor-interval": "1s",
+    # CPU/memory/network samples for the dashboard's charts and the heartbeats, 2 a second -> 1 every 5 s.
+    "distributed.admin.system-monitor.interval": "5s",
+    # The serving process's own client refreshes its view of the cluster (for a notebook widget) every 2 s.
+    "distributed.client.scheduler-info-interval": "60s",
+}
 
 
 def server_env(state_dir: str) -> dict[str, str]:
@@ -42,8 +91,14 @@ def server_env(state_dir: str) -> dict[str, str]:
 
 
 def prefect_server_spec(
-    state_dir: str, *, name: str = PREFECT, host: str = "127.0.0.1"
+    state_dir: str,
+    *,
+    name: str = PREFECT,
+    host: str = "127.0.0.1",
+    settings: Mapping[str, str] = LOCAL_PREFECT_SERVER_SETTINGS,
 ) -> services.ServiceSpec:
+    """``prefect server start``. ``settings``: Prefect settings for it besides the shared ones (default: the
+    background server's, ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none)."""
     port = services.free_port(host)
     api_url = f"http://{host}:{port}/api"
     os.makedirs(os.path.join(state_dir, "prefect"), exist_ok=True)
@@ -52,7 +107,9 @@ def prefect_server_spec(
         argv=[venv_executable("prefect"), "server", "start", "--host", host, "--port", str(port)],
         health={"kind": "http", "url": f"{api_url}/health"},
         address=api_url,
-        env=server_env(state_dir),
+        # The UI's API is where the page came from: Prefect's default is port 4200 whatever --port says (its UI
+        # on another port showed "Something went wrong"), and a relative URL holds behind any host name.
+        env={**server_env(state_dir), "PREFECT_UI_API_URL": "/api", **settings},
     )
 
 
@@ -141,12 +198,18 @@ def use_local_services(
     n_workers: int | None = None,
     code_files: Sequence[str] = (),
     extra: Mapping[str, Callable[[], str]] | None = None,
+    idle_stop_s: float = 0.0,
 ) -> dict[str, str]:
     """Start (or reuse), in parallel, the state dir's background services asked for, and point this process's
     Prefect client at the Prefect server (its settings go into ``os.environ``, read when prefect is imported).
     Returns their addresses by name ("prefect", "mlflow", "dask", and each of ``extra``'s). ``worker_preload``:
-    see ``local_dask_spec`` (the one cluster is shared by every caller: pass the same)."""
+    see ``local_dask_spec`` (the one cluster is shared by every caller: pass the same). ``idle_stop_s``: stop
+    them all once unused for that long (``sweepflow.services.idle``; this process uses them while it lives);
+    0: they stay up until ``sweepflow server stop``."""
     starts: dict[str, Callable[[], str]] = {}
+    idle_stop = use_idle_stop(state_dir, idle_stop_s) if prefect or mlflow or dask or extra else None
+    if idle_stop:
+        starts[IDLE_STOP] = idle_stop
     if prefect:
         os.environ.update(server_env(state_dir))
         url = services.running(state_dir, PREFECT)
@@ -165,6 +228,18 @@ def use_local_services(
     with ThreadPoolExecutor(max_workers=len(starts) or 1) as pool:
         futures = {name: pool.submit(start) for name, start in starts.items()}
         return {name: future.result() for name, future in futures.items()}
+
+
+def use_idle_stop(state_dir: str, idle_stop_s: float) -> Callable[[], str] | None:
+    """Call before the services are looked for: marks this process as using them (``idle.mark_used``) and
+    returns what starts (or replaces) the watchdog that stops them after ``idle_stop_s`` unused, to run beside
+    the other starts. With 0: stops a watchdog of an earlier setting, returns None."""
+    if not idle_stop_s:
+        services.stop(state_dir, IDLE_STOP)
+        return None
+    idle.mark_used(state_dir)
+    others = [name for name in LOCAL_SERVICES if name != IDLE_STOP]
+    return lambda: idle.ensure(state_dir, idle_s=idle_stop_s, stop=others)
 
 
 def ensure_server(state_dir: str) -> str:
@@ -202,17 +277,23 @@ def status(state_dir: str) -> dict[str, str | None]:
 
 
 def stop_server(state_dir: str) -> bool:
-    """Stop this state dir's local services; True if any was recorded."""
-    return any([services.stop(state_dir, name) for name in LOCAL_SERVICES])
+    """Stop this state dir's local services (the idle watchdog first); True if any was recorded."""
+    order = (IDLE_STOP, *[name for name in LOCAL_SERVICES if name != IDLE_STOP])
+    return any([services.stop(state_dir, name) for name in order])
 
 
 def _serve_dask(ready_file: str, n_workers: int | None, worker_preload: Sequence[str]) -> None:
     """Foreground body of the background Dask process: run a LocalCluster until SIGTERM."""
+    import dask
+
     from ddp_runtime.cluster import local_cluster, scheduler_address
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with local_cluster(n_workers=n_workers, preload=list(worker_preload)) as client:
+    with (
+        dask.config.set(dict(LOCAL_DASK_CONFIG)),
+        local_cluster(n_workers=n_workers, preload=list(worker_preload)) as client,
+    ):
         with open(ready_file + ".tmp", "w") as f:
             f.write(scheduler_address(client))
         os.replace(ready_file + ".tmp", ready_file)

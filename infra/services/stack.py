@@ -460,7 +460,8 @@ def up(
         env={**mlflow.env, **mlflow_auth_env},
         code_key=_key(secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env, app=mlflow.code_key),
     )
-    prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host)
+    # Prefect's own service intervals, not the local server's slower ones: the stack runs the scheduled deployments
+    prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host, settings={})
     auth = (
         {"PREFECT_SERVER_API_AUTH_STRING": exposure.prefect_auth_string}
         if exposure.prefect_auth_string

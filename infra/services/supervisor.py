@@ -110,6 +110,8 @@ def probe(health: Mapping[str, Any]) -> bool:
         return dask_worker_registered(health["identity_url"], health["name"])
     if kind == "unix":
         return unix_socket_accepts(health["path"])
+    if kind == "alive":  # a service that serves nothing (a watchdog): its process being alive is its health
+        return True
     raise ValueError(f"unknown probe kind {kind!r} in a service record; delete the record and start again")
 
 
@@ -193,6 +195,11 @@ def _started_at(pid: int) -> float | None:
         return process.create_time()
     except psutil.NoSuchProcess:
         return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """What a record keeps as ``started`` for process ``pid`` (see ``alive``); None if it is not running."""
+    return _started_at(pid)
 
 
 def _same_process(started: float | None, recorded_start: float | None) -> bool:
@@ -386,6 +393,14 @@ def stop(state_dir: str, name: str) -> bool:
     terminate(int(record["pid"]), started=record.get("started"), service_id=record.get("service_id"))
     os.remove(_record_path(state_dir, name))
     return True
+
+
+def forget(state_dir: str, name: str) -> None:
+    """Remove a service's record without stopping anything: for a service that ends by itself."""
+    try:
+        os.remove(_record_path(state_dir, name))
+    except FileNotFoundError:
+        pass  # already forgotten
 
 
 def recorded(state_dir: str) -> list[str]:

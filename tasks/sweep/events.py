@@ -33,9 +33,11 @@ class SweepObserver:
     def trial_started(self, spec: SweepTrial, run_id: str, storage: str) -> None:
         """A trial's MLflow run is open and its group is about to start; ``storage``: where its checkpoints go."""
 
-    def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> None:
+    def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> bool | None:
         """A trial reported ``result`` (the scheduler has already decided on it). ``spec``: with its current config
-        (PBT changes it)."""
+        (PBT changes it). True asks for a checkpoint of this report (Ray: a callback setting ``should_checkpoint``):
+        the trial's rank 0 saves one if its function can (a class trainable), before it goes on."""
+        return None
 
     def trial_ended(self, result: TrialResult) -> None:
         """A trial that started has ended (completed, stopped early, or failed); its MLflow writes are queued."""

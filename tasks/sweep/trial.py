@@ -32,7 +32,7 @@ from prefect.settings import PREFECT_API_URL
 
 import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
-from ddp_runtime.torch import TorchTrainer
+from ddp_runtime.torch import TorchTrainer, Verdict
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.pbt import Exploit
@@ -98,20 +98,21 @@ class SweepRuntime:
     observer_error: Exception | None = None  # what the observer raised: the sweep stops, then raises it
     _observer_lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def notify(self, event: str, *args: Any) -> None:
-        """Tell the observer ``event`` (a ``SweepObserver`` method). When it raises, the sweep stops as after any
-        error (running trials stop at their next report, none starts) and ``Sweep.run`` raises it at the end; the
-        observer hears nothing more."""
+    def notify(self, event: str, *args: Any) -> Any:
+        """Tell the observer ``event`` (a ``SweepObserver`` method); returns its answer (None without one). When it
+        raises, the sweep stops as after any error (running trials stop at their next report, none starts) and
+        ``Sweep.run`` raises it at the end; the observer hears nothing more."""
         if self.observer is None:
-            return
+            return None
         with self._observer_lock:
             if self.observer_error is not None:
-                return
+                return None
             try:
-                getattr(self.observer, event)(*args)
+                return getattr(self.observer, event)(*args)
             except Exception as exc:  # noqa: BLE001 - raised by Sweep.run once every trial has ended
                 self.observer_error = exc
                 self.abort(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                return None
 
     def grant(self, index: int, slot: HeldSlot, *, queued_s: float) -> None:
         """Hand trial ``index`` the slot the sweep took for it (its task takes it with ``take_grant``)."""
@@ -319,11 +320,13 @@ class _TrialRun:
             self.best_so_far = float(value if self.best_so_far is None else better(self.best_so_far, value))
         return {} if self.best_so_far is None else {f"best_{self.spec.template.selection_metric}": self.best_so_far}
 
-    def on_report(self, metrics: dict[str, Any]) -> bool:
+    def on_report(self, metrics: dict[str, Any]) -> bool | Verdict:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget). The sweep's
-        observer hears of the report after the scheduler has decided on it (as Ray's callbacks do)."""
+        observer hears of the report after the scheduler has decided on it (as Ray's callbacks do), and may ask
+        for a checkpoint of it (a Tune callback's ``should_checkpoint``): rank 0 saves one if its function can."""
         stop = self._take_report(metrics)
-        self.rt.notify("trial_result", self.spec, self._as_scheduled(metrics))
+        if self.rt.notify("trial_result", self.spec, self._as_scheduled(metrics)):
+            return Verdict(stop=stop, checkpoint=True)
         return stop
 
     def _take_report(self, metrics: dict[str, Any]) -> bool:

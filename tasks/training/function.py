@@ -6,6 +6,8 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -149,19 +151,118 @@ def _inside_trial(run: TrialRun | None) -> Iterator[None]:
             cleanup()
 
 
+def driver_script_dir() -> str | None:
+    """Where the driver script's own modules import from: its ``sys.path[0]`` (the script's directory; the
+    current directory under ``python -m``/``-c`` or in a notebook). None when that is no directory (a zipapp)."""
+    if not sys.path:
+        return None
+    directory = os.path.abspath(sys.path[0] or os.getcwd())
+    return directory if os.path.isdir(directory) else None
+
+
+_paths_lock = threading.Lock()
+# directory -> [trials in this process using it, whether we put it on sys.path, the modules loaded before then]
+_path_users: dict[str, list[Any]] = {}
+
+
+@contextlib.contextmanager
+def _importable(directory: str | None) -> Iterator[None]:
+    """The driver script's directory on this process's sys.path while a trial's function runs here, as Ray puts
+    it on its workers' path: the script's sibling modules (``from my_model import Net``) import on the ranks.
+
+    Counted, for trials sharing a worker process. The last one out takes it off again and forgets the modules
+    imported from it, so the next experiment from that directory gets its modules as they are then, not as this
+    long-lived worker first imported them. A directory already on the path (a local cluster the script started
+    inherits the script's path) is left as it is."""
+    if directory is None:
+        yield
+        return
+    with _paths_lock:
+        entry = _path_users.get(directory)
+        if entry is None:
+            added = directory not in sys.path
+            if added:
+                sys.path.insert(0, directory)
+                importlib.invalidate_caches()
+            entry = _path_users[directory] = [0, added, set(sys.modules)]
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _paths_lock:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _path_users[directory]
+                if entry[1]:
+                    _forget(directory, known=entry[2])
+
+
+def _forget(directory: str, *, known: set[str]) -> None:
+    """Take ``directory`` off sys.path, and forget the modules it gave since (not in ``known``): the top-level
+    modules and packages that live right in it, with their submodules. Nothing else, even from below it: a
+    package that was imported before (ddp_runtime, sweepflow's own in a source checkout) keeps its modules."""
+    with contextlib.suppress(ValueError):  # someone else took it off already
+        sys.path.remove(directory)
+    given = set()
+    for name, module in list(sys.modules.items()):
+        if "." in name or name in known:
+            continue
+        file = getattr(module, "__file__", None) or ""
+        place = os.path.dirname(file)
+        if place == directory or (
+            os.path.basename(file) == "__init__.py" and os.path.dirname(place) == directory
+        ):
+            given.add(name)
+    for name in list(sys.modules):
+        if name.partition(".")[0] in given:
+            sys.modules.pop(name, None)
+
+
+class _FromScript:
+    """A function object from the user's script on its way to the ranks: cloudpickled on the driver, unpickled on
+    its rank only once the script's directory is on the path there. cloudpickle sends the script's own functions
+    by value but the modules beside it (``my_model``) by name, and Dask's scheduler unpickles the task arguments
+    it is sent: sent as bytes, they are unpickled where they can be imported."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        import cloudpickle
+
+        self.payload = cloudpickle.dumps(fn)
+        self.name = name
+
+    def load(self, directory: str | None) -> Callable[..., Any]:
+        import cloudpickle
+
+        try:
+            return cloudpickle.loads(self.payload)
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(
+                f"the training function {self.name} needs module {exc.name!r}, which this Dask worker cannot "
+                f"import: it is not in the driver script's directory {directory} as this worker's host sees it, "
+                "nor installed here; install it on the workers, or put its directory on their PYTHONPATH",
+                name=exc.name,
+            ) from exc
+
+
 @dataclass(frozen=True)
 class TrainFunction:
     """The function every rank of a trial runs: either named by import path (``"module:function"``, imported
     where it runs, on the Dask workers, so the flow process never imports the training code nor torch; the
     module is located at once, so a typo fails before any group starts), or a function object (a user's script
-    function, partial, closure or lambda), which Dask ships to the workers by value (cloudpickle)."""
+    function, partial, closure or lambda), which travels to the workers cloudpickled and is unpickled on each rank
+    with the driver script's directory on the path (its sibling modules import there, as on Ray's workers)."""
 
     target: str | Callable[..., Any]
     system_metrics: SystemMetrics | None = None  # MLflow system metrics from rank 0 while it trains
     trial_run: TrialRun | None = None  # the trial's MLflow run (``current_trial_run`` on every rank)
+    # A function object's: the driver script's directory, importable on the ranks while it runs (default: the
+    # directory of the process that builds this, the driver's: ``driver_script_dir``).
+    script_dir: str | None = None
 
     def __post_init__(self) -> None:
         if callable(self.target):
+            if self.script_dir is None:
+                object.__setattr__(self, "script_dir", driver_script_dir())
             return
         module_name = self.target.partition(":")[0]
         try:
@@ -190,14 +291,29 @@ class TrainFunction:
         """How to name it: the import path, or the function's module and qualified name."""
         if isinstance(self.target, str):
             return self.target
+        if isinstance(self.target, _FromScript):
+            return self.target.name
         fn = getattr(self.target, "func", self.target)  # functools.partial
         return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A function object travels as bytes, unpickled on its rank once the script's directory is importable."""
+        state = dict(self.__dict__)
+        if callable(self.target) and self.script_dir is not None:
+            state["target"] = _FromScript(self.target, self.path)
+        return state
+
     def __call__(self, config: dict[str, Any]) -> Any:
-        fn = import_train_fn(self.target) if isinstance(self.target, str) else self.target
-        with _inside_trial(self.trial_run), _system_metrics(self.system_metrics):
-            # As in Ray, a zero-argument training function simply does not see train_loop_config.
-            return fn(config) if _takes_arguments(fn) else fn()
+        with _importable(self.script_dir):
+            if isinstance(self.target, str):
+                fn = import_train_fn(self.target)
+            elif isinstance(self.target, _FromScript):
+                fn = self.target.load(self.script_dir)
+            else:
+                fn = self.target
+            with _inside_trial(self.trial_run), _system_metrics(self.system_metrics):
+                # As in Ray, a zero-argument training function simply does not see train_loop_config.
+                return fn(config) if _takes_arguments(fn) else fn()
 
 
 def _takes_arguments(fn: Callable[..., Any]) -> bool:
