@@ -45,6 +45,7 @@ LONGEST_FIRST = (
     "test_cli.py",
     "test_tune.py",
     "test_multihost.py",
+    "test_compare_ui.py",
     "test_faults_ranks.py",
     "test_resume.py",
     "test_ddp_runtime.py",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -151,15 +152,27 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     stopped = [t for t in finished_sweep["trials"] if t["status"] == "STOPPED"]
     assert stopped, "ASHA stopped none of the six trials: the test shows nothing"
     ui = prefect_ui.removesuffix("/api")
+    parent = MlflowClient(mlflow_server).get_run(finished_sweep["parent_run_id"])
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
     with SyncPrefectClient(prefect_ui) as client:
-        parent = MlflowClient(mlflow_server).get_run(finished_sweep["parent_run_id"])
-        flow_run_id = parent.data.tags["prefect.flow_run_id"]
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
-        trials = {t.name.split("-", 1)[0]: t for t in task_runs if t.name.startswith("trial_")}
-        trial = trials[stopped[0]["trial_id"]]
-        assert trial.state.name == "Stopped early" and trial.state.is_completed()
-        logs = client.read_logs(log_filter=LogFilter(task_run_id={"any_": [trial.id]}), sort=LogSort.TIMESTAMP_ASC)
-        assert "MLflow run http" in logs[0].message, [log.message for log in logs[:3]]
+        # The server records task runs and logs from the events and log batches the flow sent as it ended: polled
+        # for (a busy machine leaves them queued a while), bounded.
+        deadline = time.monotonic() + 120
+        while True:
+            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
+            trials = {t.name.split("-", 1)[0]: t for t in task_runs if t.name.startswith("trial_")}
+            trial = trials.get(stopped[0]["trial_id"])
+            logs = (
+                client.read_logs(log_filter=LogFilter(task_run_id={"any_": [trial.id]}), sort=LogSort.TIMESTAMP_ASC)
+                if trial is not None
+                else []
+            )
+            if (trial is not None and trial.state.name == "Stopped early" and logs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert trial is not None, f"no task run of {stopped[0]['trial_id']} on the server: {sorted(trials)}"
+        assert trial.state.name == "Stopped early" and trial.state.is_completed(), trial.state
+        assert logs and "MLflow run http" in logs[0].message, [log.message for log in logs[:3]]
     page = _rendered_showing(f"{ui}/runs/task-run/{trial.id}", str(tmp_path / "task-run"), "Stopped early", "MLflow run")
     assert "Stopped early" in page
     assert "MLflow run" in page and stopped[0]["run_id"] in page, "the MLflow link is not in the task run's logs"

@@ -215,36 +215,3 @@ def test_the_local_dask_cluster_preloads_what_its_caller_names_and_is_keyed_by_i
     assert same.code_key == spec.code_key  # reused by a caller that preloads the same
     assert other.code_key != spec.code_key  # restarted for one that preloads something else
 
-
-IMPORTS_PREFECT_FIRST = """
-import sys
-import prefect  # first, as a script or a library it imports may do: prefect reads its settings now
-from prefect.settings import PREFECT_API_URL
-from sweepflow.flows.config import Settings
-from sweepflow.flows.run_services import use_run_services
-
-settings = Settings.from_env()
-services = use_run_services(settings, sys.argv[1], tracking_uri="sqlite:///unused.db",
-                            scheduler_address="tcp://127.0.0.1:9", use_gpu=False)
-print(PREFECT_API_URL.value())
-"""
-
-
-def test_a_process_that_imported_prefect_first_uses_the_prefect_server_started_for_it(tmp_path):
-    """Prefect reads its settings from the environment when it is imported: a script that imported it before
-    sweepflow started the state dir's server must still send its flow runs there, not to a temporary server."""
-    import subprocess
-
-    state = str(tmp_path / "state")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))}
-    env["SWEEPFLOW_HOME"] = state
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", IMPORTS_PREFECT_FIRST, state],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert out.stdout.strip().splitlines()[-1] == services.running(state, "prefect"), out.stdout
-    finally:
-        services.stop(state, "idle-stop")  # the watchdog use_run_services started beside it
-        services.stop(state, "prefect")

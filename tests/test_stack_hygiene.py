@@ -345,6 +345,20 @@ class Seen:
         assert not _still_alive(self.processes) and not _carrying(self.ids), f"`{command}` left processes"
 
 
+
+IMPORTS_PREFECT_FIRST = """
+import sys
+import prefect  # first, as a script or a library it imports may do: prefect reads its settings now
+from prefect.settings import PREFECT_API_URL
+from sweepflow.flows.config import Settings
+from sweepflow.flows.run_services import use_run_services
+
+use_run_services(Settings.from_env(), sys.argv[1], tracking_uri="sqlite:///unused.db",
+                 scheduler_address="tcp://127.0.0.1:9", use_gpu=False)
+print(PREFECT_API_URL.value())
+"""
+
+
 @pytest.fixture(scope="module")
 def local_services(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("server")
@@ -400,6 +414,19 @@ class TestServer:
         assert now["mlflow"] != pids["mlflow"]
         assert {k: now[k] for k in ("prefect", "dask")} == {k: pids[k] for k in ("prefect", "dask")}
         assert not _still_alive(killed), "the killed MLflow server's children must go when it is replaced"
+        seen.snapshot()
+
+    def test_a_process_that_imported_prefect_first_uses_the_state_dirs_prefect_server(self, local_services):
+        """Prefect reads its settings from the environment when it is imported: a script that imported it before
+        sweepflow pointed it at the state dir's server must still send its flow runs there, not to a temporary
+        server of its own."""
+        state, env, seen = local_services
+        out = subprocess.run(
+            [sys.executable, "-c", IMPORTS_PREFECT_FIRST, state],
+            env=env, cwd=state, capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == services.running(state, "prefect"), out.stdout
         seen.snapshot()
 
     def test_stop_leaves_no_process_behind(self, local_services):
