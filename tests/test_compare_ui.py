@@ -51,9 +51,24 @@ def prefect_ui(tmp_path_factory):
     try:
         api = supervisor.ensure(state, prefect_server_spec(state))
         with temporary_settings({PREFECT_API_URL: api}):
-            yield api
+            _new_event_workers()
+            try:
+                yield api
+            finally:
+                _new_event_workers()
     finally:
         supervisor.stop(state, PREFECT)
+
+
+def _new_event_workers() -> None:
+    """Prefect keeps one events worker per process whatever the API URL (task runs are recorded from its events):
+    one that an earlier test started for the session's test harness would send this module's task runs there.
+    Drained (what it holds is sent), the next use starts one for the API of the moment."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    EventsWorker.drain_all(timeout=60, at_exit=False)
+    APILogWorker.drain_all(timeout=60, at_exit=False)
 
 
 @pytest.fixture(scope="module")
