@@ -16,6 +16,7 @@ experiment's parent run, so neither makes a run of its own:
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -203,7 +204,13 @@ def setup_mlflow(
     if run_tags:
         mlflow.set_tags(run_tags)
     if config:
+        # The flow writes the run's sampled config (with ``num_ranks``) in the background, a moment after the run
+        # starts: wait for it (bounded), or both would insert the same params at once and one would fail.
+        deadline = time.monotonic() + 30
         present = mlflow.get_run(run.run_id).data.params
+        while "num_ranks" not in present and time.monotonic() < deadline:
+            time.sleep(0.2)
+            present = mlflow.get_run(run.run_id).data.params
         wanted = param_items({key: value for key, value in config.items() if key != "mlflow"})
         # Only what the run lacks: its sampled config is there already, and a value that changed since (PBT)
         # is in its config history, not a param (MLflow refuses to change one).
