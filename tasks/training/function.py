@@ -161,8 +161,19 @@ def driver_script_dir() -> str | None:
 
 
 _paths_lock = threading.Lock()
-# directory -> [trials in this process using it, whether we put it on sys.path, the modules loaded before then]
-_path_users: dict[str, list[Any]] = {}
+
+
+@dataclass
+class _PathUse:
+    """One directory ``_importable`` put on this process's path: how many trials here use it, whether it was
+    put there by us (else it stays), and the modules already loaded before (never forgotten)."""
+
+    added: bool
+    known: set[str]
+    trials: int = 0
+
+
+_path_users: dict[str, _PathUse] = {}
 
 
 @contextlib.contextmanager
@@ -178,23 +189,23 @@ def _importable(directory: str | None) -> Iterator[None]:
         yield
         return
     with _paths_lock:
-        entry = _path_users.get(directory)
-        if entry is None:
+        use = _path_users.get(directory)
+        if use is None:
             added = directory not in sys.path
             if added:
                 sys.path.insert(0, directory)
                 importlib.invalidate_caches()
-            entry = _path_users[directory] = [0, added, set(sys.modules)]
-        entry[0] += 1
+            use = _path_users[directory] = _PathUse(added=added, known=set(sys.modules))
+        use.trials += 1
     try:
         yield
     finally:
         with _paths_lock:
-            entry[0] -= 1
-            if entry[0] == 0:
+            use.trials -= 1
+            if use.trials == 0:
                 del _path_users[directory]
-                if entry[1]:
-                    _forget(directory, known=entry[2])
+                if use.added:
+                    _forget(directory, known=use.known)
 
 
 def _forget(directory: str, *, known: set[str]) -> None:
