@@ -27,8 +27,12 @@ SERVICE_NAMES = ("prefect", "mlflow", "dask", "launcher")
 #: What each sample measures, in print order. "dask scheduler" is the Dask service's own process (the scheduler
 #: and the nannies); "dask workers" its children (the ranks' processes: they also do the training itself);
 #: "flow process" the launcher's children (one per `sweepflow run`) and those it has reaped.
-LABELS = ("prefect server", "mlflow server", "flow process", "dask scheduler", "dask workers")
-CONTROL_PLANE = ("prefect server", "mlflow server", "flow process", "dask scheduler")
+#: "postgres": the PostgreSQL server of a run on the stack with a database (bench_load.py --start-postgres).
+LABELS = ("prefect server", "mlflow server", "postgres", "flow process", "dask scheduler", "dask workers")
+CONTROL_PLANE = ("prefect server", "mlflow server", "postgres", "flow process", "dask scheduler")
+#: On the stack (``sweepflow stack up``, bench_load.py --stack) each of these is a service of its own; its Dask
+#: workers (``dask-worker-<i>``) together are "dask workers". The flow processes stay the local launcher's.
+STACK_LABELS = {"prefect-server": "prefect server", "mlflow": "mlflow server", "dask-scheduler": "dask scheduler"}
 
 
 def sweepflow_exe() -> str:
@@ -105,14 +109,61 @@ def _rss(process: psutil.Process) -> int:
     return process.memory_info().rss
 
 
-def measure(state_dir: str) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+def _tree_usage(root_pid: int, *, pss: bool = False) -> tuple[float, int] | None:
+    """(CPU seconds, RSS bytes) of a process and its descendants (CPU: own and reaped children's). ``pss``: PSS
+    instead of RSS, for processes that share much memory (PostgreSQL's backends: each one's RSS includes the
+    shared buffers it touched, so the sum counts them once per backend and grows with every backend)."""
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    cpu, rss = 0.0, 0
+    for process in processes:
+        try:
+            with process.oneshot():
+                cpu += _cpu(process)
+                rss += process.memory_full_info().pss if pss else _rss(process)
+        except psutil.NoSuchProcess:
+            continue
+    return cpu, rss
+
+
+def _measure_stack(stack_dir: str, cpu: dict[str, float], rss: dict[str, int], pids: dict[str, int]) -> None:
+    names = sorted(os.listdir(os.path.join(stack_dir, "services")))
+    roots: dict[str, list[int]] = {}
+    for name in (n.removesuffix(".json") for n in names if n.endswith(".json")):
+        label = STACK_LABELS.get(name) or ("dask workers" if name.startswith("dask-worker-") else None)
+        record = read_record(stack_dir, name)
+        usage = _tree_usage(int(record["pid"])) if label and record else None
+        if usage is None:
+            continue
+        cpu[label] = cpu.get(label, 0.0) + usage[0]
+        rss[label] = rss.get(label, 0) + usage[1]
+        roots.setdefault(label, []).append(int(record["pid"]))
+    for label, label_pids in roots.items():
+        # One identity per label: a restarted service (or any one worker) starts its series anew (Sampler._series).
+        pids[label] = hash(tuple(sorted(label_pids)))
+
+
+def measure(
+    state_dir: str, *, stack_dir: str | None = None, roots: Mapping[str, int] | None = None
+) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
     """(CPU seconds so far, RSS bytes, root pid) per label. CPU counts each process's own time and that of the
     children it has reaped (a flow process that ended, a Dask worker its nanny restarted); RSS is summed
-    over the live processes (shared pages counted in each)."""
+    over the live processes (shared pages counted in each). ``stack_dir``: Prefect, MLflow and Dask are that
+    stack's services (only the launcher is the state dir's); ``roots``: more labels, each a process tree
+    measured by PSS (see ``_tree_usage``: a PostgreSQL server)."""
     cpu: dict[str, float] = {}
     rss: dict[str, int] = {}
     pids: dict[str, int] = {}
-    for name in SERVICE_NAMES:
+    if stack_dir:
+        _measure_stack(stack_dir, cpu, rss, pids)
+    for label, pid in (roots or {}).items():
+        usage = _tree_usage(pid, pss=True)
+        if usage is not None:
+            cpu[label], rss[label], pids[label] = usage[0], usage[1], pid
+    for name in ("launcher",) if stack_dir else SERVICE_NAMES:
         record = read_record(state_dir, name)
         if record is None:
             continue
@@ -164,6 +215,8 @@ class Sampler:
     state_dir: str
     interval: float = 1.0
     samples: list[Sample] = field(default_factory=list)
+    stack_dir: str | None = None  # see measure()
+    roots: Mapping[str, int] = field(default_factory=dict)
 
     def __enter__(self) -> Sampler:
         self._stop = threading.Event()
@@ -179,7 +232,7 @@ class Sampler:
 
     def _take(self) -> None:
         t = time.time()
-        cpu, rss, pids = measure(self.state_dir)
+        cpu, rss, pids = measure(self.state_dir, stack_dir=self.stack_dir, roots=self.roots)
         self.samples.append(Sample(t, cpu, rss, pids))
 
     def _loop(self) -> None:

@@ -1,6 +1,12 @@
 """Load: many tiny trials through ``sweepflow run`` (run by hand; prints PASS/FAIL lines, exits 1 on a FAIL).
 
     .venv/bin/python benchmarks/bench_load.py [--num-samples 200] [--state-dir DIR] [--keep-services]
+        [--stack | --start-postgres]
+
+``--stack``: Prefect, MLflow and Dask are ``sweepflow stack up``'s (under ``<state dir>/stack``; S3 storage; their
+databases on $SWEEPFLOW_STACK_DATABASE_URL's PostgreSQL when set), the flow processes still the local launcher's.
+``--start-postgres``: the same on a throwaway PostgreSQL server this benchmark starts (tests/postgres_server.py:
+Debian's postgresql, scripts/install-postgres.sh) and measures as the "postgres" service.
 
 N one-epoch trials (default 200) of a tiny model (the seed's Net with l1, l2 in 4..16, batch 64 or 128, on the
 bundled digits set: ~0.1-0.3 s of training each), 1 rank per trial, FIFO (no early stopping), 2 at a time, on
@@ -26,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import (  # noqa: E402 - this folder on sys.path first
+    BENCH_DIR,
     CONTROL_PLANE,
     LABELS,
     Sampler,
@@ -46,6 +55,7 @@ from _common import (  # noqa: E402 - this folder on sys.path first
     run_cli,
     service_pids,
     slope,
+    sweepflow_exe,
 )
 
 SEARCH_SPACE = {
@@ -111,12 +121,12 @@ def metric_step_problems(tracking_uri: str, runs: list) -> list[str]:
     return out
 
 
-def prefect_task_runs(state_dir: str, flow_run_id: str) -> list:
-    """Every task run of the flow run, read from the state dir's Prefect server."""
+def prefect_task_runs(state_dir: str, flow_run_id: str, api_url: str | None = None) -> list:
+    """Every task run of the flow run, read from the state dir's Prefect server (or the one at ``api_url``)."""
     from sweepflow.services.local import server_env
 
     os.environ.update(server_env(state_dir))
-    os.environ["PREFECT_API_URL"] = read_record(state_dir, "prefect")["address"]
+    os.environ["PREFECT_API_URL"] = api_url or read_record(state_dir, "prefect")["address"]
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -138,8 +148,9 @@ def prefect_task_runs(state_dir: str, flow_run_id: str) -> list:
                 return runs
 
 
-def verify(state_dir: str, summary: dict, n: int, check: Checks) -> list:
-    """The correctness checks; returns the MLflow child runs."""
+def verify(state_dir: str, summary: dict, n: int, check: Checks, api_url: str | None = None) -> list:
+    """The correctness checks; returns the MLflow child runs. ``api_url``: the Prefect API (default: the state
+    dir's server)."""
     expected = {f"trial_{i:04d}" for i in range(n)}
     trials = summary["trials"]
     check(
@@ -198,7 +209,7 @@ def verify(state_dir: str, summary: dict, n: int, check: Checks) -> list:
     flow_run_id = MlflowClient(tracking_uri).get_run(parent).data.tags.get("prefect.flow_run_id", "")
     if not check(bool(flow_run_id), "MLflow: the parent run names its Prefect flow run"):
         return children
-    task_runs = prefect_task_runs(state_dir, flow_run_id)
+    task_runs = prefect_task_runs(state_dir, flow_run_id, api_url)
     trial_runs = [t for t in task_runs if t.name.startswith("trial_")]
     others = sorted(t.name.rsplit("-", 1)[0] for t in task_runs if not t.name.startswith("trial_"))
     names = [t.name.split("-", 1)[0] for t in trial_runs]
@@ -303,6 +314,8 @@ def report_resources(sampler: Sampler, children: list, summary: dict, n: int, wa
         )
         + f". (Linear extrapolation from {n} trials; RSS includes allocator slack, so it is noisy at small N.)"
     )
+    if "postgres" in sampler.samples[-1].rss:
+        print("   (postgres: PSS, not RSS: its backends' RSS would each count the shared buffers they touched)")
 
 
 def main() -> int:
@@ -311,6 +324,15 @@ def main() -> int:
     parser.add_argument("--state-dir", default=None, help="default: a new temporary directory")
     parser.add_argument("--keep-services", action="store_true", help="leave the local services running")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between psutil samples")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--stack",
+        action="store_true",
+        help="on `sweepflow stack up` (databases on $SWEEPFLOW_STACK_DATABASE_URL's PostgreSQL if set)",
+    )
+    where.add_argument(
+        "--start-postgres", action="store_true", help="on the stack, on a throwaway PostgreSQL started here"
+    )
     args = parser.parse_args()
     n = args.num_samples
     state_dir = os.path.abspath(args.state_dir or tempfile.mkdtemp(prefix="sweepflow-load-"))
@@ -323,30 +345,75 @@ def main() -> int:
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start"
     )
     try:
-        warm = run_cli(state_dir, sets(2), env, label="warmup")
-        print(
-            f"warm-up run (starts the local services, warms the Dask workers; 2 trials): {warm.wall_s:.1f} s"
-        )
-        before = service_pids(state_dir)
-        with Sampler(state_dir, interval=args.interval) as sampler:
-            run = run_cli(state_dir, sets(n), env, label="load")
-        after = service_pids(state_dir)
-        restarted = sorted(k for k in before if after.get(k) != before[k])
-        # A source file changed (another engineer's edit): the service's start-up precedes the sweep phase.
-        if restarted:
-            print(f"NOTE restarted at the start of the measured run (a source file changed): {restarted}")
-        timings = next((line for line in run.stdout.splitlines() if line.startswith("Timings:")), "")
-        print(f"measured run: {run.wall_s:.1f} s  [{timings}]  load {os.getloadavg()[0]:.1f} at the end\n")
-        children = verify(state_dir, run.summary, n, check)
-        if children and all(r.info.end_time for r in children):
-            report_resources(sampler, children, run.summary, n, run.wall_s)
+        with contextlib.ExitStack() as cleanup:  # stops, last first: the stack, then its PostgreSQL
+            stack_dir, roots = None, {}
+            if args.stack or args.start_postgres:
+                stack_dir = os.path.join(state_dir, "stack")
+                if args.start_postgres:
+                    sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
+                    from postgres_server import postgres_server
+
+                    pg = cleanup.enter_context(postgres_server())
+                    env["SWEEPFLOW_STACK_DATABASE_URL"] = pg.url  # the environment, as a user gives it
+                    roots["postgres"] = pg.postmaster_pid()
+                env = start_stack(stack_dir, env, cleanup)
+            try:
+                measured_runs(args.num_samples, args.interval, state_dir, env, check, stack_dir, roots)
+            finally:
+                if not args.keep_services:
+                    stop_server(state_dir)
     finally:
-        if not args.keep_services:
-            stop_server(state_dir)
-            if not args.state_dir:
-                shutil.rmtree(state_dir, ignore_errors=True)
+        if not args.state_dir and not args.keep_services:
+            shutil.rmtree(state_dir, ignore_errors=True)
     print(f"\n{'FAIL' if check.failed else 'PASS'}: {check.failed} check(s) failed")
     return 1 if check.failed else 0
+
+
+def start_stack(stack_dir: str, env: dict[str, str], cleanup: contextlib.ExitStack) -> dict[str, str]:
+    """``sweepflow stack up`` (``cleanup`` stops it, --keep-services or not: it may run on a PostgreSQL that
+    ``cleanup`` stops too); returns the environment of runs on it."""
+    from sweepflow.services.stack import read_env
+
+    down = [sweepflow_exe(), "stack", "down", "--state-dir", stack_dir]
+    cleanup.callback(lambda: subprocess.run(down, env=env, check=False))
+    t0 = time.perf_counter()
+    up = subprocess.run(
+        [sweepflow_exe(), "stack", "up", "--state-dir", stack_dir, "--workers", "2"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    if up.returncode != 0:
+        raise SystemExit(f"FAIL sweepflow stack up exited {up.returncode}:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+    database = next((line for line in up.stdout.splitlines() if line.startswith("Databases:")), "SQLite")
+    print(f"stack up: {time.perf_counter() - t0:.1f} s; {database}")
+    # The runs need no database: its URL (with the password) stays with the stack's two servers.
+    return {**{k: v for k, v in env.items() if k != "SWEEPFLOW_STACK_DATABASE_URL"}, **read_env(stack_dir)}
+
+
+def measured_runs(
+    n: int,
+    interval: float,
+    state_dir: str,
+    env: dict[str, str],
+    check: Checks,
+    stack_dir: str | None,
+    roots: dict[str, int],
+) -> None:
+    """The warm-up run, the measured run of ``n`` trials, its checks and its report."""
+    warm = run_cli(state_dir, sets(2), env, label="warmup")
+    print(f"warm-up run (starts the local services, warms the Dask workers; 2 trials): {warm.wall_s:.1f} s")
+    before = service_pids(state_dir)
+    with Sampler(state_dir, interval=interval, stack_dir=stack_dir, roots=roots) as sampler:
+        run = run_cli(state_dir, sets(n), env, label="load")
+    after = service_pids(state_dir)
+    restarted = sorted(k for k in before if after.get(k) != before[k])
+    # A source file changed (another engineer's edit): the service's start-up precedes the sweep phase.
+    if restarted:
+        print(f"NOTE restarted at the start of the measured run (a source file changed): {restarted}")
+    timings = next((line for line in run.stdout.splitlines() if line.startswith("Timings:")), "")
+    print(f"measured run: {run.wall_s:.1f} s  [{timings}]  load {os.getloadavg()[0]:.1f} at the end\n")
+    children = verify(state_dir, run.summary, n, check, env.get("PREFECT_API_URL") if stack_dir else None)
+    if children and all(r.info.end_time for r in children):
+        report_resources(sampler, children, run.summary, n, run.wall_s)
 
 
 if __name__ == "__main__":

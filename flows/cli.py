@@ -12,6 +12,10 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sweepflow.services.database import PostgresServer
 
 
 def _load_config(path: str | None, overrides: list[str]):
@@ -309,13 +313,21 @@ def cmd_stack(args: argparse.Namespace) -> int:
                 insecure=args.insecure,
             )
             exposure.check()
+            database = _stack_database(args.database_url_file, settings.stack_database_url)
         except ValueError as exc:  # before anything starts
             print(f"sweepflow stack: {exc}", file=sys.stderr)
             return 2
         try:
             env = stack.up(
-                state_dir, worker_preload=[WORKER_PRELOAD], workers=args.workers, exposure=exposure
+                state_dir,
+                worker_preload=[WORKER_PRELOAD],
+                workers=args.workers,
+                exposure=exposure,
+                database=database,
             )
+        except ValueError as exc:  # the database: unreachable, refused the login, or cannot create ours
+            print(f"sweepflow stack: {exc}", file=sys.stderr)
+            return 2
         except RuntimeError as exc:
             print(f"sweepflow stack: {exc}", file=sys.stderr)
             print(f"stop what did start with: sweepflow stack down --state-dir {state_dir}", file=sys.stderr)
@@ -325,6 +337,10 @@ def cmd_stack(args: argparse.Namespace) -> int:
         print(f"\nPrefect UI:  {env['PREFECT_API_URL'].removesuffix('/api')}")
         print(f"MLflow UI:   {env['MLFLOW_TRACKING_URI']}")
         print(f"Dask dashboard: {stack.dashboard_url(state_dir)}")
+        if database is not None:
+            from sweepflow.services.database import MLFLOW_DATABASE, PREFECT_DATABASE
+
+            print(f"Databases:   {PREFECT_DATABASE}, {MLFLOW_DATABASE} on {database.shown}")
         print(f"Settings:    source {os.path.join(state_dir, 'stack.env')}")
         return 0
     if args.action == "down":
@@ -359,6 +375,21 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if not all(address for address, _ in states.values()):
         print(f"`sweepflow stack up --state-dir {state_dir}` (same options as before) restarts what is DOWN")
     return 0 if states and all(address for address, _ in states.values()) else 1
+
+
+def _stack_database(url_file: str | None, env_url: str | None) -> PostgresServer | None:
+    """The stack's PostgreSQL server (``sweepflow.services.database.PostgresServer``) from ``--database-url-file``
+    or $SWEEPFLOW_STACK_DATABASE_URL (the file wins), or None: SQLite. ValueError if the URL is not one."""
+    from sweepflow.services.database import DATABASE_URL_ENV, PostgresServer
+
+    # The services `up` starts inherit this process's environment: only the two servers that need the password
+    # get it (through their own environment), not the Dask workers, the Prefect worker or its flow runs.
+    os.environ.pop(DATABASE_URL_ENV, None)
+    if url_file is not None:
+        return PostgresServer.parse(
+            _read_secret_file(url_file, "--database-url-file"), source=f"--database-url-file {url_file}"
+        )
+    return PostgresServer.parse(env_url) if env_url else None
 
 
 def _read_secret_file(path: str | None, flag: str) -> str | None:
@@ -418,6 +449,13 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)"
     )
     stack.add_argument("--workers", type=int, default=2, help="Dask workers on a host without GPUs")
+    stack.add_argument(
+        "--database-url-file",
+        metavar="FILE",
+        help="up: file holding a PostgreSQL server URL, postgresql://USER:PASSWORD@HOST:PORT/, for the Prefect "
+        "server's and MLflow's databases (sweepflow_prefect, sweepflow_mlflow: created if missing); default "
+        "$SWEEPFLOW_STACK_DATABASE_URL, else SQLite files in the state dir",
+    )
     expose = stack.add_argument_group("exposing the services (up; see README, 'Exposing the services')")
     expose.add_argument(
         "--host",

@@ -249,6 +249,9 @@ class Settings:
     scheduler_address: str | None = None  # $DASK_SCHEDULER_ADDRESS
     prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
     stack_dir: str | None = None  # $SWEEPFLOW_STACK_DIR: the stack `infra/stack` manages (set by stack.env)
+    # $SWEEPFLOW_STACK_DATABASE_URL: the PostgreSQL server of the stack's Prefect and MLflow databases (it holds
+    # a password: never shown, see sweepflow.services.database)
+    stack_database_url: str | None = field(default=None, repr=False)
     # $PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, as given (checked where it is used): how long
     # `sweepflow run --no-server` waits for Prefect's temporary server (sweepflow.flows.run_services)
     prefect_startup_timeout: str | None = None
@@ -268,6 +271,7 @@ class Settings:
             scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
             prefect_api_url=env.get("PREFECT_API_URL") or None,
             stack_dir=env.get("SWEEPFLOW_STACK_DIR") or None,
+            stack_database_url=env.get("SWEEPFLOW_STACK_DATABASE_URL") or None,
             prefect_startup_timeout=env.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or None,
             services_idle_minutes=_idle_minutes(env.get("SWEEPFLOW_SERVICES_IDLE_MINUTES")),
         )

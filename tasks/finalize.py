@@ -1,9 +1,11 @@
 """The stages after the sweep: evaluate the best trial's best checkpoint on the test split, register it.
 
-Both run their torch work on a Dask worker of the sweep's cluster, not in the flow process: the workers are
-long-lived and already hold torch (and, with the ``sweepflow.tasks.worker_preload`` preload, torch._dynamo for the pt2
-export, matplotlib and mlflow.pytorch), while the flow process never imports torch at all. That keeps a
-pipeline run's start-up free of torch's import and the sweep free of a second process competing for cores.
+Both run their torch work on a Dask worker of the sweep's cluster (``finalize_on_worker``), not in the flow
+process: the workers are long-lived and already hold torch, the training code (the ``sweepflow.tasks.worker_preload``
+preload) and torch._dynamo for the pt2 export (``ddp_runtime._preload``), while the flow process never imports
+torch at all. That keeps a pipeline run's start-up free of torch's import and the sweep free of a second process
+competing for cores. mlflow.pytorch is imported by the first registration on a worker, and later ones go to that
+worker (``finalizing_worker``); the confusion matrix is drawn here, where matplotlib already is.
 """
 
 from __future__ import annotations
@@ -17,27 +19,18 @@ from distributed import Client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ddp_runtime import Checkpoint
-from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_env, tracking_auth_scope
+from sweepflow.tasks.finalize_on_worker import evaluate_on_worker, holds_registry, register_on_worker
+from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.runs import RunTracker
 
 
-def _evaluate_on_worker(
-    checkpoint_path: str, data_path: str, storage_options: dict[str, Any] | None
-) -> dict[str, Any]:
-    from sweepflow.tasks.training.evaluate import evaluate_checkpoint, plot_confusion_matrix
-
-    with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
-        result = evaluate_checkpoint(local, data_path, split="test")
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(plot_confusion_matrix(result, os.path.join(tmp, "confusion_matrix.png")), "rb") as f:
-            png = f.read()
-    return {
-        "metrics": result.to_metrics(),
-        "confusion_matrix": result.confusion_matrix,
-        "class_names": result.class_names,
-        "png": png,
-    }
+def finalizing_worker(client: Client) -> dict[str, Any]:
+    """Where evaluation and registration go (``client.submit`` keywords): a worker that already imported what
+    registration needs, if one did (an earlier run's), else any. Every worker paying that import (seconds, and
+    memory for the worker's life) when one does the registrations would only cost the others."""
+    answers = client.run(holds_registry, on_error="ignore")  # a worker going away meanwhile is just not chosen
+    warm = sorted(address for address, has in answers.items() if has is True)
+    return {"workers": warm[:1], "allow_other_workers": True} if warm else {}
 
 
 @task(name="evaluate-best-trial", cache_policy=NO_CACHE)
@@ -51,41 +44,24 @@ def evaluate_best(
 ) -> dict[str, Any]:
     """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to each of ``run_ids``
     (the pipeline's parent run, and the best trial's run: the registered version's source)."""
-    out = client.submit(_evaluate_on_worker, checkpoint_path, data_path, storage_options, pure=False).result()
+    from sweepflow.tasks.reporting.confusion_matrix import plot_confusion_matrix
+
+    out = client.submit(
+        evaluate_on_worker,
+        checkpoint_path,
+        data_path,
+        storage_options,
+        pure=False,
+        **finalizing_worker(client),
+    ).result()
     with tempfile.TemporaryDirectory() as tmp:
-        png = os.path.join(tmp, "confusion_matrix.png")
-        with open(png, "wb") as f:
-            f.write(out.pop("png"))
+        png = plot_confusion_matrix(
+            out["confusion_matrix"], out["class_names"], os.path.join(tmp, "confusion_matrix.png")
+        )
         for run_id in run_ids:
             tracker.log_metrics(run_id, out["metrics"], step=0)
             tracker.log_artifact(run_id, png, "evaluation")
     return out
-
-
-def _register_on_worker(
-    checkpoint_path: str,
-    data_path: str,
-    storage_options: dict[str, Any] | None,
-    registration_args: dict[str, Any],
-    auth_env: SecretEnv,
-) -> dict[str, Any]:
-    from sweepflow.tasks.datasets import load_split
-    from sweepflow.tasks.tracking.registry import log_and_register
-    from sweepflow.tasks.training.loop import load_model_from_checkpoint
-
-    with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
-        model = load_model_from_checkpoint(local)
-    x_test, _ = load_split(data_path, "test")
-    with tracking_auth_scope(auth_env):  # the flow's MLflow credentials, for this registration only
-        registration = log_and_register(model=model, input_example=x_test[:4].numpy(), **registration_args)
-    return {
-        "name": registration.name,
-        "version": registration.version,
-        "model_uri": registration.model_uri,
-        "became_champion": registration.became_champion,
-        "champion_version": registration.champion_version,
-        "previous_champion_version": registration.previous_champion_version,
-    }
 
 
 @task(name="register-model", cache_policy=NO_CACHE)
@@ -120,18 +96,21 @@ def register_best(
         "extra_tags": tags,
     }
     future = client.submit(
-        _register_on_worker,
+        register_on_worker,
         checkpoint_path,
         data_path,
         storage_options,
         registration_args,
         tracking_auth_env(),
         pure=False,
+        **finalizing_worker(client),
     )
     return future.result()
 
 
-def mark_winner(tracker: RunTracker, tracking_uri: str, run_id: str | None, registration: dict[str, Any]) -> None:
+def mark_winner(
+    tracker: RunTracker, tracking_uri: str, run_id: str | None, registration: dict[str, Any]
+) -> None:
     """Tag the best trial's run as the sweep's winner, its description linking to the model version it became."""
     from sweepflow.tasks.tracking.links import DESCRIPTION_TAG, MlflowLinks, markdown_link
 
@@ -139,7 +118,9 @@ def mark_winner(tracker: RunTracker, tracking_uri: str, run_id: str | None, regi
         return
     version = markdown_link(
         f"{registration['name']} v{registration['version']}",
-        MlflowLinks.for_tracking_uri(tracking_uri).model_version(registration["name"], registration["version"]),
+        MlflowLinks.for_tracking_uri(tracking_uri).model_version(
+            registration["name"], registration["version"]
+        ),
     )
     current = tracker.client.get_run(run_id).data.tags.get(DESCRIPTION_TAG, "")
     tracker.set_tags(

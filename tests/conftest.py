@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -21,6 +22,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
+# The clusters the tests start run with the background cluster's Dask settings (`sweepflow run` starts its local
+# cluster with them): no 100-Hz profiler in every worker, slower dashboard timers. They live beside the tests on
+# the same 2 cores. A nanny hands the settings of the moment to the worker process it starts.
+import dask  # noqa: E402
+
+from sweepflow.services.local import LOCAL_DASK_CONFIG  # noqa: E402
+
+dask.config.set(dict(LOCAL_DASK_CONFIG))
+
 
 #: Fixtures that start something -> the markers of every test using them (directly or through another fixture).
 #: The markers say what a test starts (see pyproject's [tool.pytest.ini_options]); `make test-fast` deselects
@@ -33,7 +43,9 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "_shared_cluster": ("dask",),  # below: the session's LocalCluster with worker processes
     "cluster": ("dask",),  # below, or a test module's own (test_faults_*: they kill workers)
     "gpu3": ("dask",),  # test_ddp_runtime.py
-    "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess"),  # test_stack_hygiene.py
+    # test_stack_hygiene.py: the stack on a PostgreSQL server (the `postgres` fixture, asked for inside it)
+    "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess", "postgres"),
+    "postgres": ("postgres",),  # below: a PostgreSQL server (tests/postgres_server.py)
 }
 
 
@@ -71,6 +83,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 (a free port) for the module, with a password-authenticated role
+    (``tests/postgres_server.py``); stopped and removed after the module."""
+    from postgres_server import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[dict]:
     """A moto S3 server on 127.0.0.1 (a free port), with s3fs storage options to reach it."""
@@ -100,12 +122,35 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     )
     from prefect.testing.utilities import prefect_test_harness
 
+    from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS
+
     settings = {
         PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
     }
-    with temporary_settings(settings), prefect_test_harness(server_startup_timeout=120):
+    with temporary_settings(settings):
+        # The server runs the background server's quiet loop services (`sweepflow server start` runs with them): it
+        # lives as long as the session, beside the tests, on the same 2 cores. It takes them from the environment
+        # it starts with; no other process of the session gets them.
+        harness = prefect_test_harness(server_startup_timeout=120)
+        with _environ(LOCAL_PREFECT_SERVER_SETTINGS):
+            harness.__enter__()
+        try:
+            yield
+        finally:
+            harness.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _environ(updates: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``updates`` (variables already set keep their values) for the block."""
+    added = {k: v for k, v in updates.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
         yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 from mlflow_server import mlflow_server  # noqa: E402,F401 - session fixture: a real `mlflow server`

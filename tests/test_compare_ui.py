@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from browser import rendered_dom, screenshot
+from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
@@ -26,16 +26,6 @@ def _drawn(path: str) -> float:
     rgb = imread(path)[..., :3]
     assert np.ptp(rgb) > 0, f"{path} is a single colour"
     return float((rgb.min(axis=2) < 0.95).mean())
-
-
-def _rendered_showing(url: str, profile: str, *needles: str) -> str:
-    """The page's DOM once it shows every needle: Prefect's UI fetches a task run and its logs separately, and a
-    loaded machine can leave the second outside one render's (virtual) time budget."""
-    for i, wait_ms in enumerate((15000, 30000, 60000)):
-        dom = rendered_dom(url, f"{profile}-{i}", wait_ms=wait_ms)
-        if all(needle in dom for needle in needles):
-            break
-    return dom
 
 
 @pytest.fixture(scope="module")
@@ -192,14 +182,17 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
         assert trial is not None, f"no task run of {stopped[0]['trial_id']} on the server: {sorted(trials)}"
         assert trial.state.name == "Stopped early" and trial.state.is_completed(), trial.state
         assert logs and "MLflow run http" in logs[0].message, [log.message for log in logs[:3]]
-    page = _rendered_showing(f"{ui}/runs/task-run/{trial.id}", str(tmp_path / "task-run"), "Stopped early", "MLflow run")
+    shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
+    os.makedirs(shots, exist_ok=True)
+    path = os.path.join(shots, "prefect-trial-stopped-early.png")
+    # The page fetches the task run, then its logs: read once it shows both (the screenshot is taken then).
+    page = page_showing(
+        f"{ui}/runs/task-run/{trial.id}", str(tmp_path / "task-run"), "Stopped early", stopped[0]["run_id"],
+        screenshot_path=path,
+    )
     assert "Stopped early" in page
     assert "MLflow run" in page and stopped[0]["run_id"] in page, "the MLflow link is not in the task run's logs"
     key = f"{stopped[0]['trial_id'].replace('_', '-')}-{finished_sweep['parent_run_id'][:8]}"
-    artifact = _rendered_showing(f"{ui}/artifacts/key/{key}", str(tmp_path / "artifact"), key, "stopped early")
+    artifact = page_showing(f"{ui}/artifacts/key/{key}", str(tmp_path / "artifact"), key, "stopped early")
     assert key in artifact and re.search(rf"{stopped[0]['trial_id']}[^<]*: stopped early", artifact)  # its outcome
-    shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
-    os.makedirs(shots, exist_ok=True)
-    path = screenshot(f"{ui}/runs/task-run/{trial.id}", os.path.join(shots, "prefect-trial-stopped-early.png"),
-                      size=(1400, 900), wait_ms=40000)  # the logs come after the page
     assert _drawn(path) > 0.03, "the Prefect task run page is nearly blank"

@@ -16,7 +16,6 @@ from sweepflow.tasks.training.evaluate import (
     EvaluationResult,
     evaluate_checkpoint,
     evaluate_model,
-    plot_confusion_matrix,
 )
 from sweepflow.tasks.training.loop import _with_defaults, load_model_from_checkpoint, train_image_classifier
 from sweepflow.tasks.training.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
@@ -84,12 +83,14 @@ def digits(tmp_path_factory):
 
 
 def _orchestration_modules_loaded() -> list[str]:
-    """Run on a Dask worker: import the worker-side modules and list any Prefect/MLflow module loaded."""
+    """Run on a Dask worker: import the worker-side modules and list any Prefect/MLflow/matplotlib module loaded
+    (the worker side of evaluation and registration imports mlflow only when it registers)."""
+    import sweepflow.tasks.finalize_on_worker  # noqa: F401
     import sweepflow.tasks.training.evaluate  # noqa: F401
     import sweepflow.tasks.training.loop  # noqa: F401
 
     loaded = list(sys.modules)  # a snapshot: the worker preload thread may still be importing
-    return sorted(m for m in loaded if m.split(".")[0] in ("prefect", "mlflow"))
+    return sorted(m for m in loaded if m.split(".")[0] in ("prefect", "mlflow", "matplotlib"))
 
 
 def test_worker_side_modules_import_neither_prefect_nor_mlflow():
@@ -147,7 +148,10 @@ def test_two_rank_training_on_digits_then_evaluate_the_checkpoint(cluster, digit
     metrics = test.to_metrics()
     assert metrics["test_accuracy"] == test.accuracy and "test_accuracy_class_3" in metrics
 
-    png = plot_confusion_matrix(test, tmp_path / "plots" / "confusion.png")
+    # Imported here, not at the top: the workers import this module (matplotlib stays off them).
+    from sweepflow.tasks.reporting.confusion_matrix import plot_confusion_matrix
+
+    png = plot_confusion_matrix(test.confusion_matrix, test.class_names, tmp_path / "plots" / "confusion.png")
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -152,6 +152,11 @@ def _carrying(service_ids: set[str]) -> list[str]:
     return found
 
 
+def _environ(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
 def _record_pids(state: str) -> dict[str, int]:
     return {name: services.read_record(state, name)["pid"] for name in services.recorded(state)}
 
@@ -492,11 +497,45 @@ def _checked(argv: list[str], env: dict[str, str], timeout: float) -> subprocess
     return proc
 
 
+def _assert_on_postgres(pg, state: str, runs: list, flow_runs: list, experiment_id: str) -> None:
+    """The stack's data is in PostgreSQL (``pg``: a tests/postgres_server.Postgres), and its password nowhere it
+    must not be."""
+    assert pg.count(
+        "sweepflow_mlflow", "SELECT count(*) FROM runs WHERE experiment_id = %s", (int(experiment_id),)
+    ) == len(runs)
+    assert pg.count("sweepflow_mlflow", "SELECT count(*) FROM model_versions") == 2
+    assert pg.count(
+        "sweepflow_prefect",
+        "SELECT count(*) FROM flow_run WHERE id = ANY(%s::uuid[])",
+        ([str(r.id) for r in flow_runs],),
+    ) == len(flow_runs) == 3  # the two deployment runs and the refused one
+    sqlite = [p for p in ("mlflow.db", "prefect/prefect.db") if os.path.exists(os.path.join(state, p))]
+    assert not sqlite, f"SQLite databases beside PostgreSQL: {sqlite}"
+
+    from test_secrets import file_leaks, process_args_leaks
+
+    password = [pg.password_token]  # in every encoding of the password
+    assert not process_args_leaks(password)
+    assert not file_leaks(state, password)
+    shown = [v for r in runs for v in (*r.data.params.values(), *r.data.tags.values()) if password[0] in v]
+    assert not shown, "the database password is in an MLflow param or tag"
+    holders = {
+        name
+        for name in services.recorded(state)
+        if password[0].encode() in _environ(services.read_record(state, name)["pid"])
+    }
+    assert holders == {"mlflow", "prefect-server"}, f"the database password is in the environment of {holders}"
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, request):
+    """The stack, its Prefect server and MLflow on a real PostgreSQL server (the `postgres` fixture: the URL with
+    its password reaches `stack up` through the environment); on SQLite with SWEEPFLOW_SKIP_POSTGRES_TESTS=1."""
     tmp_path = tmp_path_factory.mktemp("stack")
     state = str(tmp_path / "state")
     env = _clean_env(tmp_path)
+    if os.environ.get("SWEEPFLOW_SKIP_POSTGRES_TESTS") != "1":
+        env["SWEEPFLOW_STACK_DATABASE_URL"] = request.getfixturevalue("postgres").url
     seen = Seen(state)
     try:
         up = _sweepflow("stack", "up", "--state-dir", state, "--workers", "2", env=env, timeout=600)
@@ -531,7 +570,7 @@ class TestStack:
         } <= names
         _assert_only_loopback(seen.snapshot())
 
-    def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(self, stack):
+    def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(self, stack, request):
         """The stack the way users run it: `prefect deploy --all`, `prefect deployment run training-pipeline/default
         --watch` twice (the second with a worse budget), then everything checked through the MLflow client,
         Prefect's client and the S3 endpoint."""
@@ -661,6 +700,13 @@ class TestStack:
         assert not process_args_leaks(secret)
         kept = {os.path.join(state, "stack.env"), os.path.join(state, "s3-credentials")}
         assert not file_leaks(state, secret, skip=kept)
+
+        # ---- PostgreSQL: the runs, the registry and the flow runs are in its databases (no SQLite file beside
+        # them), and its password is on no command line, in no file of the state (logs, records, stack.env), in
+        # no MLflow param or tag, and in no service's environment but the two servers'.
+        if "SWEEPFLOW_STACK_DATABASE_URL" in env:
+            pg = request.getfixturevalue("postgres")
+            _assert_on_postgres(pg, state, runs, flow_runs, experiment.experiment_id)
         seen.snapshot()
 
     def test_up_twice_starts_nothing_more(self, stack):
@@ -669,7 +715,11 @@ class TestStack:
         again = _sweepflow("stack", "up", "--state-dir", state, "--workers", "2", env=env, timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr
         assert _record_pids(state) == pids
-        assert seen.snapshot() == before
+        new = seen.snapshot() - before
+        if new:
+            time.sleep(5)  # a service's short-lived helper (a subprocess it ran and waited for) is gone by now
+        assert not _still_alive(new), f"`stack up` a second time started: {_still_alive(new)}"
+
 
     def test_a_killed_worker_shows_down_and_up_restarts_only_it(self, stack):
         state, env, _, seen, _ = stack
@@ -736,3 +786,29 @@ class TestStack:
         assert not _carrying(seen.ids)
         status = _sweepflow("stack", "status", "--state-dir", state, env=env, timeout=60)
         assert "no stack services recorded" in status.stdout
+
+    def test_up_on_an_unreachable_or_refusing_database_says_so_in_one_sentence_and_starts_nothing(
+        self, tmp_path, request
+    ):
+        if os.environ.get("SWEEPFLOW_SKIP_POSTGRES_TESTS") == "1":
+            pytest.skip("SWEEPFLOW_SKIP_POSTGRES_TESTS=1")
+        import dataclasses
+
+        from conftest import free_port
+
+        pg = request.getfixturevalue("postgres")
+        nowhere = dataclasses.replace(pg, port=free_port())  # nothing listens there
+        wrong = dataclasses.replace(pg, password=pg.password + "-wrong")
+        for i, (server, says) in enumerate([(wrong, "password authentication failed"), (nowhere, "refused")]):
+            state = str(tmp_path / f"state-{i}")
+            env = {**_clean_env(tmp_path), "SWEEPFLOW_STACK_DATABASE_URL": server.url}
+            refused = _sweepflow("stack", "up", "--state-dir", state, env=env, timeout=120)
+            assert refused.returncode == 2, refused.stdout + refused.stderr
+            lines = refused.stderr.strip().splitlines()
+            assert len(lines) == 1, refused.stderr  # one sentence, no traceback
+            assert lines[0].startswith(
+                f"sweepflow stack: cannot connect to the stack's PostgreSQL postgresql://sweepflow@127.0.0.1:{server.port}/"
+            ), lines[0]
+            assert says in lines[0] and "SWEEPFLOW_STACK_DATABASE_URL" in lines[0], lines[0]
+            assert pg.password_token not in refused.stdout + refused.stderr
+            assert services.recorded(state) == [], "a service started before the database was checked"

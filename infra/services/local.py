@@ -115,7 +115,7 @@ def prefect_server_spec(
 
 def mlflow_server_spec(
     *,
-    backend_store_uri: str,
+    backend_store_uri: str | None,
     artifacts: str,
     proxy_artifacts: bool,
     name: str = MLFLOW,
@@ -127,7 +127,13 @@ def mlflow_server_spec(
     s3:// destination only the server has credentials for); without, ``artifacts`` is the default artifact
     root that clients write to directly (a local directory here). ``app_name``: MLflow's app plugin to run,
     "sweepflow" (MLflow's server plus the route that shows a sweep report as a page of its own,
-    sweepflow.tasks.reporting.report_page) or "sweepflow-basic-auth" (the same with MLflow's logins)."""
+    sweepflow.tasks.reporting.report_page) or "sweepflow-basic-auth" (the same with MLflow's logins).
+    ``backend_store_uri`` None: ``env`` holds it as ``MLFLOW_BACKEND_STORE_URI`` (a URL with a password must
+    stay off argv, which every local user reads through ``ps``)."""
+    if backend_store_uri is None and not (env or {}).get("MLFLOW_BACKEND_STORE_URI"):
+        raise ValueError(
+            "mlflow_server_spec: no backend store; pass backend_store_uri, or MLFLOW_BACKEND_STORE_URI in env"
+        )
     port = services.free_port(host)
     artifact_args = (
         ["--serve-artifacts", "--artifacts-destination", artifacts]
@@ -140,8 +146,7 @@ def mlflow_server_spec(
         argv=[
             venv_executable("mlflow"),
             "server",
-            "--backend-store-uri",
-            backend_store_uri,
+            *(["--backend-store-uri", backend_store_uri] if backend_store_uri is not None else []),
             *artifact_args,
             "--host",
             host,

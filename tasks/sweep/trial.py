@@ -171,9 +171,14 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
     try:
         if rt.aborted:
             get_run_logger().warning("%s: not started (%s)", spec.name, rt.aborted)
+            rt.scheduler.on_trial_error(spec.trial_id)  # the sweep added it when it submitted this task
             return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED)
         opened = time.perf_counter()
-        writer, artifact_uri = _open_run(spec, rt, queued_s)
+        try:
+            writer, artifact_uri = _open_run(spec, rt, queued_s)
+        except BaseException:
+            rt.scheduler.on_trial_error(spec.trial_id)
+            raise
         mlflow_start_s = time.perf_counter() - opened
         trial_run = _TrialRun(spec, rt, writer, slot, get_run_logger())
         try:
@@ -533,7 +538,6 @@ class _TrialRun:
                 TAG_DIRNAME,
             )
         rt.storages[spec.trial_id] = storage
-        rt.scheduler.on_trial_add(spec.trial_id)
         resume_from = self._resume_point(storage) if spec.resume is not None else None
         self.resumed_reports = len(self.covered)
         rt.progress.update(spec.trial_id)

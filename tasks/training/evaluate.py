@@ -2,11 +2,10 @@
 
 Used after a sweep on the best trial's checkpoint (``evaluate_checkpoint``), and on any in-memory model
 (``evaluate_model``). The result is plain data: ``to_metrics()`` flattens it for MLflow, and
-``plot_confusion_matrix`` renders a PNG to log as an artifact.
+``sweepflow.tasks.reporting.confusion_matrix`` draws its matrix as a PNG to log as an artifact.
 
-Only torch, numpy and matplotlib are imported (no Prefect or MLflow), so this runs in a flow task, a Dask
-worker or a notebook alike. Plots use matplotlib's Agg canvas directly, never pyplot: no display is needed,
-and no global figure state is shared between threads (Prefect runs tasks in threads).
+Only torch and numpy are imported (no Prefect, MLflow or matplotlib), so this runs on a Dask worker, in a flow
+task or a notebook alike, and a worker that evaluates imports nothing it does not use.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import nn
 
 import ddp_runtime
@@ -127,62 +124,3 @@ def evaluate_checkpoint(
 ) -> EvaluationResult:
     """Evaluate the model of a ``train_image_classifier`` checkpoint (a directory or a ``Checkpoint``)."""
     return evaluate_model(load_model_from_checkpoint(checkpoint_dir), data_path, split=split)
-
-
-def plot_confusion_matrix(
-    result: EvaluationResult, path: str | os.PathLike[str], title: str | None = None
-) -> str:
-    """Write ``result``'s confusion matrix as a PNG at ``path`` (parent dirs created); returns the path.
-
-    Cells show counts, shaded by the share of their true class (row-normalised) so that rare classes'
-    mistakes stay visible; class names label both axes.
-    """
-    counts = np.asarray(result.confusion_matrix, dtype=np.int64)
-    n = len(result.class_names)
-    if counts.shape != (n, n):
-        raise ValueError(f"confusion_matrix is {counts.shape} but there are {n} class names")
-    row_totals = counts.sum(axis=1, keepdims=True)
-    shares = np.divide(counts, row_totals, out=np.zeros(counts.shape, dtype=float), where=row_totals > 0)
-
-    side = min(max(4.5, 0.6 * n + 2.5), 24.0)  # grows with the class count so the labels stay legible
-    fig = Figure(figsize=(side + 1.0, side), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)  # attaches the Agg canvas: savefig then needs no pyplot or display
-    ax = fig.add_subplot()
-    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
-    colorbar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    colorbar.set_label("share of the true class")
-
-    font_size = max(5, min(10, int(120 / max(n, 1))))
-    if n <= 30:  # beyond that the numbers would overlap; the shading still tells the story
-        for i in range(n):
-            for j in range(n):
-                ax.text(
-                    j,
-                    i,
-                    str(counts[i, j]),
-                    ha="center",
-                    va="center",
-                    fontsize=font_size,
-                    # zeros in grey so the eye goes to the diagonal and to the actual mistakes
-                    color="white" if shares[i, j] > 0.5 else ("black" if counts[i, j] else "0.6"),
-                )
-
-    long_names = max((len(name) for name in result.class_names), default=0) > 3
-    ax.set_xticks(
-        range(n),
-        labels=result.class_names,
-        rotation=45 if long_names else 0,
-        ha="right" if long_names else "center",
-        rotation_mode="anchor",  # rotate about the label's end, so it stays under its column
-    )
-    ax.set_yticks(range(n), labels=result.class_names)
-    ax.set_xlabel("predicted class")
-    ax.set_ylabel("true class")
-    ax.set_title(title or f"Confusion matrix: accuracy {result.accuracy:.1%} on {result.num_samples} samples")
-
-    out = os.fspath(path)
-    parent = os.path.dirname(out)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    fig.savefig(out, format="png", bbox_inches="tight")  # "tight": long class names are never cut off
-    return out

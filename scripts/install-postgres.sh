@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The PostgreSQL server the stack tests run Prefect and MLflow on (tests/postgres_server.py starts a throwaway one
+# per test module, as the `postgres` user, on 127.0.0.1 at a free port): Debian's `postgresql`, installed if its
+# initdb/pg_ctl are missing (needs root and apt, as on the CI machine; elsewhere install it yourself, or set
+# SWEEPFLOW_SKIP_POSTGRES_TESTS=1). Debian's package rather than a server shipped on PyPI: it is the build the
+# distribution maintains and patches, and it brings the `postgres` system user the server must run as (it refuses
+# to run as root). Where services start at install time it also creates and starts a `main` cluster on port 5432;
+# the tests never use it.
+set -euo pipefail
+found() {
+    command -v pg_ctl >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1 && return 0
+    compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null && compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+if found; then
+    exit 0
+fi
+if [ "${SWEEPFLOW_SKIP_POSTGRES_TESTS:-}" = "1" ]; then
+    exit 0
+fi
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing postgresql (the database server of the stack tests)..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    exit 0
+fi
+echo "scripts/install-postgres.sh: no PostgreSQL server binaries (initdb, pg_ctl), and cannot install them here" \
+     "(needs root and apt-get): install Debian's postgresql (sudo apt-get install --no-install-recommends" \
+     "postgresql) or set SWEEPFLOW_SKIP_POSTGRES_TESTS=1" >&2
+exit 2
