@@ -170,17 +170,17 @@ def tcp_store_on_free_port(
     return store, store.port
 
 
-#: The worker preload's background import thread; every thread whose name starts so is a preload's: a worker's
-#: one-time start-up (``_warmup``) waits for them all before its first rank trains.
+#: The name of a worker preload's background import thread (e.g. ``sweepflow.tasks.worker_preload``'s): a worker's
+#: one-time start-up (``_warmup``) waits for every thread whose name starts so before its first rank trains.
 PRELOAD_THREAD_NAME = "sweepflow-preload"
 
 
 def warm_torch_imports() -> None:
     """Import what the first ``DistributedDataParallel(...)`` of a process imports lazily.
 
-    Works around: DDP's constructor pulls in ``torch._dynamo`` (a private module; ~8 s on a small machine, it
-    imports sympy), so the first rank on a fresh worker would pay for it; the worker preload imports it in a
-    background thread instead. Written for torch 2.14. If it breaks (the import fails, or DDP no longer imports
+    Works around: DDP's constructor pulls in ``torch._dynamo`` (a private module; ~5 CPU-seconds, it imports
+    sympy), so the first rank of a multi-rank group on a fresh worker would pay for it inside the group's time;
+    the worker's one-time start-up (``_warmup.warm_process(ddp=True)``) imports it instead. Written for torch 2.14. If it breaks (the import fails, or DDP no longer imports
     it): import what DDP imports now (the test shows it), or drop the warm-up — it only saves start-up time.
     """
     import torch._dynamo  # noqa: F401

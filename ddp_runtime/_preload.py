@@ -1,16 +1,14 @@
-"""Dask worker preload: pay torch's import costs when the worker starts, not when the first group arrives.
+"""Dask worker preload: pay torch's import when the worker starts, not when the first group arrives.
 
-``torch`` itself is imported before the worker accepts tasks. ``torch._dynamo`` (pulled in lazily by the first
-``DistributedDataParallel(...)``, ~8 s on a small machine: it imports sympy) is imported in a background thread,
-so the worker is up at once and a rank that needs it soon only waits for the rest of that import.
+``torch`` and ``torch.distributed`` are imported before the worker accepts tasks. ``torch._dynamo`` (pulled in
+lazily by the first ``DistributedDataParallel(...)``: ~5 CPU-seconds, more than torch itself; it imports sympy)
+is not: a worker that only ever runs one-rank groups never needs it, and importing it on every worker cost each
+one those seconds on start-up, beside the first trials. A multi-rank group's workers import it in their one-time
+start-up (``_warmup.warm_process(ddp=True)``: a sweep does it on every capable worker before its first trial,
+``cluster.warm_up_workers``), which is not charged to any group's time.
 """
-
-import threading
 
 import torch
 import torch.distributed  # noqa: F401
 
-from ddp_runtime._compat import PRELOAD_THREAD_NAME, warm_torch_imports
-
-threading.Thread(target=warm_torch_imports, name=PRELOAD_THREAD_NAME, daemon=True).start()
 del torch

@@ -2,8 +2,8 @@
 
 A fresh Dask worker pays once for what its first rank needs: torch's lazy imports (``torch._dynamo``, pulled in
 by the first ``DistributedDataParallel(...)``: ~8 s on a small machine, seconds more on a busy one), the
-imports the worker preloads started in background threads (ours, ``ddp_runtime._preload``, and any other thread
-named ``sweepflow-preload...``, e.g. a pipeline's training-code imports), and the training function's module.
+imports worker preloads started in background threads (any thread named ``sweepflow-preload...``, e.g. a
+pipeline's training-code imports), and the training function's module.
 Charged to the first group, that start-up made a cold cluster's first trial look three times as long as it
 trained and hold most of a sweep's worker-seconds.
 

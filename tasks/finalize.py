@@ -1,11 +1,10 @@
 """The stages after the sweep: evaluate the best trial's best checkpoint on the test split, register it.
 
 Both run their torch work on a Dask worker of the sweep's cluster (``finalize_on_worker``), not in the flow
-process: the workers are long-lived and already hold torch, the training code (the ``sweepflow.tasks.worker_preload``
-preload) and torch._dynamo for the pt2 export (``ddp_runtime._preload``), while the flow process never imports
-torch at all. That keeps a pipeline run's start-up free of torch's import and the sweep free of a second process
-competing for cores. mlflow.pytorch is imported by the first registration on a worker, and later ones go to that
-worker (``finalizing_worker``); the confusion matrix is drawn here, where matplotlib already is.
+process: the workers are long-lived and already hold torch and the training code (the
+``sweepflow.tasks.worker_preload`` preload), while the flow process never imports torch at all. That keeps a pipeline run's start-up free of torch's import and the sweep free of a second process
+competing for cores. mlflow.pytorch and torch._dynamo (the pt2 export) are imported by the first registration on
+a worker, and later ones go to that worker (``finalizing_worker``); the confusion matrix is drawn here, where matplotlib already is.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A cold cluster's start-up is not a trial's time (issue 22, item 5): on a Dask cluster started a moment ago
-(its workers still importing torch._dynamo and the pipeline's modules in their preload threads), the sweep does
+(its workers still importing the pipeline's modules in their preload threads; torch._dynamo not yet imported), the sweep does
 the workers' one-time start-up before its first trial and reports it apart (``startup_seconds``), so the first
 trial's group time, worker-seconds and MLflow run are its own; the progress line never counts more trials
 running than the sweep runs at a time."""

@@ -396,7 +396,7 @@ def test_warm_torch_imports_imports_what_the_first_ddp_imports():
     proc = subprocess.run([sys.executable, "-c", _DDP_PROBE], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["after_ddp"], f"DDP no longer imports torch._dynamo: the preload's warm-up is moot ({seen})"
+    assert seen["after_ddp"], f"DDP no longer imports torch._dynamo: the start-up's warm-up of it is moot ({seen})"
     assert seen["warmed"]
 
 
