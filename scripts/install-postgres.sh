@@ -14,16 +14,5 @@ found() {
 if found; then
     exit 0
 fi
-if [ "${SWEEPFLOW_SKIP_POSTGRES_TESTS:-}" = "1" ]; then
-    exit 0
-fi
-if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing postgresql (the database server of the stack tests)..."
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-    exit 0
-fi
-echo "scripts/install-postgres.sh: no PostgreSQL server binaries (initdb, pg_ctl), and cannot install them here" \
-     "(needs root and apt-get): install Debian's postgresql (sudo apt-get install --no-install-recommends" \
-     "postgresql) or set SWEEPFLOW_SKIP_POSTGRES_TESTS=1" >&2
-exit 2
+exec bash "$(dirname "$0")/apt-install.sh" postgresql SWEEPFLOW_SKIP_POSTGRES_TESTS \
+    "the database server of the stack tests"
