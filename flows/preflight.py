@@ -170,11 +170,12 @@ def _check_storage(cfg: PipelineConfig) -> None:
 
 
 def _check_data_source(cfg: PipelineConfig) -> None:
-    """A configured mirror must answer, unless the raw files are already in a local cache (then it is unused)."""
+    """A configured mirror must answer, unless the raw files are already in a local cache (then it is unused).
+    A followed source (``data.follow_source``) is asked for its files' versions on every run: it must answer."""
     data = cfg.data
     if not data.source or not data.spec.remote:
         return
-    if data.cache_dir and protocol(data.cache_dir) in (None, "file"):
+    if not data.follow_source and data.cache_dir and protocol(data.cache_dir) in (None, "file"):
         raw = os.path.join(data.cache_dir, "raw", data.spec.name)
         if all(os.path.exists(os.path.join(raw, name)) for name in data.spec.filenames):
             return

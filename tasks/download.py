@@ -14,12 +14,21 @@ not downloaded again, an existing prepared directory is reused). The Prefect lay
   the task runs again and re-creates it, instead of handing trainers a path to nothing. That check reads
   the cache where it is, so it works the same for a local ``cache_dir`` and an ``s3://`` one (with the
   config's ``cache_storage_options``, or the AWS environment).
+* **New data at the same location**: for a source that publishes new data under the same file names
+  (``DataConfig.follow_source``), the key also holds each file's current version, read with one ``HEAD``
+  (HTTP ETag, else Last-Modified and size) or ``HeadObject`` (S3 ETag) per file before deciding. Unchanged:
+  ``Cached``, nothing downloaded. Changed: the task runs, downloads the new files and returns the new data
+  checksum, which the pipeline records on its MLflow parent run and model version
+  (``sweepflow.data_checksum``). If that look-up fails, the run is not cached at all (the key is None): the
+  task body then hits the same source, and a network error there is a DatasetFetchError, retried as any
+  other. An unreachable source is never taken for an unchanged one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,10 +41,12 @@ from sweepflow.tasks.compat import NO_RESULT, cached_task_result, failed_state_e
 from sweepflow.tasks.datasets import (
     DataConfig,
     DatasetConfigError,
+    DatasetError,
     DatasetFetchError,
     PreparedDataset,
     prepare_dataset,
     prepared_dataset_exists,
+    source_versions,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PreparedDatasetCachePolicy", "dataset_cache_key", "download_dataset"]
 
+logger = logging.getLogger(__name__)
+
 #: Part of every key: bump it to invalidate all cached download_dataset results at once.
 CACHE_KEY_VERSION = "download_dataset/v1"
 
@@ -53,13 +66,19 @@ CACHE_KEY_VERSION = "download_dataset/v1"
 CACHE_EXPIRATION = timedelta(days=7)
 
 
-def dataset_cache_key(config: DataConfig | Mapping[str, Any]) -> str:
-    """Stable key for a data config: sha256 of its ``cache_identity()`` as canonical JSON.
+def dataset_cache_key(
+    config: DataConfig | Mapping[str, Any], versions: Mapping[str, Mapping[str, str]] | None = None
+) -> str:
+    """Stable key for a data config: sha256 of its ``cache_identity()`` as canonical JSON, plus, for a
+    followed source, the file ``versions`` it has now (``source_versions``).
 
     Canonical JSON rather than Prefect's cloudpickle-based input hashing, so the key does not depend on
-    whether a dict or a DataConfig was passed, on dict order, or on library versions.
+    whether a dict or a DataConfig was passed, on dict order, or on library versions. Without versions the
+    key is the one it always was.
     """
     identity = DataConfig.coerce(config).cache_identity()
+    if versions is not None:
+        identity["source_versions"] = {name: dict(v) for name, v in versions.items()}
     payload = json.dumps({"version": CACHE_KEY_VERSION, **identity}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -96,7 +115,13 @@ class PreparedDatasetCachePolicy(CachePolicy):
             config = DataConfig.coerce(inputs.get("config", {}))
         except DatasetConfigError:
             return None  # no caching; the task body raises the same error with its message
-        key = dataset_cache_key(config)
+        try:
+            versions = source_versions(config)  # None unless follow_source: one HEAD per file
+        except DatasetError as exc:
+            # Not "unchanged": run uncached; the body meets the same source and fails (retried if transient).
+            logger.warning("not using the task cache: could not read the source's file versions: %s", exc)
+            return None
+        key = dataset_cache_key(config, versions)
         for _ in range(self.max_stale_records):
             result = cached_task_result(task_ctx, key)
             if result is NO_RESULT or _still_valid(result, config.cache_storage_options):

@@ -168,11 +168,15 @@ class _RecordingHandler(SimpleHTTPRequestHandler):
         """Keep test output quiet; the request list is the log."""
 
 
-@pytest.fixture(scope="module")
-def http_server(generated: Generated) -> Iterator[HttpServer]:
+@contextlib.contextmanager
+def serving_directory(
+    directory: Path, handler_base: type[_RecordingHandler] = _RecordingHandler
+) -> Iterator[HttpServer]:
+    """``directory`` over HTTP on a free loopback port (Last-Modified and Content-Length, no ETag, like many
+    plain file servers), every request recorded."""
     requests: list[str] = []
-    handler = type("Handler", (_RecordingHandler,), {"requests": requests})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(generated.root)))
+    handler = type("Handler", (handler_base,), {"requests": requests})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(directory)))
     thread = threading.Thread(target=server.serve_forever, name="test-http-server", daemon=True)
     thread.start()
     try:
@@ -181,6 +185,31 @@ def http_server(generated: Generated) -> Iterator[HttpServer]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def http_server(generated: Generated) -> Iterator[HttpServer]:
+    with serving_directory(generated.root) as server:
+        yield server
+
+
+def write_mnist_files(
+    directory: Path, seed: int, n_train: int = N_TRAIN, n_test: int = N_TEST
+) -> dict[str, Any]:
+    """Random MNIST-format files (IDX gz, 28x28) into ``directory``, replacing what is there; their arrays."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "train_x": rng.integers(0, 256, size=(n_train, 28, 28), dtype=np.uint8),
+        "train_y": _balanced_labels(n_train, rng),
+        "test_x": rng.integers(0, 256, size=(n_test, 28, 28), dtype=np.uint8),
+        "test_y": _balanced_labels(n_test, rng),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, key in zip(IDX_FILES, ("train_x", "train_y", "test_x", "test_y"), strict=True):
+        tmp = directory / f".{name}.tmp"
+        tmp.write_bytes(_idx_bytes(arrays[key]))
+        os.replace(tmp, directory / name)  # as a publisher should: readers never see half a file
+    return arrays
 
 
 @dataclass(frozen=True)
@@ -839,6 +868,15 @@ def test_bundled_datasets_work_offline(
         ({"cache_dir": "s3://"}, "names no location; give a bucket"),
         ({"cache_dir": "s3://key:secret@bucket/c"}, "must not contain credentials (got 's3://***@bucket/c')"),
         ({"cache_storage_options": {"key": "k"}}, "cache_storage_options only apply to a remote cache_dir"),
+        ({"name": "mnist", "follow_source": True}, "DataConfig.follow_source needs a `source`"),
+        (
+            {"name": "mnist", "source": "https://e.org/m", "follow_source": True, "checksums": {}},
+            "follow_source and checksums exclude each other",
+        ),
+        (
+            {"name": "mnist", "source": "https://e.org/m", "follow_source": "yes"},
+            "follow_source must be true",
+        ),
         (
             {"cache_dir": "s3://bucket/c", "cache_storage_options": {"key": object()}},
             "DataConfig.cache_storage_options must be JSON-serialisable",
@@ -996,6 +1034,133 @@ def test_download_task_with_s3_cache_is_cached_and_revalidated(
     assert third.name == "Completed" and third.result() == result
     assert prepared_dataset_exists(result["path"], s3.storage_options)
     assert download_dataset(config, return_state=True).name == "Cached"
+
+
+# ------------------------------------------------------------------------------------------------------
+# A source that publishes new data under the same file names (DataConfig.follow_source)
+# ------------------------------------------------------------------------------------------------------
+
+
+def _publish_later(directory: Path, seed: int, *, seconds: float) -> dict[str, Any]:
+    """New files under the same names, modified ``seconds`` from now: HTTP Last-Modified has one-second
+    resolution, and a real publisher's next export comes hours later, not within the same second."""
+    arrays = write_mnist_files(directory, seed)
+    stamp = time.time() + seconds
+    for name in IDX_FILES:
+        os.utime(directory / name, (stamp, stamp))
+    return arrays
+
+
+def test_download_task_follows_new_data_published_at_the_same_url(task_harness: None, tmp_path: Path) -> None:
+    from sweepflow.tasks.download import download_dataset
+
+    published = tmp_path / "published"
+    write_mnist_files(published, seed=1)
+    with serving_directory(published) as server:
+        config = DataConfig(
+            name="mnist", source=server.url, cache_dir=str(tmp_path / "cache"), follow_source=True
+        ).to_dict()
+
+        def gets(since: int) -> list[str]:
+            return sorted(r for r in server.requests[since:] if r.startswith("GET"))
+
+        first = download_dataset(config, return_state=True)
+        assert first.name == "Completed"
+        result = first.result()
+        assert gets(0) == sorted(f"GET /{name}" for name in IDX_FILES)
+
+        # Unchanged: Cached after one HEAD per file; nothing downloaded.
+        seen = len(server.requests)
+        second = download_dataset(config, return_state=True)
+        assert second.name == "Cached" and second.result() == result
+        assert sorted(server.requests[seen:]) == sorted(f"HEAD /{name}" for name in IDX_FILES)
+
+        # New data at the same URLs: the task runs again, downloads it and returns its checksum.
+        seen = len(server.requests)
+        new = _publish_later(published, seed=2, seconds=10)
+        third = download_dataset(config, return_state=True)
+        assert third.name == "Completed"
+        renewed = third.result()
+        assert renewed["checksum"] != result["checksum"] and renewed["path"] != result["path"]
+        assert gets(seen) == sorted(f"GET /{name}" for name in IDX_FILES)
+        test_x, test_y = _denormalise(renewed["path"], "test")
+        np.testing.assert_array_equal(test_x[:, 0], new["test_x"])
+        np.testing.assert_array_equal(test_y, new["test_y"])
+        assert set(load_meta(renewed["path"])["source_versions"]) == set(IDX_FILES)
+        # Each raw copy is kept under the version it was fetched at, so the old copies are never reused for it.
+        raw = [p for p in _cache_files(tmp_path / "cache") if p.startswith("raw/")]
+        assert len(raw) == 2 * len(IDX_FILES), raw
+
+        seen = len(server.requests)
+        assert download_dataset(config, return_state=True).name == "Cached"
+        assert gets(seen) == []
+
+
+def test_follow_source_unreachable_is_never_taken_for_unchanged(tmp_path: Path) -> None:
+    from sweepflow.tasks.datasets import source_versions
+    from sweepflow.tasks.download import PreparedDatasetCachePolicy
+
+    cfg = DataConfig(
+        name="mnist", source=f"http://127.0.0.1:{_free_port()}/m", cache_dir=str(tmp_path), follow_source=True
+    )
+    with pytest.raises(DatasetFetchError, match="transient"):
+        source_versions(cfg)
+    # No key: the task runs uncached and meets the same error in its body, where it is retried.
+    policy = PreparedDatasetCachePolicy()
+    assert policy.compute_key(None, {"config": cfg.to_dict()}, {}) is None  # type: ignore[arg-type]
+    with pytest.raises(DatasetFetchError, match="transient"):
+        prepare_dataset(cfg)
+
+
+def test_follow_source_drops_a_file_that_changed_while_downloading(tmp_path: Path) -> None:
+    published = tmp_path / "published"
+    write_mnist_files(published, seed=3)
+
+    class Republishing(_RecordingHandler):
+        def do_GET(self) -> None:
+            super().do_GET()
+            stamp = time.time() + 100  # the next export lands while this one is being downloaded
+            os.utime(published / self.path.lstrip("/"), (stamp, stamp))
+
+    with serving_directory(published, Republishing) as server:
+        cfg = DataConfig(
+            name="mnist", source=server.url, cache_dir=str(tmp_path / "cache"), follow_source=True
+        )
+        with pytest.raises(DatasetFetchError, match="changed while it was being downloaded"):
+            prepare_dataset(cfg)
+    assert not [p for p in _cache_files(tmp_path / "cache") if p.startswith("raw/")]
+
+
+def test_follow_source_on_s3_sees_a_replaced_object(s3: S3, tmp_path: Path) -> None:
+    from sweepflow.tasks.datasets import source_versions
+
+    write_mnist_files(tmp_path / "v1", seed=4)
+    client = _s3_client(s3)
+    prefix = f"follow-{uuid.uuid4().hex[:8]}"
+    for name in IDX_FILES:
+        client.upload_file(str(tmp_path / "v1" / name), s3.bucket, f"{prefix}/{name}")
+    cfg = DataConfig(
+        name="mnist",
+        source=f"s3://{s3.bucket}/{prefix}",
+        storage_options=s3.storage_options,
+        cache_dir=str(tmp_path / "cache"),
+        follow_source=True,
+    )
+    before = source_versions(cfg)
+    assert before is not None and all("etag" in v for v in before.values())
+    first = prepare_dataset(cfg)
+    assert source_versions(cfg) == before  # reading it changed nothing
+
+    new = write_mnist_files(tmp_path / "v2", seed=5)
+    for name in IDX_FILES:
+        client.upload_file(str(tmp_path / "v2" / name), s3.bucket, f"{prefix}/{name}")
+    after = source_versions(cfg)
+    assert after is not None and all(after[n] != before[n] for n in IDX_FILES)
+    second = prepare_dataset(cfg)
+    assert second.checksum != first.checksum
+    test_x, _ = _denormalise(second.path, "test")
+    np.testing.assert_array_equal(test_x[:, 0], new["test_x"])
+    assert "testing" not in json.dumps(load_meta(second.path)), "no credentials in the recorded versions"
 
 
 def test_download_task_retries_only_network_errors() -> None:

@@ -17,6 +17,7 @@ deployment run whose processes left their session before `down`."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ import time
 
 import psutil
 import pytest
+from http_stub import serving
 
 from sweepflow.services import supervisor as services
 
@@ -190,14 +192,14 @@ def _assert_only_loopback(identities: set[tuple[int, float]]) -> None:
     assert not exposed, f"sockets not on {LOOPBACK}: {exposed}"
 
 
-def _wait_for(condition, timeout: float, what: str):
+def _wait_for(condition, timeout: float, what: str, every: float = 0.2):
     """Poll until ``condition()`` holds; ``timeout`` only bounds a failure (generous: a busy machine is slow)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -479,15 +481,71 @@ GOOD = {"l1": 64, "l2": 64, "lr": 0.01, "batch_size": 32}
 WORSE = {"l1": 4, "l2": 4, "lr": 0.0001, "batch_size": 64}
 
 
-def _params(hparams: dict, *, epochs: int, num_samples: int) -> str:
+def _params(hparams: dict, *, epochs: int, num_samples: int, data: dict | None = None) -> str:
     space = {name: {"type": "choice", "values": [value]} for name, value in hparams.items()}
     config = {
         "sweep": {"search_space": space, "num_samples": num_samples},
         "training": {"epochs": epochs},
         "scheduler": {"type": "fifo", "max_t": epochs},
         "resources": {"ranks_per_trial": 2},
+        **({"data": data} if data is not None else {}),
     }
     return json.dumps({"config": config})
+
+
+MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+
+def _idx_gz(array) -> bytes:
+    import gzip
+    import struct
+
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return gzip.compress(header + array.astype("uint8").tobytes(), mtime=0)
+
+
+def _publish_export(directory, seed: int) -> None:
+    """A data export in MNIST's format (IDX gz, the official file names) made of scikit-learn's 8x8 digits:
+    learnable, and as quick to train on as the bundled default. ``seed`` picks the 300 test images, so each
+    export has other bytes under the same names. Files are replaced atomically, as a publisher should."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.clip(digits.images * 16, 0, 255).astype(np.uint8)  # 0..16 -> 0..255, like MNIST's pixels
+    order = np.random.default_rng(seed).permutation(len(images))
+    test, train = order[:300], order[300:]
+    arrays = (images[train], digits.target[train], images[test], digits.target[test])
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, array in zip(MNIST_FILES, arrays, strict=True):
+        (directory / f".{name}.tmp").write_bytes(_idx_gz(array))
+        os.replace(directory / f".{name}.tmp", directory / name)
+
+
+def _export_handler(directory, requests: list[str]):
+    """A quiet static-file handler for ``directory`` (Last-Modified and Content-Length, no ETag) that records
+    every request as "GET /file" / "HEAD /file"."""
+    import functools
+    import http.server
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.append(f"GET {self.path}")
+            super().do_GET()
+
+        def do_HEAD(self) -> None:
+            requests.append(f"HEAD {self.path}")
+            super().do_HEAD()
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's signature
+            """The request list is the log."""
+
+    return functools.partial(Handler, directory=str(directory))
 
 
 def _checked(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -508,7 +566,7 @@ def _assert_on_postgres(pg, state: str, runs: list, flow_runs: list, experiment_
         "sweepflow_prefect",
         "SELECT count(*) FROM flow_run WHERE id = ANY(%s::uuid[])",
         ([str(r.id) for r in flow_runs],),
-    ) == len(flow_runs) == 3  # the two deployment runs and the refused one
+    ) == len(flow_runs) == 4  # the two pipeline runs, the missed slot's (cancelled) and the refused one
     sqlite = [p for p in ("mlflow.db", "prefect/prefect.db") if os.path.exists(os.path.join(state, p))]
     assert not sqlite, f"SQLite databases beside PostgreSQL: {sqlite}"
 
@@ -571,48 +629,156 @@ class TestStack:
         _assert_only_loopback(seen.snapshot())
 
     def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(self, stack, request):
-        """The stack the way users run it: `prefect deploy --all`, `prefect deployment run training-pipeline/default
-        --watch` twice (the second with a worse budget), then everything checked through the MLflow client,
-        Prefect's client and the S3 endpoint."""
+        """The stack the way users run it: `prefect deploy --all` and a first `prefect deployment run
+        training-pipeline/default --watch` on a data export served over HTTP; then a new export at the same URLs and
+        a schedule on `nightly-retrain` (a slot seconds ahead, the worse budget as its parameters): Prefect's
+        scheduler creates the retrain, the stack's worker runs it, it downloads the new data, records its checksum,
+        registers a challenger and leaves the champion alone. A run of a slot missed while the worker was down,
+        arriving meanwhile, is cancelled (the deployment's concurrency limit). Everything is then checked through
+        the MLflow client, Prefect's client and the S3 endpoint."""
         state, _, env, seen, tmp_path = stack
         api = env["PREFECT_API_URL"]
         _checked([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
 
         from prefect.client.orchestration import SyncPrefectClient
+        from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate
         from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
+        from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+        from prefect.client.schemas.schedules import IntervalSchedule
         from prefect.client.schemas.sorting import FlowRunSort
+        from prefect.states import Scheduled
+
+        def runs_of(client, deployment) -> list:
+            return client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id={"any_": [deployment.id]}),
+                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+            )
 
         with SyncPrefectClient(api) as prefect_client:
             nightly = prefect_client.read_deployment_by_name("training-pipeline/nightly-retrain")
             assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
             assert nightly.schedules[0].active is False  # a real schedule, inactive until resumed
+            assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
+            assert nightly.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
             default = prefect_client.read_deployment_by_name("training-pipeline/default")
             assert default.work_pool_name == "sweepflow-process"
 
+        export = tmp_path / "export"
+        _publish_export(export, seed=0)
+        requests: list[str] = []
+
+        def downloads(since: int = 0) -> list[str]:
+            return sorted(r for r in requests[since:] if r.startswith("GET"))
+
         prefect = os.path.join(BIN, "prefect")
         run = [prefect, "deployment", "run", "training-pipeline/default", "--watch", "--params"]
-        first = _checked([*run, _params(GOOD, epochs=3, num_samples=2)], env, 900)
-        assert "Completed" in first.stdout
-        second = _checked([*run, _params(WORSE, epochs=1, num_samples=1)], env, 900)
-        assert "Completed" in second.stdout
+        with serving(_export_handler(export, requests)) as url:
+            data = {"name": "mnist", "source": f"{url}/", "follow_source": True}
+            first = _checked([*run, _params(GOOD, epochs=3, num_samples=2, data=data)], env, 900)
+            assert "Completed" in first.stdout
+            assert downloads() == sorted(f"GET /{name}" for name in MNIST_FILES)
 
-        # ---- Prefect: both flow runs COMPLETED, one task run per trial, the second run's data task cached.
+            # ---- The retrain: a new export at the same URLs, then a schedule whose first slot is seconds ahead.
+            _publish_export(export, seed=1)
+            seen_requests = len(requests)
+            worse = json.loads(_params(WORSE, epochs=1, num_samples=1, data=data))
+            slot = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=15)).replace(microsecond=0)
+            with SyncPrefectClient(api) as prefect_client:
+                [schedule] = prefect_client.create_deployment_schedules(
+                    nightly.id,
+                    [
+                        DeploymentScheduleCreate(
+                            # Every 2 minutes: should the scheduler miss the first slot, the next one is close.
+                            schedule=IntervalSchedule(interval=datetime.timedelta(minutes=2), anchor_date=slot),
+                            active=True,
+                            parameters=worse,
+                            slug="stack-test-retrain",
+                        )
+                    ],
+                )
+                # Updating the deployment brings the scheduler's 5-s loop over recently updated deployments to it,
+                # instead of its 60-s loop over all of them (Prefect's default intervals, which the stack keeps).
+                prefect_client.update_deployment(nightly.id, DeploymentUpdate(description=nightly.description))
+                scheduled_at = time.monotonic()
+
+                def started():
+                    runs = [r for r in runs_of(prefect_client, nightly) if r.auto_scheduled]
+                    return next((r for r in runs if r.state_type.value not in ("SCHEDULED", "PENDING")), None)
+
+                try:
+                    retrain = _wait_for(started, 400, "the scheduled retrain to start", every=1.0)
+                    # Its later slots are not wanted here: pausing deletes them (the started run is not touched).
+                    prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
+                    # The run of a slot missed while the worker was down (due a day ago) comes in while the retrain
+                    # runs: the deployment's concurrency limit (1, CANCEL_NEW) cancels it before it starts anything.
+                    missed = prefect_client.create_flow_run_from_deployment(
+                        nightly.id,
+                        parameters=worse,
+                        state=Scheduled(
+                            scheduled_time=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+                        ),
+                    )
+                    missed = _wait_for(
+                        lambda: (r := prefect_client.read_flow_run(missed.id)).state_type.value != "SCHEDULED" and r,
+                        120,
+                        "the missed slot's run to be picked up",
+                        every=1.0,
+                    )
+                    assert prefect_client.read_flow_run(retrain.id).state_type.value == "RUNNING"
+                    retrain = _wait_for(
+                        lambda: (r := prefect_client.read_flow_run(retrain.id)).state.is_final() and r,
+                        900,
+                        "the scheduled retrain to end",
+                        every=2.0,
+                    )
+                finally:
+                    prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
+                missed = prefect_client.read_flow_run(missed.id)
+                nightly_runs = runs_of(prefect_client, nightly)
+        def seconds(later, earlier) -> float:
+            return (later - earlier).total_seconds()
+
+        print(
+            f"scheduled retrain: created by the scheduler {seconds(retrain.created, schedule.created):.1f} s after "
+            f"the schedule, slot {retrain.expected_start_time}, started "
+            f"{seconds(retrain.start_time, retrain.expected_start_time):.1f} s after it, ran "
+            f"{retrain.total_run_time.total_seconds():.1f} s, ended {time.monotonic() - scheduled_at:.0f} s after "
+            "the schedule was made"
+        )
+
+        # ---- The retrain was created by the schedule, with its parameters, and run by the stack's worker.
+        assert retrain.state_type.value == "COMPLETED", retrain.state
+        assert retrain.auto_scheduled is True
+        assert retrain.created_by is not None and retrain.created_by.type == "SCHEDULE"
+        assert retrain.created_by.id == schedule.id
+        assert retrain.parameters == worse
+        assert retrain.work_pool_name == "sweepflow-process"
+        assert seconds(retrain.expected_start_time, slot) % 120 == 0  # one of the schedule's slots
+        assert downloads(seen_requests) == sorted(f"GET /{name}" for name in MNIST_FILES), "the new export"
+        # The missed slot's run never started, and the schedule left nothing else behind.
+        assert missed.state_type.value == "CANCELLED", missed.state
+        assert "concurrency limit" in (missed.state.message or ""), missed.state.message
+        # (Prefect stamps a start time on any run entering a final state; it never ran: no run count, no run time)
+        assert missed.run_count == 0 and missed.total_run_time.total_seconds() == 0
+        assert {r.id for r in nightly_runs} == {retrain.id, missed.id}
+
+        # ---- Prefect: both pipeline runs COMPLETED, one task run per trial, both prepared the data they were given.
         with SyncPrefectClient(api) as prefect_client:
-            flow_runs = prefect_client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id={"any_": [default.id]}), sort=FlowRunSort.START_TIME_ASC
-            )
-            assert [r.state_type.value for r in flow_runs] == ["COMPLETED", "COMPLETED"]
+            [first_run] = runs_of(prefect_client, default)
+            flow_runs = [first_run, retrain]
             task_runs = [
                 prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id]}))
                 for r in flow_runs
             ]
+            assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [missed.id]})) == []
+        assert first_run.state_type.value == "COMPLETED"
         trials = [sorted(t.name for t in runs if t.name.startswith("trial_")) for runs in task_runs]
         assert [len(t) for t in trials] == [2, 1]
         assert trials[0][0].startswith("trial_0000-")  # named after the trial and its key params
         data_states = [
             [t.state_name for t in runs if t.name.startswith("download-dataset")] for runs in task_runs
         ]
-        assert data_states == [["Completed"], ["Cached"]], "a rerun with unchanged data must not prepare it again"
+        assert data_states == [["Completed"], ["Completed"]], "new data at the same URLs must be prepared again"
 
         # ---- MLflow: parent + child runs, statuses, params and metrics; champion stays on the better model.
         from mlflow.tracking import MlflowClient
@@ -638,6 +804,10 @@ class TestStack:
         assert client.get_model_version_by_alias(MODEL, "challenger").version == "2"
         first_acc, second_acc = (p.data.metrics["test_accuracy"] for p in parents)
         assert first_acc >= 0.85 and second_acc < first_acc
+        # Each run and the version it registered name the data they trained on: the two exports differ.
+        checksums = [p.data.tags["sweepflow.data_checksum"] for p in parents]
+        assert len(set(checksums)) == 2 and all(len(c) == 64 for c in checksums)
+        assert [v.tags["sweepflow.data_checksum"] for v in versions] == checksums
 
         # ---- S3: the dataset objects, every trial's checkpoints under its run's artifact location, the model.
         import s3fs
@@ -647,8 +817,10 @@ class TestStack:
             secret=env["AWS_SECRET_ACCESS_KEY"],
             client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL_S3"]},
         )
-        prepared = fs.glob("sweepflow/datasets/prepared/digits-*/meta.json")
-        assert len(prepared) == 1, fs.find("sweepflow/datasets")
+        prepared = fs.glob("sweepflow/datasets/prepared/mnist-*/meta.json")
+        assert len(prepared) == 2, fs.find("sweepflow/datasets")  # one per export
+        raw = fs.glob("sweepflow/datasets/raw/mnist/v-*/*")  # each file under the version it was fetched at
+        assert len(raw) == 2 * len(MNIST_FILES), raw
         for child in children:
             assert child.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied by the server ...
             prefix = f"sweepflow/mlflow/{experiment.experiment_id}/{child.info.run_id}/artifacts/checkpoints"
@@ -706,7 +878,7 @@ class TestStack:
         # no MLflow param or tag, and in no service's environment but the two servers'.
         if "SWEEPFLOW_STACK_DATABASE_URL" in env:
             pg = request.getfixturevalue("postgres")
-            _assert_on_postgres(pg, state, runs, flow_runs, experiment.experiment_id)
+            _assert_on_postgres(pg, state, runs, [*flow_runs, *nightly_runs], experiment.experiment_id)
         seen.snapshot()
 
     def test_up_twice_starts_nothing_more(self, stack):

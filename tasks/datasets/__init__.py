@@ -11,7 +11,8 @@ Modules, in pipeline order:
 * ``config``: ``DataConfig`` (the one pydantic data config, also the pipeline's ``data`` section) and the
   ``DATASETS`` registry; ``errors``: what can go wrong, and whether a retry can help.
 * ``download``: fetching raw files from the official mirrors or a ``source`` override (``http(s)://``,
-  ``s3://``, a directory), MD5-verified, atomically.
+  ``s3://``, a directory), MD5-verified, atomically; or, for a source that publishes new data under the same
+  names (``DataConfig.follow_source``), keyed by the version the source reports for each file.
 * ``cache``: the local or remote (``s3://``) cache those files and the prepared sets live in.
 * ``formats``: IDX, CIFAR-10 tarball (restricted unpickling) and bundled-dataset parsers.
 * ``split``: seeded, stratified train/val/test split; standardisation with train statistics.
@@ -32,7 +33,7 @@ from .errors import (
     DatasetSourceError,
 )
 from .formats import read_cifar10_tarball, read_idx
-from .prepare import prepare_dataset
+from .prepare import prepare_dataset, source_versions
 from .prepared import PreparedDataset, load_meta, load_split, prepared_dataset_exists
 from .split import SPLITS
 
@@ -56,4 +57,5 @@ __all__ = [
     "prepared_dataset_exists",
     "read_cifar10_tarball",
     "read_idx",
+    "source_versions",
 ]

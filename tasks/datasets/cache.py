@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 Arrays = dict[str, tuple[np.ndarray, np.ndarray]]
 #: Fetches a raw file from its source into the given local path, MD5-verified (``download.fetch_from_source``).
+#: Where ``expected_md5`` is None below, the file comes from a followed source (``DataConfig.follow_source``):
+#: it has no pinned MD5, and its ``relpath`` names the source version it was fetched at.
 Fetch = Callable[[Path], None]
 
 
@@ -50,7 +52,7 @@ class DatasetCache(Protocol):
 
     def uri_of(self, relpath: str) -> str: ...
 
-    def ensure_raw_file(self, relpath: str, expected_md5: str, fetch: Fetch) -> Path: ...
+    def ensure_raw_file(self, relpath: str, expected_md5: str | None, fetch: Fetch) -> Path: ...
 
     def prepared_exists(self, relpath: str) -> bool: ...
 
@@ -84,7 +86,7 @@ class LocalCache:
     def uri_of(self, relpath: str) -> str:
         return str(self.root / relpath)
 
-    def ensure_raw_file(self, relpath: str, expected_md5: str, fetch: Fetch) -> Path:
+    def ensure_raw_file(self, relpath: str, expected_md5: str | None, fetch: Fetch) -> Path:
         """The verified cached copy of a raw file (``raw/<dataset>/<file>``), fetched first if needed."""
         dest = self.root / relpath
         if not verified_local_copy(dest, expected_md5):
@@ -206,7 +208,7 @@ class RemoteCache:
                 return None
         return int(info["size"]) if info.get("type") == "file" else None
 
-    def download(self, relpath: str, dest: Path, expected_md5: str) -> bool:
+    def download(self, relpath: str, dest: Path, expected_md5: str | None) -> bool:
         """Download ``relpath`` into ``dest``, MD5-verified; False (``dest`` untouched) if its MD5 is wrong."""
         uri = self.uri_of(relpath)
 
@@ -236,7 +238,7 @@ class RemoteCache:
         with _cache_io("remove", self.uri_of(relpath)):
             self.fs.rm_file(self._path(relpath))
 
-    def ensure_raw_file(self, relpath: str, expected_md5: str, fetch: Fetch) -> Path:
+    def ensure_raw_file(self, relpath: str, expected_md5: str | None, fetch: Fetch) -> Path:
         """The verified local (staged) copy of a raw file (``raw/<dataset>/<file>``), the remote cache holding it too.
 
         Staged copy with the right MD5: used as is, and uploaded if the remote copy is missing or has

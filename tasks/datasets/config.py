@@ -296,7 +296,9 @@ class DataConfig(BaseModel):
     ``storage_options`` are passed to fsspec for that source (e.g. ``{"key": ..., "secret": ...,
     "client_kwargs": {"endpoint_url": ...}}`` for S3; prefer AWS_* environment variables for credentials,
     since configs get logged and stored). ``checksums`` maps filenames to MD5s for mirrors whose files
-    differ from the official ones.
+    differ from the official ones. ``follow_source`` is for a source whose files change in place (new data
+    under the same names): instead of MD5s, each file's current version (HTTP ETag, else Last-Modified and
+    size; S3 ETag; a directory's mtime and size) decides whether it is downloaded again (see ``prepare``).
 
     ``cache_dir`` is a local directory (a shared mount works for multi-node) or a writable fsspec URI such
     as ``s3://bucket/prefix``; ``prepare_dataset`` requires it (the library picks no default location:
@@ -339,6 +341,14 @@ class DataConfig(BaseModel):
     staging_dir: str | None = Field(
         None,
         description="Host-local staging for a remote cache_dir. Default: <state_dir>/data/remote-staging",
+    )
+    follow_source: bool = Field(
+        False,
+        description=(
+            "The source publishes new data under the same file names (e.g. a nightly export): every run asks "
+            "it for each file's version (HTTP ETag/Last-Modified, S3 ETag) and downloads again when it changed. "
+            "Files are not MD5-pinned then; each run records the sha256 of what it trained on."
+        ),
     )
 
     def __init__(self, **data: Any) -> None:
@@ -431,6 +441,13 @@ class DataConfig(BaseModel):
                 )
         return {filename: md5.lower() for filename, md5 in value.items()}
 
+    @field_validator("follow_source", mode="before")
+    @classmethod
+    def _valid_follow_source(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise DatasetConfigError(f"DataConfig.follow_source must be true or false (got {value!r})")
+        return value
+
     @field_validator("staging_dir", mode="before")
     @classmethod
     def _valid_staging_dir(cls, value: Any) -> Any:
@@ -468,6 +485,18 @@ class DataConfig(BaseModel):
                 f"DataConfig.cache_storage_options only apply to a remote cache_dir such as s3://bucket/prefix "
                 f"(cache_dir is {self.cache_dir!r}); drop cache_storage_options, or set cache_dir to the "
                 "remote URI"
+            )
+        if self.follow_source and self.source is None:
+            raise DatasetConfigError(
+                "DataConfig.follow_source needs a `source` (the location that publishes new data, e.g. "
+                "https://data.example.com/exports/mnist/ or s3://bucket/exports/mnist): the official mirrors "
+                "never change. Set source=..., or drop follow_source"
+            )
+        if self.follow_source and self.checksums is not None:
+            raise DatasetConfigError(
+                "DataConfig.follow_source and checksums exclude each other: pinned MD5s mean the files never "
+                "change, follow_source that they do. Drop checksums to retrain on whatever the source publishes "
+                "(its sha256 is recorded per run), or drop follow_source to pin the files"
             )
         if self.checksums is not None:
             if not spec.remote:
@@ -548,8 +577,10 @@ class DataConfig(BaseModel):
         place. Credentials are left out (they do not change the data, and keys end up in logs/storage),
         but S3 endpoint URLs (of the source and of the cache) are kept because they name different stores.
         ``staging_dir`` is left out: it is this host's working copy, not where the result is.
+        ``follow_source`` is only present when set, so configs without it keep the keys they always had;
+        with it, the task's cache key adds the source's current file versions (``tasks/download.py``).
         """
-        return {
+        identity: dict[str, Any] = {
             "name": self.name,
             "source": redact(self.source) if self.source else None,
             "endpoint_url": endpoint_url(self.storage_options),
@@ -561,3 +592,6 @@ class DataConfig(BaseModel):
             "checksums": dict(sorted((self.checksums or {}).items())),
             "format_version": PREPARED_FORMAT_VERSION,
         }
+        if self.follow_source:
+            identity["follow_source"] = True
+        return identity

