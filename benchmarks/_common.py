@@ -243,6 +243,8 @@ class Sampler:
         """(times, values) of one label, only from the samples of the process that was there at the end (a
         service restarted at the start of a run would otherwise show a jump back to zero)."""
         pid = next((s.pids.get(label) for s in reversed(self.samples) if label in s.pids), None)
+        if pid is None:  # never seen (no PostgreSQL in this run)
+            return [], []
         pts = [(s.t, getattr(s, attr)[label]) for s in self.samples if s.pids.get(label) == pid]
         return [p[0] for p in pts], [p[1] for p in pts]
 

@@ -299,6 +299,7 @@ def report_resources(sampler: Sampler, children: list, summary: dict, n: int, wa
         print(
             f"   {label:16s} {mib(ys[0]):>9s} {mib(end):>9s} {per_100 / 2**20:+9.1f} Mi {mib(projected):>10s}"
         )
+    rss_every_100(sampler, ends, n)
     import psutil
 
     total = psutil.virtual_memory().total
@@ -316,6 +317,42 @@ def report_resources(sampler: Sampler, children: list, summary: dict, n: int, wa
     )
     if "postgres" in sampler.samples[-1].rss:
         print("   (postgres: PSS, not RSS: its backends' RSS would each count the shared buffers they touched)")
+
+
+FLAT_AFTER = 500  # trials: the plateau is judged from here on (allocators and caches warm up before)
+FLAT_WITHIN = 0.05
+
+
+def rss_every_100(sampler: Sampler, ends: list[float], n: int) -> None:
+    """Each service's RSS when trial 100, 200, ... ended (the sample nearest that moment), and its growth from
+    trial FLAT_AFTER to the last one: flat means under FLAT_WITHIN."""
+    marks = [k for k in range(100, n + 1, 100)]
+    if not marks:
+        return
+    labels = [label for label in LABELS if sampler.rss_series(label, ends[0], ends[-1])]
+    print("\nRSS (MiB) of each service when its 100th, 200th, ... trial ended:")
+    print(f"   {'trials':>7s} " + " ".join(f"{label:>15s}" for label in labels))
+    at = {}
+    for k in marks:
+        row = {label: sampler.value_at(label, "rss", ends[k - 1]) for label in labels}
+        at[k] = row
+        print(f"   {k:7d} " + " ".join(f"{(row[lb] or 0) / 2**20:15.0f}" for lb in labels))
+    base = min((k for k in marks if k >= FLAT_AFTER), default=None)
+    if base is None or base == marks[-1]:
+        print(f"   (flatness after trial {FLAT_AFTER} needs more than {FLAT_AFTER + 100} trials)")
+        return
+    verdicts = []
+    for label in labels:
+        a, b = at[base][label], at[marks[-1]][label]
+        if a and b:
+            growth = b / a - 1
+            verdicts.append(f"{label} {growth:+.1%}" + ("" if growth < FLAT_WITHIN else " NOT FLAT"))
+    flat = all("NOT FLAT" not in v for v in verdicts)
+    print(
+        f"VERDICT memory after trial {base} to trial {marks[-1]} "
+        f"({'flat: every service under' if flat else 'NOT flat: a service grew'} {FLAT_WITHIN:.0%}): "
+        + ", ".join(verdicts)
+    )
 
 
 def main() -> int:

@@ -75,6 +75,7 @@ def training_pipeline(
             sweep = build_sweep(cfg, prepared, client, tracker, parent, prior=prior).run()
             stages.lap("sweep_s")
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(cfg))
+            stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
             best = best_trial(sweep, tracker, parent, cfg)
             evaluation = evaluate_best(best.best_checkpoint, prepared.path, tracker, [parent, best.run_id], client)
             stages.lap("evaluate_s")
@@ -84,6 +85,7 @@ def training_pipeline(
             views = leaderboard.publish(
                 best_run_id=best.run_id, registered=(registration["name"], registration["version"])
             )
+            stages.lap("publish_s")  # the winner's tags, the report with the registered version
     logger.info("stage timings: %s", stages.timings)
     _log_outcome(logger, cfg, best, evaluation, registration)
     _log_views(logger, cfg, parent, views)

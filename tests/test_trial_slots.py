@@ -81,3 +81,29 @@ def test_the_progress_line_counts_as_running_only_the_trials_holding_a_slot():
     again.release()
     progress.update("t1", status=TrialStatus.STOPPED)
     assert "trials: 0 running, 1 stopped early, 1 completed, 0 failed, 0 pending" in lines[-1], lines[-1]
+
+
+def test_the_progress_line_is_logged_at_most_once_an_interval_and_its_last_counts_are_never_lost():
+    """Sub-second trials change the counts several times a second: one line per interval, a change inside it
+    logged when it ends (the line then shows the counts as they are), the last trial's end at once."""
+    from sweepflow.tasks.sweep.progress import SweepProgress
+    from sweepflow.tasks.sweep.results import TrialStatus
+
+    lines: list[str] = []
+    progress = SweepProgress("loss", "min", 3, log=lines.append, min_interval_s=0.3)
+    progress.update("a")
+    progress.update("b")
+    progress.update("a", metrics={"loss": 1.0}, status=TrialStatus.COMPLETED)
+    assert len(lines) == 1 and "1 running" in lines[0], lines
+    deadline = time.monotonic() + 5
+    while len(lines) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lines) == 2 and "trials: 1 running, 0 stopped early, 1 completed" in lines[1], lines
+    progress.update("c")
+    progress.update("b", status=TrialStatus.COMPLETED)
+    progress.update("c", status=TrialStatus.COMPLETED)  # the last one: logged now, the held-back line dropped
+    assert "trials: 0 running, 0 stopped early, 3 completed, 0 failed, 0 pending" in lines[-1], lines
+    logged = len(lines)
+    time.sleep(0.5)
+    progress.close()
+    assert len(lines) == logged, lines

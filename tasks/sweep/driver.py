@@ -37,6 +37,7 @@ from sweepflow.tasks.sweep.trial import SweepRuntime, registered_runtime, run_tr
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import TrainFunction
 
+PROGRESS_EVERY_S = 1.0  # at most one progress line a second (sub-second trials would log several each)
 _SLOT_FREED = object()  # wakes the loop: a trial gave its slot back, so the next one may start
 _COLD_S = 0.25  # a worker whose start-up took longer was cold (a warm one answers in milliseconds)
 
@@ -95,7 +96,11 @@ class Sweep:
             tracker=self.tracker,
             parent_run_id=self.parent_run_id,
             progress=SweepProgress(
-                self.template.selection_metric, self.template.selection_mode, self.sampler.total, log=self.log
+                self.template.selection_metric,
+                self.template.selection_mode,
+                self.sampler.total,
+                log=self.log,
+                min_interval_s=PROGRESS_EVERY_S,
             ),
             staging_dir=self.staging_dir,
             deadline=time.monotonic() + self.time_budget_s if self.time_budget_s else None,
@@ -106,6 +111,7 @@ class Sweep:
         started = time.perf_counter()
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
             cleanup.callback(runtime.join_writers)
+            cleanup.callback(runtime.progress.close)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:
                 startup_s = self._start_up_workers()

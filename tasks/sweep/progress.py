@@ -1,4 +1,9 @@
-"""The sweep's progress line: counts by status and the best value so far, logged at every change.
+"""The sweep's progress line: counts by status and the best value so far, logged when they change.
+
+At most one line per ``min_interval_s`` (the sweep's: 1 s): a sweep of thousands of sub-second trials would
+otherwise log two or three lines per trial, each one printed, sent to Prefect and stored there. A change inside
+the interval is logged when the interval ends (a timer), so the last line always shows the counts as they are,
+and the line that says every trial has ended is logged at once.
 
 "running" counts the trials that hold a slot, so it never exceeds the sweep's concurrency: a trial gives its
 slot back at its final report (the next trial starts while its group tears down) or when it pauses (HyperBand);
@@ -30,7 +35,10 @@ class SweepProgress:
     idle: set[str] = field(default_factory=set)  # started, slot given back, not ended (tearing down, or paused)
     finished: dict[str, TrialStatus] = field(default_factory=dict)
     best: tuple[float, str] | None = None
+    min_interval_s: float = 0.0  # between two lines; a change inside it is logged when it ends
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _logged_at: float | None = None  # time.monotonic() of the last line
+    _timer: threading.Timer | None = None  # logs the latest counts at the end of the interval
 
     def _better(self, value: float) -> bool:
         return self.best is None or (value > self.best[0] if self.mode == "max" else value < self.best[0])
@@ -48,8 +56,44 @@ class SweepProgress:
             value = (metrics or {}).get(self.metric)
             if isinstance(value, int | float) and self._better(float(value)):
                 self.best = (float(value), trial_id)
+            wait = self._wait_s()
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = threading.Timer(wait, self._log_latest)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+            line = self._take_line()
+        self.log(line)
+
+    def _wait_s(self) -> float:
+        """How long the next line must wait (0: log it now). The last trial's end is never held back."""
+        if self._logged_at is None or len(self.finished) >= self.total:
+            return 0.0
+        return self._logged_at + self.min_interval_s - time.monotonic()
+
+    def _take_line(self) -> str:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._logged_at = time.monotonic()
+        return self.line()
+
+    def _log_latest(self) -> None:
+        with self._lock:
+            if self._timer is None:  # a line was logged meanwhile
+                return
+            self._timer = None
+            self._logged_at = time.monotonic()
             line = self.line()
         self.log(line)
+
+    def close(self) -> None:
+        """The sweep ended: no line is logged after this."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
     def holds_slot(self, trial_id: str, slot: HeldSlot) -> None:
         """``trial_id`` holds ``slot`` (granted before it starts, or again after a pause: then it is running

@@ -319,12 +319,11 @@ class TrialSampler:
             if client is None:  # after the first sample: MLflow's import is slow in a process that lacks it
                 try:
                     client = self._client()
-                    step = self._first_step(client)
                 except Exception as exc:  # noqa: BLE001 - the trial trains on; its run lacks system metrics
                     log.warning("system metrics of run %s: no MLflow client (%s)", self.run_id, type(exc).__name__)
                     return
             if not reported:  # the trial's own metrics go first (see the module docstring)
-                reported = self._has_own_metrics(client, wait_s=_OWN_METRIC_WAIT_S if stopping else 0.0)
+                reported, step = self._has_own_metrics(client, wait_s=_OWN_METRIC_WAIT_S if stopping else 0.0)
                 if not reported and not stopping:
                     continue
             if self._write(client, pending, step):
@@ -336,27 +335,21 @@ class TrialSampler:
             if stopping:
                 return
 
-    def _has_own_metrics(self, client: Any, *, wait_s: float) -> bool:
-        """Whether the run has a metric that is not a system metric, asked again for up to ``wait_s`` seconds."""
+    def _has_own_metrics(self, client: Any, *, wait_s: float) -> tuple[bool, int]:
+        """Whether the run has a metric that is not a system metric, asked again for up to ``wait_s`` seconds;
+        and the step this sampler's samples start from: after the run's earlier system metrics (a restarted or
+        resumed trial's: the latest value MLflow keeps of a metric is its highest step), else 0. One request."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                keys = client.get_run(self.run_id).data.metrics
+                latest = client.get_run(self.run_id).data._metric_objs  # {key: value} lacks the steps
             except Exception:  # noqa: BLE001 - the server is slow to answer: the next sample asks again
-                keys = {}
-            if any(not key.startswith("system/") for key in keys):
-                return True
+                latest = []
+            if any(not m.key.startswith("system/") for m in latest):
+                return True, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
             if time.monotonic() >= deadline:
-                return False
+                return False, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
             time.sleep(0.2)
-
-    def _first_step(self, client: Any) -> int:
-        """After the run's earlier system metrics (a restarted or resumed trial), else 0."""
-        try:
-            history = client.get_metric_history(self.run_id, _STEP_FROM)
-        except Exception:  # noqa: BLE001 - a fresh run, or the server is slow to answer: start at 0
-            return 0
-        return max((m.step for m in history), default=-1) + 1
 
     def _write(self, client: Any, samples: list[tuple[dict[str, float], int]], step: int) -> bool:
         """One ``log_batch`` request with the samples not written yet (usually one), numbered from ``step``."""
