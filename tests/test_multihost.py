@@ -12,7 +12,9 @@ which the training function uses to tell the test where each rank ran.
     worker-b   the same
     storage    moto's S3 server (checkpoints, dataset cache, MLflow's artifacts) and `mlflow server`
 
-The unit tests at the top check how a rank picks the interface gloo/NCCL use (``ddp_runtime._network``).
+The same cluster then runs a `prefect deployment run` of the repository's prefect.yaml through a `prefect worker`
+whose environment names the cluster (item 4). The unit tests at the top check how a rank picks the interface
+gloo/NCCL use (``ddp_runtime._network``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ from ddp_runtime import _network
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
+
+REPO = os.path.dirname(TESTS_DIR)
+
+
+def _cli(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """A Prefect command, run from the repository (where prefect.yaml is); fails the test with its output."""
+    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (
+        f"{' '.join(argv[:4])} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    )
+    return done
+
 
 # ------------------------------------------------------------------------------------- the interface choice
 
@@ -677,3 +691,71 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             f"{len(histories) - len(per_epoch)} end-of-trial metrics), 1 trial run, 1 model version"
         )
         print(f"  total test time: {time.monotonic() - t_start:.1f} s")
+
+        # ---- the same cluster through Prefect (item 4): the repository's prefect.yaml deployed onto a process
+        # work pool, a `prefect worker` whose environment names the cluster, MLflow and S3 (what README says a
+        # worker needs), and `prefect deployment run --watch`. One 2-rank trial, on the host left.
+        t_deploy = time.monotonic()
+        prefect = os.path.join(BIN, "prefect")
+        pool = f"multihost-{net.tag}"
+        worker_env = {**run_env, "PREFECT_WORKER_QUERY_SECONDS": "1"}
+        _cli([prefect, "work-pool", "create", pool, "--type", "process"], worker_env, 120)
+        _cli([prefect, "--no-prompt", "deploy", "--name", "default", "--pool", pool], worker_env, 300)
+        worker = subprocess.Popen(
+            [prefect, "worker", "start", "--pool", pool, "--limit", "1"],
+            env=worker_env,
+            stdout=open(logs / "prefect-worker.log", "w"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stack.callback(lambda: worker.poll() is None and (worker.terminate(), worker.wait(30)))
+        deployed_dir = tmp_path / "deployed-records"
+        deployed_dir.mkdir()
+        params = {
+            "config": {
+                "sweep": {
+                    "num_samples": 1,
+                    "search_space": {"l1": 16, "l2": 16, "lr": 0.01, "batch_size": 64},
+                },
+                "training": {
+                    "train_fn": "multihost_fns:train_recording_placement",
+                    "epochs": 1,
+                    "base_config": {"optimizer": "adam", "record_dir": str(deployed_dir), "hold_at": 0},
+                },
+                "scheduler": {"type": "fifo", "max_t": 1},
+                "resources": {"ranks_per_trial": 2},
+                "mlflow": {
+                    "experiment_name": "multihost-deployment",
+                    "registered_model_name": "multihost-model",
+                },
+                "storage": prefix,
+            }
+        }
+        done = _cli(
+            [
+                prefect,
+                "deployment",
+                "run",
+                "training-pipeline/default",
+                "--watch",
+                "--params",
+                json.dumps(params),
+            ],
+            worker_env,
+            600,
+        )
+        assert "Completed" in done.stdout, done.stdout[-3000:]
+        deployed = _records(str(deployed_dir))
+        assert [r["rank"] for r in deployed] == [0, 1], deployed
+        assert {_host_of(r["worker"]) for r in deployed} == {a[survivor]}, deployed  # the namespace cluster's
+        experiment = mlflow.get_experiment_by_name("multihost-deployment")
+        (parent,) = mlflow.search_runs(
+            [experiment.experiment_id], filter_string="tags.sweepflow.kind = 'pipeline'"
+        )
+        assert parent.data.tags.get("prefect.flow_run_id"), parent.data.tags
+        (child,) = mlflow.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        )
+        assert child.info.status == "FINISHED" and child.data.tags["sweepflow.status"] == "COMPLETED"
+        assert len(mlflow.search_model_versions("name='multihost-model'")) == 2
+        print(f"  `prefect deployment run` on the same cluster: {time.monotonic() - t_deploy:.1f} s")
