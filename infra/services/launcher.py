@@ -2,7 +2,8 @@
 
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
 search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
-stays in the background with those modules imported (no torch: the flow process never needs it). Each
+stays in the background with those modules imported (the caller's ``preload``: ``sweepflow run``'s includes the
+built-in training module, and so torch, which its pre-flight checks import, though the flow runs no torch op). Each
 ``sweepflow run`` hands it its arguments, environment, working directory and terminal (stdin/stdout/stderr,
 passed as file descriptors over a Unix socket); the launcher forks a child that runs the command exactly as
 the CLI would, in a fresh process of its own, and reports the child's exit code back. The client forwards
