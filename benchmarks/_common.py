@@ -262,6 +262,13 @@ class Sampler:
         w = (t - t0) / (t1 - t0) if t1 > t0 else 1.0
         return values[i - 1] + w * (values[i] - values[i - 1])
 
+    def value_before(self, label: str, attr: str, t: float) -> float | None:
+        """The label's ``attr`` in the last sample taken at or before ``t`` (the first one if none was)."""
+        times, values = self._series(label, attr)
+        if not times:
+            return None
+        return values[max(bisect.bisect_right(times, t) - 1, 0)]
+
     def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
         out = {}
         for label in LABELS:

@@ -324,7 +324,8 @@ FLAT_WITHIN = 0.05
 
 
 def rss_every_100(sampler: Sampler, ends: list[float], n: int) -> None:
-    """Each service's RSS when trial 100, 200, ... ended (the sample nearest that moment), and its growth from
+    """Each service's RSS when trial 100, 200, ... ended (the last sample before that moment: after the last trial
+    the flow writes the sweep's report, which is not the sweep's memory), and its growth from
     trial FLAT_AFTER to the last one: flat means under FLAT_WITHIN."""
     marks = [k for k in range(100, n + 1, 100)]
     if not marks:
@@ -334,7 +335,7 @@ def rss_every_100(sampler: Sampler, ends: list[float], n: int) -> None:
     print(f"   {'trials':>7s} " + " ".join(f"{label:>15s}" for label in labels))
     at = {}
     for k in marks:
-        row = {label: sampler.value_at(label, "rss", ends[k - 1]) for label in labels}
+        row = {label: sampler.value_before(label, "rss", ends[k - 1]) for label in labels}
         at[k] = row
         print(f"   {k:7d} " + " ".join(f"{(row[lb] or 0) / 2**20:15.0f}" for lb in labels))
     base = min((k for k in marks if k >= FLAT_AFTER), default=None)

@@ -82,6 +82,11 @@ LOCAL_DASK_CONFIG: Mapping[str, Any] = {
     "distributed.admin.system-monitor.interval": "5s",
     # The serving process's own client refreshes its view of the cluster (for a notebook widget) every 2 s.
     "distributed.client.scheduler-info-interval": "60s",
+    # The scheduler keeps the last N of each of its event topics (each trial adds one to "scheduler",
+    # "worker-get-client" and its run's client topic: ~1 KiB each) and of its transition log, for debugging
+    # (Client.get_events, a task's story). 1000 by default: the scheduler's memory grew for the first ~1000
+    # trials of a sweep (+9 MiB by trial 2000, benchmarks/bench_load.py); 200 makes it flat after ~200.
+    "distributed.admin.low-level-log-length": 200,
 }
 
 
