@@ -327,7 +327,7 @@ def rss_every_100(sampler: Sampler, ends: list[float], n: int) -> None:
     """Each service's RSS when trial 100, 200, ... ended (the last sample before that moment: after the last trial
     the flow writes the sweep's report, which is not the sweep's memory), and its growth from
     trial FLAT_AFTER to the last one: flat means under FLAT_WITHIN."""
-    marks = [k for k in range(100, n + 1, 100)]
+    marks = list(range(100, n + 1, 100))
     if not marks:
         return
     labels = [label for label in LABELS if sampler.rss_series(label, ends[0], ends[-1])]
@@ -342,17 +342,16 @@ def rss_every_100(sampler: Sampler, ends: list[float], n: int) -> None:
     if base is None or base == marks[-1]:
         print(f"   (flatness after trial {FLAT_AFTER} needs more than {FLAT_AFTER + 100} trials)")
         return
-    verdicts = []
-    for label in labels:
-        a, b = at[base][label], at[marks[-1]][label]
-        if a and b:
-            growth = b / a - 1
-            verdicts.append(f"{label} {growth:+.1%}" + ("" if growth < FLAT_WITHIN else " NOT FLAT"))
-    flat = all("NOT FLAT" not in v for v in verdicts)
+    growth = {
+        label: at[marks[-1]][label] / at[base][label] - 1
+        for label in labels
+        if at[base][label] and at[marks[-1]][label]
+    }
+    flat = all(g < FLAT_WITHIN for g in growth.values())
     print(
         f"VERDICT memory after trial {base} to trial {marks[-1]} "
         f"({'flat: every service under' if flat else 'NOT flat: a service grew'} {FLAT_WITHIN:.0%}): "
-        + ", ".join(verdicts)
+        + ", ".join(f"{lb} {g:+.1%}" + ("" if g < FLAT_WITHIN else " NOT FLAT") for lb, g in growth.items())
     )
 
 

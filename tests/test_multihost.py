@@ -37,23 +37,12 @@ import urllib.request
 
 import psutil
 import pytest
+from checkout_commands import run_from_checkout
 
 from ddp_runtime import _network
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
-
-REPO = os.path.dirname(TESTS_DIR)
-
-
-def _cli(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """A Prefect command, run from the repository (where prefect.yaml is); fails the test with its output."""
-    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, (
-        f"{' '.join(argv[:4])} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-    )
-    return done
-
 
 # ------------------------------------------------------------------------------------- the interface choice
 
@@ -699,8 +688,10 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
         prefect = os.path.join(BIN, "prefect")
         pool = f"multihost-{net.tag}"
         worker_env = {**run_env, "PREFECT_WORKER_QUERY_SECONDS": "1"}
-        _cli([prefect, "work-pool", "create", pool, "--type", "process"], worker_env, 120)
-        _cli([prefect, "--no-prompt", "deploy", "--name", "default", "--pool", pool], worker_env, 300)
+        run_from_checkout([prefect, "work-pool", "create", pool, "--type", "process"], worker_env, 120)
+        run_from_checkout(
+            [prefect, "--no-prompt", "deploy", "--name", "default", "--pool", pool], worker_env, 300
+        )
         worker = subprocess.Popen(
             [prefect, "worker", "start", "--pool", pool, "--limit", "1"],
             env=worker_env,
@@ -731,7 +722,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
                 "storage": prefix,
             }
         }
-        done = _cli(
+        done = run_from_checkout(
             [
                 prefect,
                 "deployment",

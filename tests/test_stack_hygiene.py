@@ -28,6 +28,7 @@ import time
 
 import psutil
 import pytest
+from checkout_commands import run_from_checkout
 from http_stub import serving
 
 from sweepflow.services import supervisor as services
@@ -548,13 +549,6 @@ def _export_handler(directory, requests: list[str]):
     return functools.partial(Handler, directory=str(directory))
 
 
-def _checked(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run a command from the checkout's root (where prefect.yaml is); it must succeed."""
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(argv)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
 def _assert_on_postgres(pg, state: str, runs: list, flow_runs: list, experiment_id: str) -> None:
     """The stack's data is in PostgreSQL (``pg``: a tests/postgres_server.Postgres), and its password nowhere it
     must not be."""
@@ -638,7 +632,7 @@ class TestStack:
         the MLflow client, Prefect's client and the S3 endpoint."""
         state, _, env, seen, tmp_path = stack
         api = env["PREFECT_API_URL"]
-        _checked([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
+        run_from_checkout([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
 
         from prefect.client.orchestration import SyncPrefectClient
         from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate
@@ -674,7 +668,7 @@ class TestStack:
         run = [prefect, "deployment", "run", "training-pipeline/default", "--watch", "--params"]
         with serving(_export_handler(export, requests)) as url:
             data = {"name": "mnist", "source": f"{url}/", "follow_source": True}
-            first = _checked([*run, _params(GOOD, epochs=3, num_samples=2, data=data)], env, 900)
+            first = run_from_checkout([*run, _params(GOOD, epochs=3, num_samples=2, data=data)], env, 900)
             assert "Completed" in first.stdout
             assert downloads() == sorted(f"GET /{name}" for name in MNIST_FILES)
 
@@ -839,7 +833,7 @@ class TestStack:
             "print(np.asarray(model.predict(np.zeros((3, 1, 8, 8), dtype=np.float32))).shape)\n"
         )
         fresh_env = {**_clean_env(tmp_path / "fresh"), "MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]}
-        loaded = _checked([sys.executable, "-c", script], fresh_env, 300)
+        loaded = run_from_checkout([sys.executable, "-c", script], fresh_env, 300)
         assert loaded.stdout.strip().endswith("(3, 10)")
 
         # ---- A deployment run with bad parameters fails at its first step, says why, and starts nothing.

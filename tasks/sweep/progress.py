@@ -72,10 +72,13 @@ class SweepProgress:
             return 0.0
         return self._logged_at + self.min_interval_s - time.monotonic()
 
-    def _take_line(self) -> str:
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _take_line(self) -> str:
+        self._cancel_timer()
         self._logged_at = time.monotonic()
         return self.line()
 
@@ -83,17 +86,13 @@ class SweepProgress:
         with self._lock:
             if self._timer is None:  # a line was logged meanwhile
                 return
-            self._timer = None
-            self._logged_at = time.monotonic()
-            line = self.line()
+            line = self._take_line()
         self.log(line)
 
     def close(self) -> None:
         """The sweep ended: no line is logged after this."""
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._cancel_timer()
 
     def holds_slot(self, trial_id: str, slot: HeldSlot) -> None:
         """``trial_id`` holds ``slot`` (granted before it starts, or again after a pause: then it is running

@@ -345,10 +345,9 @@ class TrialSampler:
                 latest = client.get_run(self.run_id).data._metric_objs  # {key: value} lacks the steps
             except Exception:  # noqa: BLE001 - the server is slow to answer: the next sample asks again
                 latest = []
-            if any(not m.key.startswith("system/") for m in latest):
-                return True, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
-            if time.monotonic() >= deadline:
-                return False, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
+            reported = any(not m.key.startswith("system/") for m in latest)
+            if reported or time.monotonic() >= deadline:
+                return reported, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
             time.sleep(0.2)
 
     def _write(self, client: Any, samples: list[tuple[dict[str, float], int]], step: int) -> bool:
