@@ -18,6 +18,7 @@ from distributed import Client, LocalCluster
 from ddp_runtime import _compat, _warmup
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
+from ddp_runtime.span_pruner import FinishedSpanPruner
 
 PRELOAD = "ddp_runtime._preload"
 
@@ -67,6 +68,8 @@ def local_cluster(
         try:
             client = Client(cluster)
             try:
+                # A long-lived local scheduler would otherwise keep a span per trial for good.
+                client.register_plugin(FinishedSpanPruner())
                 yield client
             finally:
                 client.close()
@@ -86,6 +89,8 @@ def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
         try:
             client = Client(cluster)
             try:
+                # A long-lived local scheduler would otherwise keep a span per trial for good.
+                client.register_plugin(FinishedSpanPruner())
                 yield client
             finally:
                 client.close()

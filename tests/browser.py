@@ -25,14 +25,14 @@ def chromium() -> str:
     )
 
 
+def _chromium_args(profile: str) -> list[str]:
+    """Headless Chromium with a profile of its own: never the user's, never shared."""
+    return [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}"]
+
+
 def _run(url: str, profile: str, *args: str, wait_ms: int) -> subprocess.CompletedProcess[str]:
     cmd = [
-        chromium(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",  # a profile of its own: never the user's, never shared
+        *_chromium_args(profile),
         # Time for a single-page app (MLflow's UI) to fetch its data and render, on a virtual clock.
         f"--virtual-time-budget={wait_ms}",
         *args,
@@ -79,8 +79,7 @@ def page_showing(
     os.makedirs(profile, exist_ok=True)
     port_file = os.path.join(profile, "DevToolsActivePort")
     cmd = [
-        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-        f"--user-data-dir={profile}",  # a profile of its own: never the user's, never shared
+        *_chromium_args(profile),
         "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",  # a free port, written to port_file
         f"--window-size={size[0]},{size[1]}", "about:blank",
     ]  # fmt: skip

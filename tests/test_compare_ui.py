@@ -155,7 +155,12 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     failure), its task run's first log line is its MLflow run's link, and its artifact is titled with the trial
     and its result. (The flow run's page draws its task runs on a canvas: nothing to read in its DOM.)"""
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, LogFilter
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterTaskRunId,
+        FlowRunFilter,
+        LogFilter,
+    )
     from prefect.client.schemas.sorting import LogSort
 
     stopped = [t for t in finished_sweep["trials"] if t["status"] == "STOPPED"]
@@ -182,6 +187,10 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
         assert trial is not None, f"no task run of {stopped[0]['trial_id']} on the server: {sorted(trials)}"
         assert trial.state.name == "Stopped early" and trial.state.is_completed(), trial.state
         assert logs and "MLflow run http" in logs[0].message, [log.message for log in logs[:3]]
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[trial.id]))
+        )
+        assert len(artifacts) == 1 and artifacts[0].key is None, artifacts  # the trial's link, no collection
     shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
     os.makedirs(shots, exist_ok=True)
     path = os.path.join(shots, "prefect-trial-stopped-early.png")
@@ -192,7 +201,11 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     )
     assert "Stopped early" in page
     assert "MLflow run" in page and stopped[0]["run_id"] in page, "the MLflow link is not in the task run's logs"
-    key = f"{stopped[0]['trial_id'].replace('_', '-')}-{finished_sweep['parent_run_id'][:8]}"
-    artifact = page_showing(f"{ui}/artifacts/key/{key}", str(tmp_path / "artifact"), key, "stopped early")
-    assert key in artifact and re.search(rf"{stopped[0]['trial_id']}[^<]*: stopped early", artifact)  # its outcome
+    artifact_path = os.path.join(shots, "prefect-trial-artifact.png")
+    artifact = page_showing(
+        f"{ui}/artifacts/artifact/{artifacts[0].id}", str(tmp_path / "artifact"), "stopped early", "in MLflow",
+        screenshot_path=artifact_path,
+    )
+    assert re.search(rf"{stopped[0]['trial_id']}[^<]*: stopped early", artifact)  # its outcome
+    assert stopped[0]["run_id"] in artifact  # the link to its MLflow run
     assert _drawn(path) > 0.03, "the Prefect task run page is nearly blank"

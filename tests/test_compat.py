@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -136,6 +137,39 @@ def test_cached_task_result_reads_the_record_prefect_stored_under_a_cache_key(tm
     assert compat.cached_task_result(ctx, "key-1") == {"path": "/data/prepared"}
     assert compat.cached_task_result(ctx, "key-2") is compat.NO_RESULT
     assert compat.cached_task_result(None, "key-1") is compat.NO_RESULT
+
+
+def test_forget_ended_task_run_lets_go_of_what_the_flow_engine_keeps_per_task_run(prefect_harness):
+    """Without it, the flow's process keeps a cancel event, a State with its result and an assets entry per task
+    run until the flow ends (one per trial of a sweep); with it, nothing of an ended task run is left."""
+    from prefect import flow, task
+    from prefect.context import FlowRunContext
+
+    @task
+    def trial(i: int) -> dict:
+        return {"trial": i}
+
+    def kept(ctx) -> dict[str, int]:
+        return {
+            "cancel events": len(ctx.task_runner._cancel_events),
+            "run results": sum(v[0].state_details.task_run_id is not None for v in ctx.run_results.values()),
+            "assets": len(ctx.task_run_assets),
+        }
+
+    @flow
+    def sweep(n: int, forget: bool) -> dict[str, int]:
+        ctx = FlowRunContext.get()
+        for i in range(n):
+            future = trial.submit(i)
+            assert future.result() == {"trial": i}
+            if forget:
+                compat.forget_ended_task_run(future.task_run_id)
+        return kept(ctx)
+
+    held = sweep(5, forget=False)  # what Prefect keeps per task run
+    assert held["cancel events"] == 5 and held["run results"] >= 5 and held["assets"] == 5, held
+    assert sweep(5, forget=True) == {"cancel events": 0, "run results": 0, "assets": 0}
+    compat.forget_ended_task_run(uuid.uuid4())  # outside a flow run: nothing to do
 
 
 def test_failed_state_exception_is_what_the_task_raised():

@@ -489,3 +489,51 @@ def test_a_killed_driver_does_not_hold_its_workers(cluster, tmp_path):
     assert result.error is None
     assert time.monotonic() - start < 60
     assert cluster.run_on_scheduler(gang.reservations) == {}
+
+
+def _span_count(dask_scheduler) -> int:
+    return len(dask_scheduler.extensions["spans"].spans)
+
+
+def _prune_with(name):
+    def prune(dask_scheduler) -> int:
+        return dask_scheduler.plugins[name].prune()
+
+    return prune
+
+
+def _live_keys(prefix):
+    def live(dask_scheduler) -> list:
+        return [k for k in dask_scheduler.tasks if str(k).startswith(prefix)]
+
+    return live
+
+
+def test_finished_spans_are_forgotten_beyond_the_newest_and_the_scheduler_keeps_working(cluster):
+    """Dask keeps every span for good (dask/distributed#7977): a computation that finishes before the next starts
+    leaves a span behind, as each trial's group did. The pruner forgets finished ones beyond the newest `keep`,
+    only when they were finished at its pass before (the workers' heartbeats have reported their metrics)."""
+    from ddp_runtime.span_pruner import FinishedSpanPruner
+
+    name = "test-span-pruner"
+    cluster.register_plugin(FinishedSpanPruner(keep=2, interval_s=3600), name=name)
+    try:
+        for i in range(6):  # one after another, each forgotten before the next: each in a new default span
+            future = cluster.submit(sum, [i, 1], key=f"span-probe-{i}", pure=False)
+            assert future.result() == i + 1
+            future.release()
+            deadline = time.monotonic() + 30
+            while cluster.run_on_scheduler(_live_keys("span-probe")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        before = cluster.run_on_scheduler(_span_count)
+        assert before >= 6, before
+        assert cluster.run_on_scheduler(_prune_with(name)) == 0  # first pass: nothing was finished before
+        forgotten = cluster.run_on_scheduler(_prune_with(name))
+        after = cluster.run_on_scheduler(_span_count)
+        assert forgotten >= 4 and after == before - forgotten and after <= 2, (before, forgotten, after)
+        # The scheduler goes on: new work gets a new span, heartbeats after the pruning raise nothing.
+        assert cluster.submit(sum, [41, 1], key="span-probe-after", pure=False).result() == 42
+        time.sleep(2)  # a few worker heartbeats
+        assert not [line for _, line in cluster.get_scheduler_logs() if "KeyError" in line or "span" in line.lower()]
+    finally:
+        cluster.unregister_scheduler_plugin(name)

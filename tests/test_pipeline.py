@@ -182,13 +182,15 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         for task_run_id in task_runs:
             inputs = prefect.read_task_run(task_run_id).task_inputs
             assert not [i for values in inputs.values() for i in values], inputs
-    # One link artifact per trial task run (Prefect 3 stores it as markdown: "[text](url)"), keyed by the trial
-    # and titled with how it ended; the trial's MLflow description leads with the same.
+    # One link artifact per trial task run (Prefect 3 stores it as markdown: "[text](url)"), without a key (no
+    # artifact collection per trial), described with how it ended; the trial's MLflow description leads with the
+    # same.
     assert len(links) == 3 and all(f"]({mlflow_server}/#/experiments/" in str(a.data) for a in links), links
-    by_key = {a.key: a for a in links}
+    assert all(a.key is None for a in links), [a.key for a in links]
+    by_task_run = {str(a.task_run_id): a for a in links}
     for child in children:
-        trial = child.data.tags["sweepflow.trial_id"]
-        artifact = by_key[f"{trial.replace('_', '-')}-{parent.info.run_id[:8]}"]
+        artifact = by_task_run[child.data.tags["prefect.task_run_id"]]
+        assert f"/runs/{child.info.run_id}?" in str(artifact.data), artifact.data
         outcome = f"{child.data.tags['sweepflow.trial_name']}: {child.data.tags['sweepflow.outcome']}; best val_accuracy"
         assert outcome in artifact.description, artifact.description
         assert f"**Outcome:** {outcome}" in child.data.tags["mlflow.note.content"]  # the winner's adds its version

@@ -87,6 +87,9 @@ LOCAL_DASK_CONFIG: Mapping[str, Any] = {
     # (Client.get_events, a task's story). 1000 by default: the scheduler's memory grew for the first ~1000
     # trials of a sweep (+9 MiB by trial 2000, benchmarks/bench_load.py); 200 makes it flat after ~200.
     "distributed.admin.low-level-log-length": 200,
+    # Each process keeps its last N log records in memory (the dashboard's and Client.get_scheduler_logs'
+    # view): 10,000 by default, which a long sweep fills; the full log is the service's log file.
+    "distributed.admin.log-length": 1000,
 }
 
 

@@ -332,6 +332,9 @@ def dask_scheduler_spec(exposure: Exposure = Exposure(), *, secret: str = "") ->
             # The HTTP server (health, JSON, dashboard) stays internal: it has no authentication.
             "--dashboard-address",
             f"{INTERNAL}:{http_port}",
+            # Forgets finished spans: Dask keeps one per trial otherwise (ddp_runtime/span_pruner.py).
+            "--preload",
+            "ddp_runtime.span_pruner",
         ],
         health={"kind": "http", "url": f"http://{INTERNAL}:{http_port}/health"},
         address=f"{scheme}://{_url_host(exposure.host)}:{port}",

@@ -25,6 +25,7 @@ from prefect.utilities.annotations import quote
 
 from ddp_runtime.cluster import warm_up_workers
 from ddp_runtime.config import ScalingConfig
+from sweepflow.tasks.compat import forget_ended_task_run
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
@@ -238,6 +239,7 @@ class Sweep:
             number, submitted_at = in_flight[event]
             result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
             del in_flight[event]
+            forget_ended_task_run(event.task_run_id)
             if result.status is TrialStatus.NOT_STARTED:
                 runtime.notify("step_end")
                 continue  # the sweep was stopping when its task began

@@ -260,8 +260,10 @@ def _prefect_task_run_tags() -> dict[str, str]:
 
 def _show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result: TrialResult) -> None:
     """How the trial ended, where a user looks: its MLflow run's description (the outcome and best value above
-    the Prefect link, not only a tag chip), and its Prefect task run's link artifact, titled with the trial and
-    keyed by it so the flow run's artifacts are told apart."""
+    the Prefect link, not only a tag chip), and its Prefect task run's link artifact, described with the trial
+    and its outcome. The artifact has no key: a key makes it an artifact collection of its own, one per trial on
+    Prefect's Artifacts page (10,000 for a 10,000-trial sweep) and one more write and event per trial; it
+    belongs to its task run and shows on the task run's and the flow run's Artifacts tabs."""
     metric = spec.template.selection_metric
     best = f"; best {metric} {result.best:.4g} at epoch {result.best_epoch}" if metric and result.best is not None else ""
     summary = f"{spec.name}: {result.outcome()}{best}"
@@ -269,12 +271,7 @@ def _show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result:
     writer.set_tags({DESCRIPTION_TAG: "\n\n".join(p for p in (f"**Outcome:** {summary}", prefect) if p)})
     url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, writer.run_id)
     if url and prefect_task_run_id():
-        create_link_artifact(
-            link=url,
-            link_text=f"{spec.name} in MLflow",
-            key=f"{spec.trial_id.replace('_', '-')}-{rt.parent_run_id[:8]}",
-            description=f"**{summary}**",
-        )
+        create_link_artifact(link=url, link_text=f"{spec.name} in MLflow", description=f"**{summary}**")
 
 
 def final_state(result: TrialResult) -> Any:

@@ -1,0 +1,95 @@
+"""A Dask scheduler plugin that forgets finished spans, so a scheduler that serves sweep after sweep stays flat.
+
+Dask's scheduler groups tasks into spans (``distributed.spans``) and keeps every span it ever made, with the
+TaskGroups it aggregated, after their tasks are forgotten (dask/distributed#7977: "Spans currently live forever on
+the scheduler"). Tasks not annotated with a span go to the current default span, and a new default span starts
+whenever the previous one has finished: with a sweep's groups, that is a new span at almost every trial, ~3 KiB of
+scheduler memory each that are never given back (0.3 MiB per 100 trials, benchmarks/bench_load.py).
+
+The plugin, once a minute, forgets the root spans whose TaskGroups have all been forgotten by the scheduler,
+except the newest ``keep`` of them (the dashboard's and ``Client.get_metrics``' recent history). A span is only
+forgotten when it was found finished at the pass before too: the workers' heartbeats have reported its last
+metrics by then (the scheduler looks each reported span up by id).
+
+Our local cluster installs it (``ddp_runtime.cluster.local_cluster``); a cluster of your own takes it with
+``dask scheduler --preload ddp_runtime.span_pruner``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+
+class FinishedSpanPruner(SchedulerPlugin):
+    """Forget finished root spans (and their sub-spans and TaskGroups) beyond the newest ``keep``."""
+
+    name = "ddp-runtime-finished-span-pruner"
+
+    def __init__(self, *, keep: int = 100, interval_s: float = 60.0) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep}: keep at least 1 finished span (the current default span)")
+        if interval_s <= 0:
+            raise ValueError(f"interval_s={interval_s}: the pruning interval must be positive, in seconds")
+        self.keep = keep
+        self.interval_s = interval_s
+        self.forgotten = 0  # spans forgotten so far (root spans and their sub-spans)
+        self._scheduler: Any = None
+        self._finished_before: set[str] = set()
+        self._callback: PeriodicCallback | None = None
+
+    async def start(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        if self._callback is None:
+            self._callback = PeriodicCallback(self.prune, self.interval_s * 1000)
+            self._callback.start()
+
+    async def close(self) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+
+    def prune(self) -> int:
+        """One pass; returns how many spans it forgot."""
+        extension = self._scheduler.extensions.get("spans")
+        if extension is None:  # a scheduler without spans (older Dask, or the extension removed)
+            return 0
+        live_groups = {id(group) for group in self._scheduler.task_groups.values()}
+        finished = [
+            span
+            for span in extension.root_spans
+            if not any(id(group) in live_groups for group in span.traverse_groups())
+        ]
+        # root_spans is in creation order: the newest `keep` finished ones stay.
+        candidates = finished[: max(0, len(finished) - self.keep)]
+        doomed = {
+            sub.id for span in candidates if span.id in self._finished_before for sub in span.traverse_spans()
+        }
+        self._finished_before = {span.id for span in finished}
+        if doomed:
+            _forget(extension, doomed)
+            self.forgotten += len(doomed)
+        return len(doomed)
+
+
+def _forget(extension: Any, span_ids: set[str]) -> None:
+    """Drop the spans with these ids from every index the spans extension keeps."""
+    for span_id in span_ids:
+        extension.spans.pop(span_id, None)
+    extension.root_spans = [span for span in extension.root_spans if span.id not in span_ids]
+    for index_name in ("spans_search_by_name", "spans_search_by_tag"):
+        index = getattr(extension, index_name)
+        kept: defaultdict[Any, list] = defaultdict(list)
+        for key, spans in index.items():
+            remaining = [span for span in spans if span.id not in span_ids]
+            if remaining:
+                kept[key] = remaining
+        setattr(extension, index_name, kept)
+
+
+def dask_setup(scheduler: Any) -> None:
+    """``dask scheduler --preload ddp_runtime.span_pruner``: install the plugin with its defaults (the scheduler
+    starts its plugins after its preloads)."""
+    scheduler.add_plugin(FinishedSpanPruner())
