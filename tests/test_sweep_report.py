@@ -19,7 +19,7 @@ import pytest
 from browser import rendered_dom, screenshot
 from matplotlib.image import imread
 
-from sweepflow.tasks.reporting.importance import MIN_TRIALS
+from sweepflow.tasks.reporting.importance import MAX_TRIALS, MIN_TRIALS, param_importances
 from sweepflow.tasks.reporting.sweep_report import HTML_NAME, axis_positions, make_axis, write_sweep_report
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 
@@ -363,6 +363,23 @@ def test_importances_need_a_few_finished_trials(tmp_path) -> None:
         f"Not computed: 2 finished trials with a value; hyperparameter importances need at least {MIN_TRIALS}."
         in text
     )
+
+
+def test_importances_of_a_large_sweep_come_from_a_seeded_sample_and_still_find_what_matters() -> None:
+    """Past MAX_TRIALS finished trials fANOVA fits a seeded random sample (its cost grows faster than the
+    trials): the same numbers every time, the note says so, and the parameter that drives the value leads."""
+    rng = np.random.default_rng(1)
+    n = MAX_TRIALS * 3
+    configs = [{"lr": float(10 ** rng.uniform(-4, -1)), "l1": int(rng.choice([4, 8, 16]))} for _ in range(n)]
+    bests = [math.log10(c["lr"]) + 0.01 * c["l1"] + float(rng.normal(0, 0.05)) for c in configs]
+
+    def importances():
+        return param_importances(configs, bests, ["lr", "l1"], log_params=frozenset({"lr"}), mode="min")
+
+    first = importances()
+    assert first == importances()
+    assert list(first.values) == ["lr", "l1"] and first.values["lr"] > 0.9, first.values
+    assert f"a random sample of {MAX_TRIALS} of the {n} finished trials" in first.note
 
 
 def test_the_legend_names_each_trial_once_best_first(page) -> None:

@@ -94,3 +94,34 @@ def test_public_params_remove_credentials_and_storage_options():
         "sweep.num_samples": 8,
     }
     assert "s3cr3t" not in str(params) and "tok" not in str(params) and "AKIA" not in str(params)
+
+
+def test_run_writers_let_go_of_ended_writers_and_still_raise_their_errors(mlflow_server):
+    """A sweep's writers: one that ended is dropped when the next is added (a long sweep would hold them all),
+    and a failed one's error still reaches the sweep's join."""
+    from sweepflow.tasks.tracking.runs import RunWriters
+
+    tracker = RunTracker(mlflow_server, f"writers-{uuid.uuid4().hex[:8]}")
+    writers = RunWriters()
+    for i in range(3):
+        run_id, _ = tracker.create_run(f"trial-{i}")
+        writer = RunWriter(tracker, run_id, linger_s=0.01)
+        writers.add(writer)
+        writer.log({"val_loss": 1.0}, step=1)
+        writer.finish("FINISHED")
+        writer.join()
+    assert len(writers) == 1  # the two before ended: let go
+    broken = RunWriter(tracker, uuid.uuid4().hex, linger_s=0.01)  # no such run: its writes fail
+    writers.add(broken)
+    broken.log({"val_loss": 1.0}, step=1)
+    broken.finish("FINISHED")
+    with pytest.raises(RuntimeError):
+        broken.join()
+    run_id, _ = tracker.create_run("trial-after")
+    last = RunWriter(tracker, run_id, linger_s=0.01)
+    writers.add(last)  # lets go of the broken one, keeps its error
+    assert len(writers) == 1
+    last.finish("FINISHED")
+    with pytest.raises(RuntimeError, match="some trial results did not reach MLflow"):
+        writers.join()
+    assert tracker.client.get_run(run_id).info.status == "FINISHED"

@@ -58,7 +58,7 @@ from sweepflow.tasks.tracking.links import (
     prefect_task_run,
     prefect_ui_url,
 )
-from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
+from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, RunWriters, direct_storage_uri
 from sweepflow.tasks.training.function import SystemMetrics, TrainFunction, TrialRun
 
 TAG_DIRNAME = "sweepflow.trial_dirname"  # its directory's name, when given one (trial_dirname_creator)
@@ -87,7 +87,7 @@ class SweepRuntime:
     deadline: float | None = None  # time.monotonic() after which running trials are stopped
     storage_options: dict[str, Any] | None = None
     artifacts_destination: str | None = None  # the tracking server's --artifacts-destination, when known
-    writers: list[RunWriter] = field(default_factory=list)  # the child runs' writers, joined by the sweep
+    writers: RunWriters = field(default_factory=RunWriters)  # the child runs' writers, joined by the sweep
     aborted: str | None = None  # why the sweep is stopping: running trials stop at their next report
     killed: bool = True  # the stop is an error elsewhere (their runs end KILLED), not a rule (stop_all, fail_fast)
     fail_fast: bool = False  # a failed trial ends the sweep (before its slot frees: no other trial starts)
@@ -137,14 +137,7 @@ class SweepRuntime:
 
     def join_writers(self) -> None:
         """Wait for every child run's queued MLflow writes; raise if any of them failed."""
-        errors = []
-        for writer in self.writers:
-            try:
-                writer.join()
-            except RuntimeError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise RuntimeError("some trial results did not reach MLflow:\n" + "\n".join(errors))
+        self.writers.join()
 
 
 _RUNTIMES: dict[str, SweepRuntime] = {}
@@ -206,7 +199,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
     queued = {TAG_QUEUED_S: f"{queued_s:.1f}"}
     if spec.resume is not None:
         writer = RunWriter(rt.tracker, spec.resume.run_id)
-        rt.writers.append(writer)
+        rt.writers.add(writer)
         writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1, **queued})
         writer.set_status("RUNNING")
         return writer, spec.resume.artifact_uri
@@ -227,7 +220,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
         },
     )
     writer = RunWriter(rt.tracker, run_id)
-    rt.writers.append(writer)
+    rt.writers.add(writer)
     try:
         url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)
         # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
