@@ -65,16 +65,23 @@ def local_cluster(
             resources=resources,
             preload=[PRELOAD, *(preload or [])],
         )
+        with _client_of(cluster) as client:
+            yield client
+
+
+@contextlib.contextmanager
+def _client_of(cluster: Any) -> Iterator[Client]:
+    """A client of a cluster started here, whose scheduler forgets finished spans (a long-lived local scheduler
+    would otherwise keep one per trial for good); closes both."""
+    try:
+        client = Client(cluster)
         try:
-            client = Client(cluster)
-            try:
-                # A long-lived local scheduler would otherwise keep a span per trial for good.
-                client.register_plugin(FinishedSpanPruner())
-                yield client
-            finally:
-                client.close()
+            client.register_plugin(FinishedSpanPruner())
+            yield client
         finally:
-            cluster.close()
+            client.close()
+    finally:
+        cluster.close()
 
 
 @contextlib.contextmanager
@@ -86,16 +93,8 @@ def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
         raise ImportError("GPU clusters need dask-cuda: pip install dask-cuda (one worker per GPU)") from exc
     with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT}):
         cluster = LocalCUDACluster(resources={"GPU": 1}, preload=[PRELOAD], **kwargs)
-        try:
-            client = Client(cluster)
-            try:
-                # A long-lived local scheduler would otherwise keep a span per trial for good.
-                client.register_plugin(FinishedSpanPruner())
-                yield client
-            finally:
-                client.close()
-        finally:
-            cluster.close()
+        with _client_of(cluster) as client:
+            yield client
 
 
 def scheduler_address(client: Client) -> str:

@@ -8,8 +8,11 @@ scheduler memory each that are never given back (0.3 MiB per 100 trials, benchma
 
 The plugin, once a minute, forgets the root spans whose TaskGroups have all been forgotten by the scheduler,
 except the newest ``keep`` of them (the dashboard's and ``Client.get_metrics``' recent history). A span is only
-forgotten when it was found finished at the pass before too: the workers' heartbeats have reported its last
-metrics by then (the scheduler looks each reported span up by id).
+forgotten when it was found finished at the pass before too, so the workers' heartbeats have usually reported
+its last metrics by then. A heartbeat that still carries metrics of a forgotten span must not fail: the
+scheduler looks each reported span up by id, and a worker whose heartbeat fails closes for good
+("Unexpected exception during heartbeat. Closing worker."). The plugin makes the spans extension drop such
+metrics (they belonged to a span nobody can ask about any more).
 
 Our local cluster installs it (``ddp_runtime.cluster.local_cluster``); a cluster of your own takes it with
 ``dask scheduler --preload ddp_runtime.span_pruner``.
@@ -43,6 +46,9 @@ class FinishedSpanPruner(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self._scheduler = scheduler
+        extension = scheduler.extensions.get("spans")
+        if extension is not None:
+            _drop_metrics_of_forgotten_spans(extension)
         if self._callback is None:
             self._callback = PeriodicCallback(self.prune, self.interval_s * 1000)
             self._callback.start()
@@ -72,6 +78,27 @@ class FinishedSpanPruner(SchedulerPlugin):
             _forget(extension, doomed)
             self.forgotten += len(doomed)
         return len(doomed)
+
+
+def _drop_metrics_of_forgotten_spans(extension: Any) -> None:
+    """Wrap the spans extension's ``heartbeat`` (once per scheduler) so that worker metrics keyed by a span it no
+    longer has are dropped instead of raising KeyError. Keys are ``(context, span_id, prefix, activity, unit)``
+    (``SpansWorkerExtension.heartbeat``); anything else goes through as it came."""
+    if getattr(extension, "_ddp_runtime_forgets_spans", False):
+        return
+    original = extension.heartbeat
+
+    def heartbeat(ws: Any, data: dict) -> Any:
+        spans = extension.spans
+        known = {
+            key: value
+            for key, value in data.items()
+            if not (isinstance(key, tuple) and len(key) > 1 and isinstance(key[1], str)) or key[1] in spans
+        }
+        return original(ws, known)
+
+    extension.heartbeat = heartbeat
+    extension._ddp_runtime_forgets_spans = True
 
 
 def _forget(extension: Any, span_ids: set[str]) -> None:

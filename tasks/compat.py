@@ -139,8 +139,8 @@ def forget_ended_task_run(task_run_id: UUID) -> None:
     Works around: the ``ThreadPoolTaskRunner`` keeps a ``threading.Event`` per submitted task run
     (``_cancel_events``, cleared only when the runner shuts down); the ``FlowRunContext`` keeps each task run's
     final State with its result (``run_results``, keyed by ``id(result)``, to draw a dependency arrow if the
-    result is passed to another task) and its assets (``task_run_assets``). About 5 KiB per trial, 50 MiB at
-    10,000 (benchmarks/bench_load.py). A trial's result is never passed on as a task argument, so no arrow is
+    result is passed to another task) and its assets (``task_run_assets``): a few KiB per trial
+    (benchmarks/bench_load.py). A trial's result is never passed on as a task argument, so no arrow is
     lost. Written for Prefect 3.9; a missing attribute is left alone (``tests/test_compat.py`` fails then). If
     it breaks: see what ``ThreadPoolTaskRunner.submit`` and ``FlowRunContext`` keep per task run now.
     """

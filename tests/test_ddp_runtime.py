@@ -502,6 +502,15 @@ def _prune_with(name):
     return prune
 
 
+def _late_heartbeat(dask_scheduler):
+    ws = next(iter(dask_scheduler.workers.values()))
+    return dask_scheduler.extensions["spans"].heartbeat(ws, {("execute", "a-forgotten-span-id", "sum", "task", "seconds"): 0.1})
+
+
+def _running_workers(dask_scheduler) -> int:
+    return sum(ws.status.name == "running" for ws in dask_scheduler.workers.values())
+
+
 def _live_keys(prefix):
     def live(dask_scheduler) -> list:
         return [k for k in dask_scheduler.tasks if str(k).startswith(prefix)]
@@ -516,6 +525,7 @@ def test_finished_spans_are_forgotten_beyond_the_newest_and_the_scheduler_keeps_
     from ddp_runtime.span_pruner import FinishedSpanPruner
 
     name = "test-span-pruner"
+    workers = cluster.run_on_scheduler(_running_workers)
     cluster.register_plugin(FinishedSpanPruner(keep=2, interval_s=3600), name=name)
     try:
         for i in range(6):  # one after another, each forgotten before the next: each in a new default span
@@ -531,9 +541,14 @@ def test_finished_spans_are_forgotten_beyond_the_newest_and_the_scheduler_keeps_
         forgotten = cluster.run_on_scheduler(_prune_with(name))
         after = cluster.run_on_scheduler(_span_count)
         assert forgotten >= 4 and after == before - forgotten and after <= 2, (before, forgotten, after)
-        # The scheduler goes on: new work gets a new span, heartbeats after the pruning raise nothing.
+        # A heartbeat still carrying metrics of a forgotten span is taken (its metrics dropped): raising there
+        # would make the worker close for good.
+        assert cluster.run_on_scheduler(_late_heartbeat) is None
+        # The scheduler goes on: new work gets a new span, heartbeats after the pruning raise nothing, no worker
+        # is lost.
         assert cluster.submit(sum, [41, 1], key="span-probe-after", pure=False).result() == 42
         time.sleep(2)  # a few worker heartbeats
         assert not [line for _, line in cluster.get_scheduler_logs() if "KeyError" in line or "span" in line.lower()]
+        assert cluster.run_on_scheduler(_running_workers) == workers
     finally:
         cluster.unregister_scheduler_plugin(name)

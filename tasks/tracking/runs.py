@@ -510,7 +510,7 @@ class RunWriters:
     """The writers of a sweep's child runs, joined together when it ends.
 
     A writer whose thread has ended is let go when the next one is added (its error kept for ``join``): a
-    sweep would otherwise hold every trial's writer, with its queue and thread object, until it ends (~4 KiB
+    sweep would otherwise hold every trial's writer, with its queue and thread object, until it ends (~5 KiB
     per trial, benchmarks/bench_load.py). Trials add theirs from their own threads."""
 
     def __init__(self) -> None:
