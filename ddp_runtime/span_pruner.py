@@ -39,7 +39,6 @@ class FinishedSpanPruner(SchedulerPlugin):
             raise ValueError(f"interval_s={interval_s}: the pruning interval must be positive, in seconds")
         self.keep = keep
         self.interval_s = interval_s
-        self.forgotten = 0  # spans forgotten so far (root spans and their sub-spans)
         self._scheduler: Any = None
         self._finished_before: set[str] = set()
         self._callback: PeriodicCallback | None = None
@@ -76,7 +75,6 @@ class FinishedSpanPruner(SchedulerPlugin):
         self._finished_before = {span.id for span in finished}
         if doomed:
             _forget(extension, doomed)
-            self.forgotten += len(doomed)
         return len(doomed)
 
 

@@ -100,11 +100,13 @@ def param_importances(
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
     finished = len(configs)
+    over = f"{finished} finished trials"
     if finished > MAX_TRIALS:
         import random
 
         chosen = sorted(random.Random(SEED).sample(range(finished), MAX_TRIALS))
         configs, bests = [configs[i] for i in chosen], [bests[i] for i in chosen]
+        over = f"a random sample of {MAX_TRIALS} of the {finished} finished trials"
     columns = {p: _distribution([c[p] for c in configs], p in log_params, label) for p in varying}
     with _quiet_optuna():
         study = optuna.create_study(direction="maximize" if mode == "max" else "minimize")
@@ -118,11 +120,6 @@ def param_importances(
             )
         values = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=SEED), normalize=True)
     ordered = dict(sorted(((p, float(v)) for p, v in values.items()), key=lambda kv: -kv[1]))
-    over = (
-        f"a random sample of {len(configs)} of the {finished} finished trials"
-        if finished > len(configs)
-        else f"{finished} finished trials"
-    )
     return Importances(
         ordered,
         f"fANOVA (Optuna) over the best value of {over} (completed or stopped early): "

@@ -111,7 +111,7 @@ class Sweep:
         )
         started = time.perf_counter()
         with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
-            cleanup.callback(runtime.join_writers)
+            cleanup.callback(runtime.writers.join)  # raises if a trial's results did not reach MLflow
             cleanup.callback(runtime.progress.close)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:

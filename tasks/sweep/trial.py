@@ -135,10 +135,6 @@ class SweepRuntime:
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
-    def join_writers(self) -> None:
-        """Wait for every child run's queued MLflow writes; raise if any of them failed."""
-        self.writers.join()
-
 
 _RUNTIMES: dict[str, SweepRuntime] = {}
 
@@ -180,7 +176,7 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
                 rt.end_early(f"fail_fast: {spec.name} failed")
         except BaseException:
             # An error of ours, not the training's (those end as a FAILED result): the run ends FAILED before the
-            # error goes on, or the sweep's join_writers would wait for its end for ever.
+            # error goes on, or the sweep's join of its writers would wait for its end for ever.
             writer.finish(TrialStatus.FAILED.mlflow_status)
             raise
         finally:
@@ -226,7 +222,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
         # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
         get_run_logger().info("%s: MLflow run %s", spec.name, url or run_id)
     except BaseException:
-        writer.finish(TrialStatus.FAILED.mlflow_status)  # or join_writers waits for its end for ever
+        writer.finish(TrialStatus.FAILED.mlflow_status)  # or the writers' join waits for its end for ever
         raise
     writer.log_params(
         {
