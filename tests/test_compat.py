@@ -483,3 +483,38 @@ def test_start_temporary_prefect_server_gives_up_at_its_bound_and_stops_the_serv
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "gave up: Prefect's temporary server did not answer within 1 s" in proc.stdout, proc.stdout
     assert "stopped: True" in proc.stdout, proc.stdout
+
+
+# ---------------------------------------------------------------------------------------- Prefect (its server)
+
+
+@pytest.mark.prefect
+@pytest.mark.subprocess
+def test_bound_prefect_sqlite_page_cache_sets_the_cache_of_every_connection_prefect_opens(tmp_path):
+    """In a process of its own (the patch is for a server's whole life): Prefect's engine sets 20,000 pages on
+    a connection; bounded, the same engine's connections get ours, also when bounded twice."""
+    script = "\n".join(
+        [
+            "import asyncio, sys",
+            "from prefect.server.database.configurations import AioSqliteConfiguration",
+            "from sweepflow.services.compat import bound_prefect_sqlite_page_cache",
+            "async def cache_size(url):",
+            "    engine = await AioSqliteConfiguration(connection_url=url).engine()",
+            "    async with engine.connect() as conn:",
+            "        size = (await conn.exec_driver_sql('PRAGMA cache_size')).scalar()",
+            "    await engine.dispose()",
+            "    return size",
+            "print('prefect:', asyncio.run(cache_size(sys.argv[1])))",
+            "bound_prefect_sqlite_page_cache(4096)",
+            "bound_prefect_sqlite_page_cache(2048)",
+            "print('bounded:', asyncio.run(cache_size(sys.argv[2])))",
+        ]
+    )
+    urls = [f"sqlite+aiosqlite:///{tmp_path / name}" for name in ("a.db", "b.db")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *urls], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["prefect: 20000", "bounded: -2048"], proc.stdout

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -436,6 +437,18 @@ class TestServer:
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.strip().splitlines()[-1] == services.running(state, "prefect"), out.stdout
         seen.snapshot()
+
+    def test_the_servers_sqlite_databases_are_set_up_for_long_sweeps(self, local_services):
+        """MLflow's database in write-ahead-log mode (cheaper commits); the Prefect server started through our
+        entry point, which bounds its SQLite page cache (tests/test_compat.py checks the bound itself)."""
+        state, _, _ = local_services
+        db = sqlite3.connect(os.path.join(state, "mlflow.db"))
+        try:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            db.close()
+        argv = psutil.Process(_record_pids(state)["prefect"]).cmdline()
+        assert argv[1:3] == ["-m", "sweepflow.services.prefect_server"], argv
 
     def test_stop_leaves_no_process_behind(self, local_services):
         state, env, seen = local_services

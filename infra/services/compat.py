@@ -1,5 +1,5 @@
 """Every place the services package (``sweepflow.services``) relies on another library's internals, or on
-behaviour it does not document: Dask's HTTP routes, CPython. (The tasks' and flows' own, for MLflow and Prefect,
+behaviour it does not document: Dask's HTTP routes, Prefect's server, CPython. (The tasks' and flows' own, for MLflow and Prefect,
 are in ``sweepflow.tasks.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
@@ -30,6 +30,38 @@ def dask_identity_has_worker(identity: Mapping[str, Any], worker_name: str) -> b
     return any(isinstance(w, Mapping) and w.get("name") == worker_name for w in workers.values())
 
 
+# ------------------------------------------------------------------------------------------ Prefect (server)
+
+
+def bound_prefect_sqlite_page_cache(kib: int) -> None:
+    """Make the Prefect server of this process keep at most ``kib`` KiB of SQLite page cache per database
+    connection, instead of Prefect's 20,000 pages (~78 MiB at SQLite's 4-KiB pages).
+
+    Works around: Prefect's ``AioSqliteConfiguration.setup_sqlite`` (the engine's "connect" listener) sets
+    ``PRAGMA cache_size = 20000`` on every pooled connection, not configurable. Each cache fills as the
+    database grows, so the server's memory grew all through a long sweep (+14 MiB from trial 500 to 4,000,
+    benchmarks/bench_load.py; SQLite's own allocator counted the growth) towards a bound of 78 MiB per
+    connection. Wrapped here so our PRAGMA runs right after Prefect's. Does nothing to a server on PostgreSQL.
+    Written for Prefect 3.9. If it breaks (the method renamed or no longer the listener): find where Prefect
+    sets the PRAGMA now and wrap that, or drop this if Prefect makes the cache size a setting.
+    """
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    prefect_setup = AioSqliteConfiguration.setup_sqlite
+    prefect_setup = getattr(
+        prefect_setup, "__wrapped__", prefect_setup
+    )  # bounded already: wrap Prefect's own
+
+    def setup_sqlite(self: Any, conn: Any, record: Any) -> None:
+        prefect_setup(self, conn, record)
+        cursor = conn.cursor()
+        cursor.execute(f"PRAGMA cache_size = -{int(kib)};")  # negative: KiB, whatever the page size
+        cursor.close()
+
+    setup_sqlite.__wrapped__ = prefect_setup  # type: ignore[attr-defined]
+    AioSqliteConfiguration.setup_sqlite = setup_sqlite  # type: ignore[method-assign]
+
+
 # ----------------------------------------------------------------------------------------------------- CPython
 
 
@@ -45,4 +77,4 @@ def run_atexit_handlers() -> None:
     atexit._run_exitfuncs()
 
 
-__all__ = ["dask_identity_has_worker", "run_atexit_handlers"]
+__all__ = ["bound_prefect_sqlite_page_cache", "dask_identity_has_worker", "run_atexit_handlers"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from sweepflow.services import idle
 from sweepflow.services import supervisor as services
+from sweepflow.services.prefect_server import SQLITE_PAGE_CACHE_KIB
 
 PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP = "prefect", "mlflow", "dask", "launcher", idle.NAME
 # the launcher: see sweepflow.services.launcher; the watchdog that stops the others once idle: sweepflow.services.idle
@@ -105,19 +106,22 @@ def prefect_server_spec(
     host: str = "127.0.0.1",
     settings: Mapping[str, str] = LOCAL_PREFECT_SERVER_SETTINGS,
 ) -> services.ServiceSpec:
-    """``prefect server start``. ``settings``: Prefect settings for it besides the shared ones (default: the
-    background server's, ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none)."""
+    """``prefect server start``, through ``sweepflow.services.prefect_server`` (its SQLite page cache bounded).
+    ``settings``: Prefect settings for it besides the shared ones (default: the background server's,
+    ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none)."""
     port = services.free_port(host)
     api_url = f"http://{host}:{port}/api"
     os.makedirs(os.path.join(state_dir, "prefect"), exist_ok=True)
     return services.ServiceSpec(
         name=name,
-        argv=[venv_executable("prefect"), "server", "start", "--host", host, "--port", str(port)],
+        argv=[sys.executable, "-m", "sweepflow.services.prefect_server", "--host", host, "--port", str(port)],
         health={"kind": "http", "url": f"{api_url}/health"},
         address=api_url,
         # The UI's API is where the page came from: Prefect's default is port 4200 whatever --port says (its UI
         # on another port showed "Something went wrong"), and a relative URL holds behind any host name.
         env={**server_env(state_dir), "PREFECT_UI_API_URL": "/api", **settings},
+        # A server started by `prefect server start` (its page cache unbounded) is restarted once, not reused.
+        code_key=f"sqlite_page_cache_kib={SQLITE_PAGE_CACHE_KIB}",
     )
 
 
@@ -149,6 +153,7 @@ def mlflow_server_spec(
         else ["--no-serve-artifacts", "--default-artifact-root", artifacts]
     )
     url = f"http://{host}:{port}"
+    sqlite_file = _sqlite_file(backend_store_uri)
     return services.ServiceSpec(
         name=name,
         argv=[
@@ -171,7 +176,39 @@ def mlflow_server_spec(
         env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})},
         # A server started before it ran this app (no report route) is restarted once, not reused.
         code_key=f"app={app_name}",
+        before_start=(lambda: use_sqlite_wal(sqlite_file)) if sqlite_file else None,
     )
+
+
+def _sqlite_file(backend_store_uri: str | None) -> str | None:
+    """The database file of a ``sqlite:///<path>`` store URI; None for any other store."""
+    prefix = "sqlite:///"
+    if not backend_store_uri or not backend_store_uri.startswith(prefix):
+        return None
+    path = backend_store_uri[len(prefix) :].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
+
+
+def use_sqlite_wal(path: str) -> None:
+    """Put the SQLite database ``path`` (created if missing; MLflow makes its tables on first start) in
+    write-ahead-log mode, which the file keeps. MLflow opens SQLite in its default rollback-journal mode: every
+    commit creates, syncs and deletes a journal file; with the log, a commit appends to it. The server's CPU per
+    trial's writes (create, log_batch, end) fell 31-35 -> 27-30 ms, its latency 65-75 -> 54-55 ms, side by side.
+    Only for a file the server alone opens on a local disk (the state dir's): WAL needs shared memory that a
+    network file system does not give."""
+    import sqlite3
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    connection = sqlite3.connect(path, timeout=30)
+    try:
+        mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    finally:
+        connection.close()
+    if mode != "wal":
+        raise RuntimeError(
+            f"could not put the MLflow database {path} in WAL mode (SQLite says {mode!r}): is it on a network "
+            "file system? Keep the state directory on a local disk"
+        )
 
 
 def local_dask_spec(

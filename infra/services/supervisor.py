@@ -133,6 +133,8 @@ class ServiceSpec:
     # The code it runs (see code_fingerprint): a running service started with another key is replaced, so a
     # long-lived process never runs code older than the files on disk.
     code_key: str | None = None
+    # Called right before the service's process starts (never while it runs): e.g. setting up its files.
+    before_start: Callable[[], None] | None = None
 
 
 PACKAGES = ("sweepflow.flows", "sweepflow.tasks", "sweepflow.services", "ddp_runtime")
@@ -249,6 +251,8 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
     os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
     if spec.ready_file and os.path.exists(spec.ready_file):
         os.remove(spec.ready_file)
+    if spec.before_start is not None:
+        spec.before_start()
     log = log_path(state_dir, spec.name)
     service_id = uuid.uuid4().hex
     with open(log, "ab") as out:

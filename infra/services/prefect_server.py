@@ -1,0 +1,34 @@
+"""``prefect server start`` as sweepflow runs it: Prefect's own command, in this process, with its SQLite page
+cache bounded.
+
+    python -m sweepflow.services.prefect_server [prefect server start's options]
+
+Prefect gives every connection to its SQLite database a page cache of up to ~78 MiB (not a setting; see
+``sweepflow.services.compat.bound_prefect_sqlite_page_cache``), which fills as the database grows: the
+background server's memory grew all through a long sweep. Here each connection keeps at most
+``SQLITE_PAGE_CACHE_KIB``; the database file stays in the operating system's file cache, so a page read again
+costs a system call, not a disk read (the server's CPU per trial, benchmarks/bench_load.py: unchanged within
+the machine's noise). A server on PostgreSQL (the stack's ``--database-url-file``) is not affected.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from sweepflow.services.compat import bound_prefect_sqlite_page_cache
+
+#: Page cache per SQLite connection, in KiB: SQLite's own default is 2,000 KiB.
+SQLITE_PAGE_CACHE_KIB = 2048
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    bound_prefect_sqlite_page_cache(SQLITE_PAGE_CACHE_KIB)
+    from prefect.cli import app
+
+    sys.argv = ["prefect", "server", "start", *(sys.argv[1:] if argv is None else argv)]
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()
