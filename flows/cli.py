@@ -504,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     stack.set_defaults(func=cmd_stack)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    # Before MLflow is imported here or in a service started from here: it starts its telemetry at import.
+    from sweepflow.services.local import MLFLOW_SETTINGS
+
+    os.environ.update(MLFLOW_SETTINGS)
     return args.func(args)
 
 

@@ -450,6 +450,23 @@ class TestServer:
         argv = psutil.Process(_record_pids(state)["prefect"]).cmdline()
         assert argv[1:3] == ["-m", "sweepflow.services.prefect_server"], argv
 
+    def test_no_service_sends_mlflow_telemetry(self, local_services):
+        """MLflow starts its telemetry client at import unless MLFLOW_DISABLE_TELEMETRY is set in the process:
+        every process of the services (the MLflow server's, the Dask scheduler's and workers') has it, though
+        the command was started without it."""
+        state, env, _ = local_services
+        assert "MLFLOW_DISABLE_TELEMETRY" not in env
+        pids = _record_pids(state)
+        processes = [psutil.Process(pids[name]) for name in ("mlflow", "dask")]
+        processes += [child for p in processes for child in p.children(recursive=True)]
+        assert len(processes) >= 4, processes  # with MLflow's uvicorn and the Dask workers
+        unset = {
+            p.pid: " ".join(p.cmdline())[:120]
+            for p in processes
+            if p.environ().get("MLFLOW_DISABLE_TELEMETRY") != "true"
+        }
+        assert not unset, unset
+
     def test_stop_leaves_no_process_behind(self, local_services):
         state, env, seen = local_services
         seen.snapshot()

@@ -42,6 +42,15 @@ PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
 }
 
 
+#: MLflow's usage telemetry off in every process sweepflow starts (its MLflow servers, Dask workers, flow
+#: processes), as Prefect's analytics above: nobody asked for it to be sent, our services talk to loopback or
+#: the user's own hosts only, and an MLflow server with it on fetches its UI's telemetry settings from the
+#: internet when a browser opens the UI. Set MLFLOW_DISABLE_TELEMETRY=false yourself to keep it on.
+MLFLOW_SETTINGS: Mapping[str, str] = {
+    "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+}
+
+
 def prefect_env(prefect_home: str) -> dict[str, str]:
     return {"PREFECT_HOME": prefect_home, **PREFECT_SERVER_SETTINGS}
 
@@ -173,7 +182,7 @@ def mlflow_server_spec(
         health={"kind": "http", "url": f"{url}/health"},
         address=url,
         # Without this MLflow 3 also spawns a job runner and 7 consumer processes (~1.6 GB) we do not use.
-        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})},
+        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_SETTINGS, **(env or {})},
         # A server started before it ran this app (no report route) is restarted once, not reused.
         code_key=f"app={app_name}",
         before_start=(lambda: use_sqlite_wal(sqlite_file)) if sqlite_file else None,
@@ -234,6 +243,7 @@ def local_dask_spec(
         health={},
         ready_file=ready,
         health_from_address=lambda address: {"kind": "tcp", "address": address},
+        env=dict(MLFLOW_SETTINGS),  # the workers' MLflow clients (system metrics, evaluation, registration)
         code_key=services.code_fingerprint(extra_files=code_files, extra=[str(n_workers), *worker_preload]),
     )
 

@@ -52,7 +52,7 @@ from typing import Any
 
 from sweepflow.services import supervisor as services
 from sweepflow.services.database import PostgresServer, prepare
-from sweepflow.services.local import mlflow_server_spec, prefect_server_spec, venv_executable
+from sweepflow.services.local import MLFLOW_SETTINGS, mlflow_server_spec, prefect_server_spec, venv_executable
 from sweepflow.services.supervisor import ServiceSpec
 
 WORK_POOL = "sweepflow-process"
@@ -516,6 +516,7 @@ def up(
         **s3_env,
         **dask_client_env(exposure),
         **mlflow_client_env,
+        **MLFLOW_SETTINGS,
     }
     if exposure.prefect_auth_string:
         env["PREFECT_API_AUTH_STRING"] = exposure.prefect_auth_string  # stack.env is mode 0600
