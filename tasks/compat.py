@@ -114,6 +114,33 @@ def mlflow_model_name_problem(name: str) -> str | None:
     return None
 
 
+#: Modules MLflow's REST client tries to import on every request to tell whether it runs inside Databricks.
+DATABRICKS_PROBES = ("dbruntime", "IPython", "pyspark")
+
+
+def skip_absent_databricks_probes() -> list[str]:
+    """Make the imports MLflow's client attempts on every request, to find out whether it runs in Databricks,
+    fail at once where those modules are not installed; returns the ones marked.
+
+    Works around: each request's headers (``mlflow.tracking.request_header.registry.resolve_request_headers``)
+    ask the Databricks header provider, which imports ``dbruntime.databricks_repl_context`` (five times),
+    ``IPython`` (four) and ``pyspark``; an import that fails is not remembered, so each attempt searches all of
+    ``sys.path`` again: 0.43 ms of CPU per request here, 0.04 ms once marked (side by side), in the flow process
+    (three requests per trial) and on the workers (system metrics). A module that is not installed is marked in
+    ``sys.modules`` as ``None``, Python's documented way to make its import raise ModuleNotFoundError at once;
+    an installed one is left alone. Written for MLflow 3.17. If MLflow stops probing (the test fails): drop this.
+    """
+    import importlib.util
+    import sys
+
+    marked = []
+    for name in DATABRICKS_PROBES:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            sys.modules[name] = None  # type: ignore[assignment]
+            marked.append(name)
+    return marked
+
+
 # ----------------------------------------------------------------------------------------------------- Prefect
 
 

@@ -114,6 +114,40 @@ def test_detach_active_run_lets_go_of_the_run_without_ending_it():
         stack.clear()
 
 
+@pytest.mark.subprocess
+def test_skip_absent_databricks_probes_ends_the_imports_mlflow_tries_on_every_request():
+    """In a process of its own (it changes sys.modules): MLflow's request headers try to import the Databricks
+    probes, each time; marked, those imports fail at once and the headers are the same."""
+    script = "\n".join(
+        [
+            "import builtins, importlib.util, json",
+            "from mlflow.tracking.request_header.registry import resolve_request_headers",
+            "from sweepflow.tasks.compat import DATABRICKS_PROBES, skip_absent_databricks_probes",
+            "absent = [n for n in DATABRICKS_PROBES if importlib.util.find_spec(n) is None]",
+            "tried = []",
+            "real_import = builtins.__import__",
+            "def spy(name, *args, **kwargs):",
+            "    tried.append(name.partition('.')[0])",
+            "    return real_import(name, *args, **kwargs)",
+            "before = resolve_request_headers()",
+            "builtins.__import__ = spy",
+            "resolve_request_headers(); resolve_request_headers()",
+            "builtins.__import__ = real_import",
+            "probed = sorted({n for n in tried if n in DATABRICKS_PROBES})",
+            "marked = skip_absent_databricks_probes()",
+            "print(json.dumps({'absent': absent, 'probed': probed, 'marked': marked,",
+            "                  'same_headers': resolve_request_headers() == before,",
+            "                  'marked_again': skip_absent_databricks_probes()}))",
+        ]
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out["probed"]) == set(compat.DATABRICKS_PROBES), out  # MLflow still probes each, per request
+    assert out["marked"] == out["absent"] and out["absent"], out
+    assert out["same_headers"] and out["marked_again"] == [], out
+
+
 # ----------------------------------------------------------------------------------------------------- Prefect
 
 

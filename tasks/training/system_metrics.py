@@ -376,3 +376,7 @@ def warm_up() -> None:
     trial's sampler instead, it would hold the GIL against that trial's training for seconds."""
     import mlflow.entities  # noqa: F401
     import mlflow.tracking  # noqa: F401
+
+    from sweepflow.tasks.compat import skip_absent_databricks_probes
+
+    skip_absent_databricks_probes()  # each sample's request would search sys.path for them
