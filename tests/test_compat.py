@@ -115,37 +115,45 @@ def test_detach_active_run_lets_go_of_the_run_without_ending_it():
 
 
 @pytest.mark.subprocess
-def test_skip_absent_databricks_probes_ends_the_imports_mlflow_tries_on_every_request():
-    """In a process of its own (it changes sys.modules): MLflow's request headers try to import the Databricks
-    probes, each time; marked, those imports fail at once and the headers are the same."""
+@pytest.mark.parametrize("databricks", [False, True], ids=["elsewhere", "in-databricks"])
+def test_skip_databricks_request_headers_ends_the_imports_mlflow_tries_on_every_request(databricks):
+    """In a process of its own (it changes MLflow's registry): MLflow's request headers try to import the
+    Databricks modules, each time; outside Databricks they stop, with the same headers; inside, nothing changes."""
     script = "\n".join(
         [
-            "import builtins, importlib.util, json",
+            "import builtins, json",
             "from mlflow.tracking.request_header.registry import resolve_request_headers",
-            "from sweepflow.tasks.compat import DATABRICKS_PROBES, skip_absent_databricks_probes",
-            "absent = [n for n in DATABRICKS_PROBES if importlib.util.find_spec(n) is None]",
-            "tried = []",
+            "from sweepflow.tasks.compat import DATABRICKS_PROBES, skip_databricks_request_headers",
             "real_import = builtins.__import__",
-            "def spy(name, *args, **kwargs):",
-            "    tried.append(name.partition('.')[0])",
-            "    return real_import(name, *args, **kwargs)",
-            "before = resolve_request_headers()",
-            "builtins.__import__ = spy",
-            "resolve_request_headers(); resolve_request_headers()",
-            "builtins.__import__ = real_import",
-            "probed = sorted({n for n in tried if n in DATABRICKS_PROBES})",
-            "marked = skip_absent_databricks_probes()",
-            "print(json.dumps({'absent': absent, 'probed': probed, 'marked': marked,",
-            "                  'same_headers': resolve_request_headers() == before,",
-            "                  'marked_again': skip_absent_databricks_probes()}))",
+            "def probed():",
+            "    tried = []",
+            "    def spy(name, *args, **kwargs):",
+            "        tried.append(name.partition('.')[0])",
+            "        return real_import(name, *args, **kwargs)",
+            "    builtins.__import__ = spy",
+            "    try:",
+            "        headers = resolve_request_headers()",
+            "    finally:",
+            "        builtins.__import__ = real_import",
+            "    return sorted({n for n in tried if n in DATABRICKS_PROBES}), headers",
+            "before, headers_before = probed()",
+            "asked = skip_databricks_request_headers()",
+            "after, headers_after = probed()",
+            "print(json.dumps({'before': before, 'asked': asked, 'after': after,",
+            "                  'same_headers': headers_after == headers_before}))",
         ]
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "DATABRICKS_RUNTIME_VERSION"}
+    if databricks:
+        env["DATABRICKS_RUNTIME_VERSION"] = "15.4"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(out["probed"]) == set(compat.DATABRICKS_PROBES), out  # MLflow still probes each, per request
-    assert out["marked"] == out["absent"] and out["absent"], out
-    assert out["same_headers"] and out["marked_again"] == [], out
+    if not databricks:  # in a Databricks runtime the provider asks for other things first
+        assert out["before"] == sorted(compat.DATABRICKS_PROBES), out  # MLflow still probes each, per request
+    assert out["asked"] is not databricks, out
+    assert out["after"] == ([] if not databricks else out["before"]), out
+    assert out["same_headers"], out
 
 
 # ----------------------------------------------------------------------------------------------------- Prefect

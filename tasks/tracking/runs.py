@@ -36,7 +36,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ddp_runtime.retry import Backoff, seconds_setting
-from sweepflow.tasks.compat import skip_absent_databricks_probes, update_run_status
+from sweepflow.tasks.compat import skip_databricks_request_headers, update_run_status
 from sweepflow.tasks.datasets.uris import redact
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -137,7 +137,7 @@ class RunTracker:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.retry_s = retry_budget_s(retry_s)
-        skip_absent_databricks_probes()  # every request would search sys.path for them
+        skip_databricks_request_headers()  # every request would search sys.path for Databricks modules
         self.client = MlflowClient(tracking_uri)
         self._given_up = threading.Event()  # a call exhausted the bound and the server has not answered since
         #: What the retries did, for logs and tests: "retries" (attempts after a failure), "already_logged"

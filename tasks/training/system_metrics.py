@@ -377,6 +377,6 @@ def warm_up() -> None:
     import mlflow.entities  # noqa: F401
     import mlflow.tracking  # noqa: F401
 
-    from sweepflow.tasks.compat import skip_absent_databricks_probes
+    from sweepflow.tasks.compat import skip_databricks_request_headers
 
-    skip_absent_databricks_probes()  # each sample's request would search sys.path for them
+    skip_databricks_request_headers()  # each sample's request would search sys.path for Databricks modules
