@@ -128,8 +128,9 @@ def skip_databricks_request_headers() -> bool:
     fails is not remembered, so each attempt searches all of ``sys.path`` again: 0.43 ms of CPU per request
     here, in the flow process (three requests per trial) and on the workers (system metrics). Without
     ``DATABRICKS_RUNTIME_VERSION`` (MLflow's own test of a Databricks runtime) that provider never applies, so
-    it is taken out of the registry: 0.001 ms per request (side by side), the same headers. Written for MLflow 3.17 (the private
-    ``_request_header_provider_registry._registry`` list). If it breaks: drop this (a cost, not an error).
+    it is taken out of the registry: 0.001 ms per request (side by side), the same headers. Written for MLflow
+    3.17 (the private ``_request_header_provider_registry._registry`` list). If it breaks: drop this (a cost,
+    not an error).
     """
     from mlflow.tracking.request_header import registry
     from mlflow.tracking.request_header.databricks_request_header_provider import (

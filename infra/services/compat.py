@@ -1,6 +1,7 @@
 """Every place the services package (``sweepflow.services``) relies on another library's internals, or on
-behaviour it does not document: Dask's HTTP routes, Prefect's server, CPython. (The tasks' and flows' own, for MLflow and Prefect,
-are in ``sweepflow.tasks.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
+behaviour it does not document: Dask's HTTP routes, Prefect's server, CPython. (The tasks' and flows' own, for
+MLflow and Prefect's client side, are in ``sweepflow.tasks.compat``; ddp_runtime's, for torch and Dask, in
+``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
 to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
@@ -39,18 +40,18 @@ def bound_prefect_sqlite_page_cache(kib: int) -> None:
 
     Works around: Prefect's ``AioSqliteConfiguration.setup_sqlite`` (the engine's "connect" listener) sets
     ``PRAGMA cache_size = 20000`` on every pooled connection, not configurable. Each cache fills as the
-    database grows, so the server's memory grew all through a long sweep (+14 MiB from trial 500 to 4,000,
-    benchmarks/bench_load.py; SQLite's own allocator counted the growth) towards a bound of 78 MiB per
-    connection. Wrapped here so our PRAGMA runs right after Prefect's. Does nothing to a server on PostgreSQL.
+    database grows (117 MB after 4,000 trials), towards a bound of 78 MiB per connection: the server's memory
+    grew all through a long sweep (+5.9 % from trial 500 to 4,000, benchmarks/bench_load.py; +4.1 % bounded,
+    SQLite's own allocator then at 8-9 MiB throughout). Wrapped here so our PRAGMA runs right after Prefect's.
+    Does nothing to a server on PostgreSQL.
     Written for Prefect 3.9. If it breaks (the method renamed or no longer the listener): find where Prefect
     sets the PRAGMA now and wrap that, or drop this if Prefect makes the cache size a setting.
     """
     from prefect.server.database.configurations import AioSqliteConfiguration
 
     prefect_setup = AioSqliteConfiguration.setup_sqlite
-    prefect_setup = getattr(
-        prefect_setup, "__wrapped__", prefect_setup
-    )  # bounded already: wrap Prefect's own
+    # Bounded already (called twice): wrap Prefect's own, not our wrapper.
+    prefect_setup = getattr(prefect_setup, "__wrapped__", prefect_setup)
 
     def setup_sqlite(self: Any, conn: Any, record: Any) -> None:
         prefect_setup(self, conn, record)
