@@ -5,7 +5,8 @@
 Prints the best wall seconds per size (after one warm-up render, which pays Optuna's and scikit-learn's imports
 for the importances) and the ratio of each size to the smallest: about linear in trials is the expectation (one
 row and one curve per trial) up to 400 finished trials, less beyond (the fANOVA importances, most of the time,
-fit a forest over at most 400 of them: tasks/reporting/importance.py's MAX_TRIALS). Taken side by side in one run, since the machine's speed swings between hours.
+fit a forest over at most 400 of them: tasks/reporting/importance.py's MAX_TRIALS). Taken side by side in one
+run, since the machine's speed swings between hours.
 """
 
 from __future__ import annotations

@@ -509,7 +509,8 @@ def _probe_spans(dask_scheduler) -> int:
 
 def _late_heartbeat(dask_scheduler):
     ws = next(iter(dask_scheduler.workers.values()))
-    return dask_scheduler.extensions["spans"].heartbeat(ws, {("execute", "a-forgotten-span-id", "sum", "task", "seconds"): 0.1})
+    metrics = {("execute", "a-forgotten-span-id", "sum", "task", "seconds"): 0.1}
+    return dask_scheduler.extensions["spans"].heartbeat(ws, metrics)
 
 
 def _running_workers(dask_scheduler) -> int:
