@@ -146,11 +146,13 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         task_run_id = child.data.tags["prefect.task_run_id"]
         assert f"/runs/task-run/{task_run_id})" in child.data.tags["mlflow.note.content"]
     # System metrics, from each trial's rank 0 while it trained: every trial of a second or more has them, with
-    # the CPU its ranks' process used (not a first reading's 0.0).
+    # the CPU its ranks' process used. Not the latest sample's alone: it covers the trial's end, where rank 0 may
+    # have sat idle for a tenth of a second waiting for the sweep's verdict on its last report (0 %, as CI saw).
     longest = max(children, key=lambda c: c.data.metrics["group_seconds"])
     for child in children:
         if child is longest or float(child.data.tags["sweepflow.train_time_s"]) >= 1.0:
-            assert child.data.metrics["system/process_cpu_percentage"] > 0, sorted(child.data.metrics)
+            cpu = client.get_metric_history(child.info.run_id, "system/process_cpu_percentage")
+            assert max(m.value for m in cpu) > 0, (sorted(child.data.metrics), [m.value for m in cpu])
             assert "system/cpu_utilization_percentage" in child.data.metrics
             assert "system/system_memory_usage_megabytes" in child.data.metrics
     winners = [c for c in children if c.data.tags.get("sweepflow.winner") == "true"]
