@@ -19,6 +19,7 @@ from ddp_runtime.cluster import cluster_client, groups_that_fit
 from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings, with_credentials
 from sweepflow.flows.preflight import check_pipeline
 from sweepflow.tasks import WORKER_PRELOAD
+from sweepflow.tasks.compat import stop_flow_heartbeats_promptly
 from sweepflow.tasks.datasets import PreparedDataset
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.download import download_dataset
@@ -38,6 +39,11 @@ from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.runs import RunTracker, flatten, public_params
+
+# Prefect's flow-run heartbeat thread sleeps in one-second steps: without this, every pipeline run's end waited
+# up to a second for it (see compat). Here, so that every way of running the flow (the CLI, a deployment's
+# process, Python) has it.
+stop_flow_heartbeats_promptly()
 
 
 @flow(name="training-pipeline", log_prints=True)

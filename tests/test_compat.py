@@ -214,6 +214,47 @@ def test_forget_ended_task_run_lets_go_of_what_the_flow_engine_keeps_per_task_ru
     compat.forget_ended_task_run(uuid.uuid4())  # outside a flow run: nothing to do
 
 
+@pytest.mark.prefect
+def test_stop_flow_heartbeats_promptly_ends_the_heartbeat_thread_without_waiting_for_its_tick(
+    prefect_harness, monkeypatch
+):
+    """Prefect's flow-run heartbeat thread sleeps in one-second steps and the run's end joins it (0-1 s late at
+    random). With the compat context, the run still sends its first heartbeat at its start, and nothing sleeps:
+    the thread waits on its stop event and is gone when the flow returns."""
+    from prefect import flow, flow_engine
+    from prefect.settings import get_current_settings
+
+    assert get_current_settings().flows.heartbeat_frequency is not None  # heartbeats are on (Prefect's default)
+    assert compat.stop_flow_heartbeats_promptly()
+    assert compat.stop_flow_heartbeats_promptly()  # in place: a second call changes nothing
+    beats: list[str] = []
+    monkeypatch.setattr(
+        flow_engine.BaseFlowRunEngine,
+        "_emit_flow_run_heartbeat",
+        lambda engine, resource, related: beats.append(str(engine.flow_run.id)),
+    )
+    slept: list[str] = []
+
+    class Clock:  # flow_engine's ``time`` module, noting who sleeps (Prefect's heartbeat loop did, in 1-s steps)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            slept.append(threading.current_thread().name)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(flow_engine, "time", Clock())
+
+    @flow
+    def quick() -> str:
+        return "done"
+
+    assert quick() == "done"
+    assert len(beats) == 1, beats  # the heartbeat at the run's start
+    assert slept == []
+    assert not [t for t in threading.enumerate() if t.name == "flow-run-heartbeat"]
+
+
 def test_failed_state_exception_is_what_the_task_raised():
     from prefect import task
     from prefect.client.schemas.objects import TaskRun

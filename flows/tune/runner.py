@@ -248,6 +248,9 @@ def _flow() -> Any:
     if _FLOW is None:
         from prefect import flow
 
+        from sweepflow.tasks.compat import stop_flow_heartbeats_promptly
+
+        stop_flow_heartbeats_promptly()  # else each experiment's end waits up to 1 s for its heartbeat thread
         _FLOW = flow(name="tune-experiment", log_prints=True)(_experiment_flow)
     return _FLOW
 

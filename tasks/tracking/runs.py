@@ -449,17 +449,24 @@ class RunWriter:
 
     # ---- the writer thread
     def _loop(self) -> None:
+        reported = False  # the run has a metric: its first report went out
         while True:
             items = [self._queue.get()]
             # Linger briefly so a burst (params, status, a report or two) becomes one request: every request
             # costs the tracking server a transaction and CPU that the trainers beside it would rather have.
-            # The run's end (and a deletion) cuts the wait short.
+            # The run's end (and a deletion) cuts the wait short, and so does the run's first report: until the
+            # run has a metric of its own, the trial's system-metrics sampler holds its samples back (MLflow's
+            # compare view opens on the metric a run logged first), and a trial that ends meanwhile waits for it
+            # (training/system_metrics.py): a linger here was up to half a second more for every short trial.
             deadline = time.monotonic() + self.linger_s
-            while items[-1] is not self._STOP and (timeout := deadline - time.monotonic()) > 0:
+            while (timeout := deadline - time.monotonic()) > 0 and not (
+                items[-1] is self._STOP or (not reported and _kind(items[-1]) == "metrics")
+            ):
                 try:
                     items.append(self._queue.get(timeout=timeout))
                 except queue.Empty:
                     break
+            reported = reported or any(_kind(item) == "metrics" for item in items)
             if self._error is None:
                 try:
                     self._write(items)
@@ -505,6 +512,11 @@ class RunWriter:
         if status is not None:
             tracker.set_status(self.run_id, status)
         flush()
+
+
+def _kind(item: Any) -> str | None:
+    """What a queued ``RunWriter`` item is ("params", "metrics", ...; None for the stop marker)."""
+    return item[0] if isinstance(item, tuple) else None
 
 
 class RunWriters:

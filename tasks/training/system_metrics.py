@@ -46,6 +46,7 @@ LAST_SAMPLE_MIN_S = 0.1  # the sample at the end is taken when at least this lon
 _STEP_FROM = "system/cpu_utilization_percentage"  # the metric whose last step a restarted group continues from
 _GIVE_UP_AFTER = 3  # consecutive failed writes (the server is away): the sampler stops
 _OWN_METRIC_WAIT_S = 2.0  # at the end, the longest wait for the trial's first report to reach its run
+_OWN_METRIC_POLL_S = 0.05  # how often it asks meanwhile (the trial's end waits for it: its first report is on its way)
 NVIDIA_SMI_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total"
 _MIB = 1024 * 1024 / 1e6  # nvidia-smi's MiB in MB (MLflow's system metrics are in MB)
 
@@ -348,7 +349,7 @@ class TrialSampler:
             reported = any(not m.key.startswith("system/") for m in latest)
             if reported or time.monotonic() >= deadline:
                 return reported, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
-            time.sleep(0.2)
+            time.sleep(_OWN_METRIC_POLL_S)
 
     def _write(self, client: Any, samples: list[tuple[dict[str, float], int]], step: int) -> bool:
         """One ``log_batch`` request with the samples not written yet (usually one), numbered from ``step``."""
