@@ -74,6 +74,29 @@ def test_a_writer_sets_the_status_logs_and_ends_the_run_in_order(mlflow_server):
     assert run.info.status == "FINISHED" and run.data.metrics == {"val_loss": 0.5}
 
 
+def test_a_runs_first_report_goes_out_at_once_and_later_writes_linger(mlflow_server):
+    """Until a run has a metric of its own, its trial's system-metrics sampler holds its samples back, and a trial
+    that ends meanwhile waits for it: the first report is written without the writer's linger (with the params
+    queued before it, in one request); later reports wait for the linger, or for the run's end, as before."""
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    run_id, _ = tracker.create_run("trial")
+    writer = RunWriter(tracker, run_id, linger_s=60.0)
+    writer.log_params({"lr": 0.01})
+    writer.log({"val_loss": 0.5}, step=1)
+    deadline = time.monotonic() + 30  # well inside the linger
+    while not (run := tracker.client.get_run(run_id)).data.metrics:
+        assert time.monotonic() < deadline, "the first report waited for the linger"
+        time.sleep(0.05)
+    assert run.data.params == {"lr": "0.01"} and run.data.metrics == {"val_loss": 0.5}
+    writer.log({"val_loss": 0.4}, step=2)
+    time.sleep(1.0)
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "val_loss")] == [1]  # lingering
+    writer.finish("FINISHED")
+    writer.join()
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "val_loss")] == [1, 2]
+    assert tracker.client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_public_params_remove_credentials_and_storage_options():
     from sweepflow.tasks.tracking.runs import public_params
 

@@ -23,11 +23,6 @@ environment (``cache_dir`` and ``staging_dir`` come from the entry point), and i
 ``load_split``.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
 from .config import DATASETS, PREPARED_FORMAT_VERSION, DataConfig, DataCredentials, DatasetSpec
 from .errors import (
     ChecksumMismatchError,
@@ -37,36 +32,10 @@ from .errors import (
     DatasetFormatError,
     DatasetSourceError,
 )
-
-if TYPE_CHECKING:
-    from .formats import read_cifar10_tarball, read_idx
-    from .prepare import prepare_dataset, source_versions
-    from .prepared import PreparedDataset, load_meta, load_split, prepared_dataset_exists
-    from .split import SPLITS
-
-# The parsers, the split and the prepared sets import numpy (0.2 s): loaded when first used, so that what only
-# reads a config (the `sweepflow run` command before it hands the run over, the pre-flight checks) does not.
-_LAZY = {
-    "read_cifar10_tarball": "formats",
-    "read_idx": "formats",
-    "prepare_dataset": "prepare",
-    "source_versions": "prepare",
-    "PreparedDataset": "prepared",
-    "load_meta": "prepared",
-    "load_split": "prepared",
-    "prepared_dataset_exists": "prepared",
-    "SPLITS": "split",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # found once
-    return value
-
+from .formats import read_cifar10_tarball, read_idx
+from .prepare import prepare_dataset, source_versions
+from .prepared import PreparedDataset, load_meta, load_split, prepared_dataset_exists
+from .split import SPLITS
 
 __all__ = [
     "DATASETS",
