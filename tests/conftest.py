@@ -49,21 +49,28 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
-#: The modules that take longest (`make test`'s slowest list), longest first. `make test` hands whole modules to its
-#: two workers in collection order (--dist loadscope): starting the longest first keeps one worker from running a
-#: long module alone at the end while the other idles. Within a module the order is unchanged.
+#: The modules that take longest (`make test`'s slowest list, summed per module), longest first. `make test` hands
+#: whole modules (and classes) to its two workers in collection order (--dist loadscope --no-loadscope-reorder:
+#: xdist's default reorder would sort them by their number of tests, which put test_resume.py, 2 tests and nearly
+#: 3 minutes, among the last): starting the longest first keeps one worker from running a long module alone at
+#: the end while the other idles. Within a module the order is unchanged.
 LONGEST_FIRST = (
     "test_stack_hygiene.py",
+    "test_faults_ranks.py",
+    "test_multihost.py",
+    "test_resume.py",
     "test_cli.py",
     "test_tune.py",
-    "test_multihost.py",
-    "test_compare_ui.py",
-    "test_faults_ranks.py",
-    "test_resume.py",
     "test_ddp_runtime.py",
     "test_faults_services.py",
     "test_sgd_pytorch.py",
+    "test_compare_ui.py",
     "test_preflight.py",
+    "test_registry.py",
+    "test_report_page.py",
+    "test_cold_start.py",
+    "test_secrets.py",
+    "test_tune_pbt.py",
 )
 
 
