@@ -13,6 +13,7 @@ from prefect import flow
 
 from sweepflow.flows.config import PipelineConfig, resolve_settings
 from sweepflow.flows.pipeline import build_sweep, training_pipeline
+from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tasks.tracking.runs import RunTracker
@@ -219,9 +220,10 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     assert parent.data.metrics["startup_seconds"] == pytest.approx(summary["usage"]["startup_seconds"], abs=1e-3)
     assert all(row["worker_s"] > 0 for row in summary["leaderboard"])
 
-    # The registered model loads from a process that knows only the tracking URI.
-    mlflow.set_tracking_uri(mlflow_server)
-    model = mlflow.pyfunc.load_model("models:/digits-e2e@champion")
+    # The registered model loads from a process that knows only the tracking URI. (Scoped: set_tracking_uri also
+    # writes MLFLOW_TRACKING_URI into the environment, where a later test on this worker would find it.)
+    with tracking_uri_scope(mlflow_server):
+        model = mlflow.pyfunc.load_model("models:/digits-e2e@champion")
     import numpy as np
 
     assert model.predict(np.zeros((5, 1, 8, 8), dtype=np.float32)).shape[0] == 5
