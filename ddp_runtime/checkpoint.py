@@ -206,11 +206,15 @@ class RunStorage:
         if _is_local(self.fs):
             os.makedirs(self.root, exist_ok=True)
             staging = f"{self.root}/.tmp-{_PREFIX}{index:06d}-{uuid.uuid4().hex[:8]}"
-            shutil.copytree(local_dir, staging)
-            with open(os.path.join(staging, MARKER), "w") as f:
-                f.write(marker)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                shutil.copytree(local_dir, staging)
+                with open(os.path.join(staging, MARKER), "w") as f:
+                    f.write(marker)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)  # never committed: no half copy left beside the others
+                raise
             if os.path.exists(final):  # left by an attempt that crashed before its marker was read back
                 shutil.rmtree(final)
             os.rename(staging, final)
@@ -290,6 +294,12 @@ class RunStorage:
             ckpt = Checkpoint(self._uri(entry.rstrip("/")), storage_options=self.storage_options)
             found.append(StoredCheckpoint(index=int(meta["index"]), checkpoint=ckpt, metrics=meta["metrics"]))
         return sorted(found, key=lambda s: s.index)
+
+    def is_committed(self, stored: StoredCheckpoint) -> bool:
+        """Whether ``stored`` is still committed. Its deletion removes the marker first, so a copy of its files
+        taken while this held, checked after the copy, is whole."""
+        self.fs.invalidate_cache()
+        return self.fs.exists(f"{_filesystem(stored.checkpoint.path, self.storage_options)[1]}/{MARKER}")
 
     def delete(self, stored: StoredCheckpoint) -> None:
         path = _filesystem(stored.checkpoint.path, self.storage_options)[1]

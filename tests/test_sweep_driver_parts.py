@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
+import threading
+
 import pytest
+
+from ddp_runtime.checkpoint import MARKER, RunStorage
 
 from sweepflow.tasks.sweep.results import ResourceUsage, SweepResult, TrialResult, TrialStatus, best_of
 from sweepflow.tasks.sweep.samplers import (
@@ -14,6 +21,7 @@ from sweepflow.tasks.sweep.samplers import (
     make_sampler,
 )
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial import _copy_latest
 
 SPACE = {
     "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
@@ -155,3 +163,48 @@ def test_trial_status_maps_to_mlflow_and_to_selection():
     assert TrialStatus.STOPPED.selectable and not TrialStatus.FAILED.selectable
     assert TrialStatus("STOPPED") is TrialStatus.STOPPED and TrialStatus.STOPPED == "STOPPED"
     assert _trial(0, TrialStatus.STOPPED, 0.5).to_dict()["status"] == "STOPPED"
+
+
+def test_an_exploit_copies_a_whole_checkpoint_while_the_donor_deletes_its_old_ones(tmp_path):
+    """PBT copies the donor's latest checkpoint while the donor trains on and its retention deletes each
+    checkpoint once a newer one is committed (num_to_keep=1): every copy holds all the files of one checkpoint (never
+    a part, never an error); one deleted while being read is given up for the newer one."""
+    files = 100
+    donor, recipient = RunStorage(str(tmp_path), "donor"), RunStorage(str(tmp_path), "recipient")
+
+    def save(i: int) -> None:
+        local = tmp_path / f"local-{i}"
+        local.mkdir()
+        for k in range(files):
+            (local / f"part-{k:03d}").write_text(str(i))
+        donor.persist(str(local), i, {"step": i})
+        shutil.rmtree(local)
+
+    save(0)
+    stop, errors = threading.Event(), []
+
+    def train_on() -> None:
+        i, rng = 1, random.Random(0)
+        try:
+            while not stop.is_set():
+                save(i)
+                donor.delete(donor.list_committed()[0])
+                stop.wait(rng.uniform(0, 0.03))
+                i += 1
+        except BaseException as exc:  # shown by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=train_on)
+    thread.start()
+    try:
+        for _ in range(15):
+            copied, taken = _copy_latest(donor, recipient, donor.list_committed()[-1])
+            with copied.as_directory() as directory:
+                names = set(os.listdir(directory)) - {MARKER}
+                contents = {open(os.path.join(directory, name)).read() for name in names}
+            assert len(names) == files and contents == {str(taken.index)}, (len(names), contents)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert not [n for n in os.listdir(recipient.root) if n.startswith(".tmp")]  # no half copy left behind

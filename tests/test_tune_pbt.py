@@ -259,3 +259,28 @@ def test_a_class_trainable_under_pbt_continues_from_its_donor(services):
     accuracy = [r["accuracy"] for r in loser.result.history]
     assert accuracy[k] > accuracy[k - 1] + 4, accuracy
     assert len(accuracy) == 12  # stop={"training_iteration": 12} counts its reports across groups
+
+
+class _ExploitThatFails(PopulationBasedTraining):
+    """A scheduler whose exploit fails in the trial (here: taking on the explored config), outside its training."""
+
+    def on_trial_config(self, trial_id, config):
+        if trial_id in self._trials and self._trials[trial_id].config:  # not its start: an exploit
+            raise RuntimeError(f"cannot take on {config} (the scheduler's error)")
+        return super().on_trial_config(trial_id, config)
+
+
+@pytest.mark.timeout(240)
+def test_a_trial_that_errors_while_exploiting_does_not_hold_the_population_for_ever(services):
+    # Synchronous PBT waits at each interval for every trial it counts as running: a trial that ended by an error
+    # outside its training (not a FAILED result) must be taken out of the count, or the other waits for ever.
+    random.seed(2)
+    pbt = _ExploitThatFails(
+        time_attr="training_iteration", perturbation_interval=4,
+        hyperparam_mutations={"lr": [0.003, 0.01, 0.03, 0.1]}, resample_probability=0.0, synch=True,
+    )
+    with pytest.raises(Exception, match="the scheduler's error"):
+        tune.run(
+            Climber, config={"lr": tune.grid_search([0.1, 0.003])}, stop={"training_iteration": 12},
+            metric="accuracy", mode="max", scheduler=pbt, name="climber-error", verbose=0,
+        )

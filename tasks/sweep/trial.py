@@ -16,10 +16,11 @@ import contextlib
 import json
 import math
 import os
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -175,8 +176,10 @@ def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
             if rt.fail_fast and result.status is TrialStatus.FAILED:  # before its slot frees: none starts
                 rt.end_early(f"fail_fast: {spec.name} failed")
         except BaseException:
-            # An error of ours, not the training's (those end as a FAILED result): the run ends FAILED before the
-            # error goes on, or the sweep's join of its writers would wait for its end for ever.
+            # An error of ours, not the training's (those end as a FAILED result), e.g. while copying a PBT donor's
+            # checkpoint: the scheduler hears of it and the run ends FAILED before the error goes on, or the
+            # others (synchronous PBT) and the sweep's join of its writers would wait for this trial for ever.
+            trial_run.end_in_scheduler(failed=True)
             writer.finish(TrialStatus.FAILED.mlflow_status)
             raise
         finally:
@@ -294,6 +297,18 @@ class _TrialRun:
         self.earlier_groups: list[train.Result] = []
         self.config_history: list[dict[str, Any]] = []
         self.paused = False  # its group stopped to wait for the scheduler's verdict (HyperBand), slot given back
+        self.scheduler_told = False  # the scheduler heard of the trial's end (once, on every path)
+
+    def end_in_scheduler(self, *, failed: bool, metrics: Mapping[str, Any] | None = None) -> None:
+        """Tell the scheduler the trial ended, once, whichever way it ends: a trial it still counts as running
+        would hold the others for ever where they wait for it (synchronous PBT's sync point, HyperBand's rung)."""
+        if self.scheduler_told:
+            return
+        self.scheduler_told = True
+        if failed:
+            self.rt.scheduler.on_trial_error(self.spec.trial_id)
+        else:
+            self.rt.scheduler.on_trial_complete(self.spec.trial_id, metrics)
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -537,7 +552,7 @@ class _TrialRun:
                 fit, error = exc.result, exc.result.error
             except BaseException:
                 # Not a training failure (e.g. the cluster can never fit the trial): close the child run, then fail.
-                rt.scheduler.on_trial_error(spec.trial_id)
+                self.end_in_scheduler(failed=True)
                 writer.finish(TrialStatus.FAILED.mlflow_status)
                 raise
             if error is not None or rt.aborted or (self.exploit is None and not self.paused):
@@ -552,11 +567,9 @@ class _TrialRun:
         fit = _over_groups(fit, self.earlier_groups)
         fit_s = time.perf_counter() - fit_started
         result = self._result(fit, error)
+        self.end_in_scheduler(failed=result.status is TrialStatus.FAILED, metrics=fit.metrics)
         if result.status is TrialStatus.FAILED:
-            rt.scheduler.on_trial_error(spec.trial_id)
             self.logger.error("%s failed: %s", spec.name, result.error)
-        else:
-            rt.scheduler.on_trial_complete(spec.trial_id, fit.metrics)
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
             writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
         summary = result.summary_metrics(spec.template.selection_metric)
@@ -748,8 +761,9 @@ def _over_groups(last: train.Result, earlier: list[train.Result]) -> train.Resul
 
 def _copy_latest(source: RunStorage, target: RunStorage, seen: StoredCheckpoint) -> tuple[train.Checkpoint, StoredCheckpoint]:
     """Copy ``source``'s latest committed checkpoint into ``target`` as its next one (committed there the same
-    way). The donor keeps training meanwhile and may replace (and delete) its latest while it is copied: then
-    the newer one is taken. ``seen``: the latest when the exploit was decided (the floor)."""
+    way). The donor keeps training meanwhile, and its retention may delete the checkpoint being copied: a copy
+    counts only if the checkpoint was still committed once all its files were read (a deletion takes the marker
+    first), else the newer one is taken. ``seen``: the latest when the exploit was decided (the floor)."""
     for _ in range(5):
         committed = [c for c in source.list_committed() if c.index >= seen.index]
         if not committed:
@@ -757,11 +771,16 @@ def _copy_latest(source: RunStorage, target: RunStorage, seen: StoredCheckpoint)
         latest = committed[-1]
         own = target.list_committed()
         index = own[-1].index + 1 if own else 0
-        try:
-            with latest.checkpoint.as_directory() as directory:
-                return target.persist(directory, index, latest.metrics), latest
-        except FileNotFoundError:
-            continue  # deleted by the donor's retention while being copied: take its newer one
+        with tempfile.TemporaryDirectory(prefix="sweepflow-exploit-") as copy:
+            try:
+                latest.checkpoint.to_directory(copy)
+            except FileNotFoundError:
+                if source.is_committed(latest):
+                    raise  # not the donor's retention: a real error
+                continue
+            if not source.is_committed(latest):
+                continue  # deleted while being read: the copy may lack files
+            return target.persist(copy, index, latest.metrics), latest
     raise RuntimeError(
         f"PBT could not copy a checkpoint from {source.uri}: its checkpoints kept disappearing while being copied; "
         "keep more of them (CheckpointConfig(num_to_keep=...) / keep_checkpoints_num)"
