@@ -213,7 +213,8 @@ class RunStorage:
                     f.flush()
                     os.fsync(f.fileno())
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)  # never committed: no half copy left beside the others
+                # Never committed: no half copy is left beside the checkpoints.
+                shutil.rmtree(staging, ignore_errors=True)
                 raise
             if os.path.exists(final):  # left by an attempt that crashed before its marker was read back
                 shutil.rmtree(final)

@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from ddp_runtime.checkpoint import MARKER, RunStorage
-
 from sweepflow.tasks.sweep.results import ResourceUsage, SweepResult, TrialResult, TrialStatus, best_of
 from sweepflow.tasks.sweep.samplers import (
     GridSampler,
@@ -191,7 +190,7 @@ def test_an_exploit_copies_a_whole_checkpoint_while_the_donor_deletes_its_old_on
                 donor.delete(donor.list_committed()[0])
                 stop.wait(rng.uniform(0, 0.03))
                 i += 1
-        except BaseException as exc:  # shown by the assertion below
+        except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
             errors.append(exc)
 
     thread = threading.Thread(target=train_on)
