@@ -331,13 +331,16 @@ class GroupRun:
                 continue
             if message is not None and message is not _WAKE:
                 verdicts.put(self._on_report(message))
-                last_progress = time.monotonic()
+                if message["metrics"] is not None or message["checkpoint"] is not None:
+                    last_progress = time.monotonic()  # side messages alone are no progress of the training
                 continue  # drain reports before looking at futures: a finished rank 0 may have queued some
             outcomes = [self._outcome(f) for f in futures if f.done()]
             if any(o["status"] == "error" for o in outcomes):
+                self._deliver_side(outcomes)
                 self.error = self._root_cause(outcomes)  # refined after teardown, once every rank has ended
                 return
             if len(outcomes) == len(futures) and all(m is _WAKE for m in _peek(inbox)):
+                self._deliver_side(outcomes)
                 self.stopped = any(o["status"] == "stopped" for o in outcomes)
                 return
             if time.monotonic() >= next_liveness:
@@ -425,7 +428,19 @@ class GroupRun:
             hang_timeout_s=self.trainer.torch_config.hang_timeout_s,
         )
 
+    def _deliver_side(self, outcomes: list[dict[str, Any]]) -> None:
+        """Rank 0's side messages that came with its result (posted after its last report)."""
+        for outcome in outcomes:
+            for payload in outcome.get("side", ()):
+                self._on_side(payload)
+
+    def _on_side(self, payload: Any) -> None:
+        if self.trainer.on_side is not None:
+            self.trainer.on_side(payload)
+
     def _on_report(self, message: dict[str, Any]) -> str:
+        for payload in message.get("side", ()):  # posted before this report: they go first
+            self._on_side(payload)
         if message["metrics"] is None:  # the checkpoint the last verdict asked for: the last report's
             if message["checkpoint"] is not None:
                 self._track_checkpoint(message["checkpoint"], self.history[-1])

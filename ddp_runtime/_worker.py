@@ -161,11 +161,22 @@ class _Rank0Link:
     """Rank 0's link to the driver: reports out, verdicts back, through two Dask queues the driver created.
 
     Opening a queue handle is a round trip to the scheduler, so both are opened in the background while the
-    training function sets up (model, data) instead of before it starts; the first report waits for them."""
+    training function sets up (model, data) instead of before it starts; the first report waits for them.
+
+    Side messages (``post``: e.g. the trial's system metrics, from another thread) cost no round trip of their
+    own: they go with the next report, or with the rank's result when it ends; when the oldest has waited
+    ``flush_after_s`` for a report, the next post sends them alone (answered like a report: none is lost at the
+    group's end)."""
 
     def __init__(self, spec: RankSpec) -> None:
         self._timeout_s = spec.timeout_s
         self._queues: dict[str, Any] = {}
+        self._sending = (
+            threading.Lock()
+        )  # one message at a time awaits its verdict: a report, or side messages
+        self._side_lock = threading.Lock()
+        self._side: list[Any] = []
+        self._side_since: float | None = None  # when the oldest unsent side message was posted (monotonic)
         self._worker = get_worker()
         self._key = self._worker.get_current_task()
         client = get_client()
@@ -184,17 +195,43 @@ class _Rank0Link:
         self._opener.start()
 
     def send(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None) -> tuple[bool, bool]:
-        """Send one report (``metrics`` None: the checkpoint the last verdict asked for, for that report);
-        returns whether the driver asks the group to stop, and whether it asks for a checkpoint of the report."""
+        """Send one report (``metrics`` None: the checkpoint the last verdict asked for, for that report) and the
+        side messages posted since the last; returns whether the driver asks the group to stop, and whether it
+        asks for a checkpoint of the report."""
+        with self._sending:
+            return self._send(metrics, checkpoint)
+
+    def post(self, payload: Any, *, flush_after_s: float) -> None:
+        """Queue a side message for the driver (any thread); it goes with the next report, or now, alone, when
+        the oldest waiting has waited ``flush_after_s`` (the caller's thread then waits for the driver's answer)."""
+        with self._side_lock:
+            self._side.append(payload)
+            if self._side_since is None:
+                self._side_since = time.monotonic()
+            due = time.monotonic() - self._side_since >= flush_after_s
+        if due:
+            with self._sending:
+                if self._side:  # a report may have taken them meanwhile
+                    self._send(None, None)
+
+    def take_side(self) -> list[Any]:
+        """The side messages not sent yet (for the rank's result, at its end)."""
+        with self._side_lock:
+            side, self._side, self._side_since = self._side, [], None
+        return side
+
+    def _send(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None) -> tuple[bool, bool]:
         self._opener.join()
         if "error" in self._queues:
             raise RuntimeError(f"rank 0 could not reach the driver's report queue: {self._queues['error']}")
-        self._queues["reports"].put(
-            {
-                "metrics": _jsonable(metrics) if metrics is not None else None,
-                "checkpoint": checkpoint.path if checkpoint else None,
-            }
-        )
+        message: dict[str, Any] = {
+            "metrics": _jsonable(metrics) if metrics is not None else None,
+            "checkpoint": checkpoint.path if checkpoint else None,
+        }
+        side = self.take_side()
+        if side:
+            message["side"] = side
+        self._queues["reports"].put(message)
         # The driver answers at once. If it died instead (its process was killed), Dask cancels this task but
         # cannot stop its thread: notice that, and stop, so the worker is not held until the timeout.
         deadline = time.monotonic() + self._timeout_s
@@ -349,6 +386,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
                 resume_from=spec.resume_from,
                 next_index=spec.next_checkpoint_index,
                 send_report=link.send if link is not None else None,
+                post_side=link.post if link is not None else None,
             )
         )
         outcome["started_at"] = time.time()
@@ -372,6 +410,9 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         _install(None)
         if link is not None:
             link.close()
+            side = link.take_side()  # posted since the last report, e.g. the last system-metrics sample
+            if side:
+                outcome["side"] = side
         if initialised:
             dist.destroy_process_group()
     return outcome

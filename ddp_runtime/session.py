@@ -74,6 +74,8 @@ class _Session:
     # rank 0 only: sends a report to the driver; returns whether the driver asks the group to stop, and whether
     # it asks for a checkpoint of that report (metrics None: sends the checkpoint it asked for)
     send_report: Callable[[dict[str, Any] | None, Checkpoint | None], tuple[bool, bool]] | None
+    # rank 0 only: queues a side message for the driver's ``on_side`` (see ``side_channel``)
+    post_side: Callable[..., None] | None = None
 
 
 _local = threading.local()
@@ -95,6 +97,19 @@ def _current() -> _Session:
 
 def get_context() -> TrainContext:
     return _current().context
+
+
+def side_channel(*, flush_after_s: float) -> Callable[[Any], None] | None:
+    """On rank 0: a function that sends a payload (plain data) to the driver's ``TorchTrainer(on_side=...)``,
+    callable from any thread of the rank while its training function runs (a sampler's, say); None on the other
+    ranks. No verdict, no round trip of its own: payloads go with the next report or the rank's result; when the
+    oldest waiting has waited ``flush_after_s`` seconds for a report, the next post sends them alone. Payloads
+    arrive in order, each before the report that follows it."""
+    session = _current()
+    post = session.post_side
+    if post is None:
+        return None
+    return lambda payload: post(payload, flush_after_s=flush_after_s)
 
 
 def get_checkpoint() -> Checkpoint | None:

@@ -37,7 +37,9 @@ class TorchTrainer:
     ``on_report(metrics) -> bool`` is called on the driver for every rank-0 report while the group runs;
     returning True stops the group at that report (the ranks see ``report`` raise and exit) and frees its
     workers; returning a ``Verdict(stop=..., checkpoint=True)`` also asks rank 0 for a checkpoint of that report
-    (kept when its function offers one: ``report(..., checkpoint_on_request=...)``). ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
+    (kept when its function offers one: ``report(..., checkpoint_on_request=...)``). ``on_side(payload)`` is
+    called on the driver, in order, for what rank 0 sent through ``ddp_runtime.session.side_channel`` (e.g. its
+    system metrics). ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class TorchTrainer:
         resume_from_checkpoint: Checkpoint | None = None,
         client: Client | None = None,
         on_report: ReportCallback | None = None,
+        on_side: Callable[[Any], None] | None = None,
     ) -> None:
         if not callable(train_loop_per_worker):
             raise TypeError(
@@ -64,6 +67,7 @@ class TorchTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.client = client
         self.on_report = on_report
+        self.on_side = on_side
         if self.run_config.progress_reporter is not None:
             raise ValueError(
                 "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "

@@ -147,3 +147,36 @@ def linear_regression(config: dict) -> None:
             module = model.module if hasattr(model, "module") else model
             torch.save(module.state_dict(), os.path.join(d, "model.pt"))
             train.report({"loss": loss.item(), "epoch": epoch}, checkpoint=train.Checkpoint.from_directory(d))
+
+
+def side_messages(config: dict) -> None:
+    """On rank 0, posts side messages (from another thread, as a sampler does) around two reports; then, with no
+    report to carry them, "d", and "e" once "d" has waited flush_after_s (both go then, alone); then "f", a
+    second before the function returns (it goes with the rank's result)."""
+    import threading
+
+    import ddp_runtime.session
+
+    wait_s = config["flush_after_s"]
+    post = ddp_runtime.session.side_channel(flush_after_s=wait_s)
+    if train.get_context().get_world_rank() != 0:
+        assert post is None
+        train.report({"n": 1})
+        train.report({"n": 2})
+        return
+
+    def from_a_thread(payload):
+        thread = threading.Thread(target=post, args=(payload,))
+        thread.start()
+        thread.join()
+
+    from_a_thread("a")
+    from_a_thread("b")
+    train.report({"n": 1})
+    from_a_thread("c")
+    train.report({"n": 2})
+    post("d")
+    time.sleep(wait_s * 2)
+    post("e")
+    time.sleep(1.0)
+    post("f")

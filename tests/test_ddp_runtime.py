@@ -20,6 +20,7 @@ from ddp_helpers import (
     linear_regression,
     report_forever,
     scored_checkpoints,
+    side_messages,
 )
 
 import ddp_runtime as train
@@ -559,3 +560,31 @@ def test_finished_spans_are_forgotten_beyond_the_newest_and_the_scheduler_keeps_
         assert cluster.run_on_scheduler(_running_workers) == workers
     finally:
         cluster.unregister_scheduler_plugin(name)
+
+
+def test_side_messages_arrive_in_order_with_the_reports_or_the_result_and_alone_after_a_long_wait(cluster, tmp_path):
+    """Rank 0's side channel (the sweep's system metrics use it): what was posted before a report reaches the
+    driver before that report, with no round trip of its own; what was posted after the last report comes with
+    the rank's result; messages whose oldest waited flush_after_s for a report go alone, at the next post. Rank 1
+    has no channel."""
+    seen, at = [], {}
+
+    def on_side(payload):
+        seen.append(("side", payload))
+        at[payload] = time.monotonic()
+
+    result = TorchTrainer(
+        side_messages,
+        train_loop_config={"flush_after_s": 0.3},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(tmp_path, name="side"),
+        client=cluster,
+        on_report=lambda metrics: seen.append(("report", metrics["n"])) and False,
+        on_side=on_side,
+    ).fit()
+    assert result.error is None and len(result.metrics_history) == 2
+    assert seen == [
+        ("side", "a"), ("side", "b"), ("report", 1), ("side", "c"), ("report", 2),
+        ("side", "d"), ("side", "e"), ("side", "f"),
+    ], seen
+    assert at["f"] - at["e"] > 0.8  # "d" and "e" went while the function ran, "f" with its result

@@ -650,6 +650,11 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
         epochs = sorted(mlflow.get_metric_history(trial.info.run_id, "epoch"), key=lambda m: m.step)
         assert [m.value for m in epochs] == list(range(1, EPOCHS + 1))  # 1, 2, 3, 4: not 1, 2, 1, 2, 3, 4
         assert any(k.startswith("system/") for k in trial.data.metrics), "rank 0 wrote no system metrics"
+        # Its two groups' samples, numbered on across the restart.
+        steps = sorted(
+            m.step for m in mlflow.get_metric_history(trial.info.run_id, "system/cpu_utilization_percentage")
+        )
+        assert steps == list(range(len(steps))), steps
         versions = mlflow.search_model_versions("name='multihost-model'")
         assert len(versions) == 1, versions
         # The checkpoints are on the S3 host, under the trial's run; the latest is the last epoch's.

@@ -156,6 +156,10 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
             assert max(m.value for m in cpu) > 0, (sorted(child.data.metrics), [m.value for m in cpu])
             assert "system/cpu_utilization_percentage" in child.data.metrics
             assert "system/system_memory_usage_megabytes" in child.data.metrics
+            steps = [m.step for m in client.get_metric_history(child.info.run_id, "system/cpu_utilization_percentage")]
+            assert sorted(steps) == list(range(len(steps))), steps
+        # MLflow's compare view opens its plot on the metric a run logged first: the trial's own, never a sample.
+        assert not list(client.get_run(child.info.run_id).data.metrics)[0].startswith("system/")
     winners = [c for c in children if c.data.tags.get("sweepflow.winner") == "true"]
     assert [w.info.run_id for w in winners] == [summary["best_trial"]["run_id"]]
     winner = client.get_run(winners[0].info.run_id)

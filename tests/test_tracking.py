@@ -74,27 +74,29 @@ def test_a_writer_sets_the_status_logs_and_ends_the_run_in_order(mlflow_server):
     assert run.info.status == "FINISHED" and run.data.metrics == {"val_loss": 0.5}
 
 
-def test_a_runs_first_report_goes_out_at_once_and_later_writes_linger(mlflow_server):
-    """Until a run has a metric of its own, its trial's system-metrics sampler holds its samples back, and a trial
-    that ends meanwhile waits for it: the first report is written without the writer's linger (with the params
-    queued before it, in one request); later reports wait for the linger, or for the run's end, as before."""
+def test_a_runs_writes_linger_and_go_out_together_and_its_end_cuts_the_linger_short(mlflow_server):
+    """Every request costs the tracking server a transaction: a short trial's params, reports, system-metric
+    samples (with the time they were taken) and outcome, queued within the linger, go out together at its end,
+    which does not wait for the linger."""
     tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
     run_id, _ = tracker.create_run("trial")
     writer = RunWriter(tracker, run_id, linger_s=60.0)
     writer.log_params({"lr": 0.01})
     writer.log({"val_loss": 0.5}, step=1)
-    deadline = time.monotonic() + 30  # well inside the linger
-    while not (run := tracker.client.get_run(run_id)).data.metrics:
-        assert time.monotonic() < deadline, "the first report waited for the linger"
-        time.sleep(0.05)
-    assert run.data.params == {"lr": "0.01"} and run.data.metrics == {"val_loss": 0.5}
-    writer.log({"val_loss": 0.4}, step=2)
+    writer.log({"system/cpu_utilization_percentage": 42.0}, step=0, timestamp_ms=1_000_000)
     time.sleep(1.0)
-    assert [m.step for m in tracker.client.get_metric_history(run_id, "val_loss")] == [1]  # lingering
+    assert not tracker.client.get_run(run_id).data.metrics  # lingering
+    writer.log({"val_loss": 0.4}, step=2)
+    started = time.monotonic()
     writer.finish("FINISHED")
     writer.join()
+    assert time.monotonic() - started < 30  # not the 60-s linger
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.01"}
+    assert list(run.data.metrics)[0] == "val_loss"  # in the order queued: MLflow's compare view opens on it
     assert [m.step for m in tracker.client.get_metric_history(run_id, "val_loss")] == [1, 2]
-    assert tracker.client.get_run(run_id).info.status == "FINISHED"
+    (sample,) = tracker.client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert (sample.value, sample.step, sample.timestamp) == (42.0, 0, 1_000_000)
 
 
 def test_public_params_remove_credentials_and_storage_options():

@@ -13,7 +13,6 @@ tag of its MLflow run. The sweep's state lives in the trials' MLflow child runs 
 from __future__ import annotations
 
 import contextlib
-import functools
 import queue
 import time
 from collections.abc import Callable
@@ -147,8 +146,7 @@ class Sweep:
         scaling = ScalingConfig(
             num_workers=t.num_ranks, use_gpu=t.use_gpu, resources_per_worker=t.resources_per_rank or None
         )
-        sampled = t.system_metrics_interval_s > 0 and self.tracker.tracking_uri.startswith(("http://", "https://"))
-        prepare = functools.partial(TrainFunction(t.train_fn).warm_up, system_metrics=sampled)
+        prepare = TrainFunction(t.train_fn).warm_up
         started = time.perf_counter()
         try:
             took = warm_up_workers(self.cluster, scaling, prepare=prepare)

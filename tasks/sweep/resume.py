@@ -47,6 +47,7 @@ class ResumeFrom:
     artifact_uri: str
     history: tuple[dict[str, Any], ...]  # the reports its child run holds, in order
     resumes: int  # times it was picked up before
+    system_steps: int = 0  # system-metric samples its run holds (the next one's step)
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,10 @@ class PriorTrial:
     history: tuple[dict[str, Any], ...] = ()
     resumes: int = 0
     restart: bool = False  # it failed and starts over in a new run (``Tuner.restore(restart_errored=True)``)
+    system_steps: int = 0
 
     def resume_from(self) -> ResumeFrom:
-        return ResumeFrom(self.run_id, self.artifact_uri, self.history, self.resumes)
+        return ResumeFrom(self.run_id, self.artifact_uri, self.history, self.resumes, self.system_steps)
 
 
 @dataclass(frozen=True)
@@ -223,16 +225,24 @@ def load_prior_sweep(
             if result.status is TrialStatus.FAILED and errored == ERRORED_RESUME:
                 history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
                 trials[index] = PriorTrial(
-                    index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes
+                    index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes,
+                    system_steps=_system_steps(run),
                 )
                 continue
             trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, result)
         else:
             history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
             trials[index] = PriorTrial(
-                index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes
+                index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes,
+                system_steps=_system_steps(run),
             )
     return PriorSweep(parent_run_id, trials)
+
+
+def _system_steps(run: Any) -> int:
+    """The system-metric samples a run holds: the step after its latest (MLflow keeps a metric's highest step)."""
+    latest = run.data._metric_objs  # {key: value} lacks the steps
+    return max((m.step for m in latest if m.key == "system/cpu_utilization_percentage"), default=-1) + 1
 
 
 def _history(client: Any, run_id: str, latest: Mapping[str, float], metric: str) -> list[dict[str, Any]]:

@@ -298,6 +298,11 @@ class _TrialRun:
         self.config_history: list[dict[str, Any]] = []
         self.paused = False  # its group stopped to wait for the scheduler's verdict (HyperBand), slot given back
         self.scheduler_told = False  # the scheduler heard of the trial's end (once, on every path)
+        # System metrics from rank 0 (``on_side``): held until the run has a report of its own, numbered on from
+        # the run's earlier ones (a resumed trial's) across the trial's groups.
+        self.own_metrics = bool(spec.resume and spec.resume.history)
+        self.system_held: list[dict[str, Any]] = []
+        self.system_step = spec.resume.system_steps if spec.resume else 0
 
     def end_in_scheduler(self, *, failed: bool, metrics: Mapping[str, Any] | None = None) -> None:
         """Tell the scheduler the trial ended, once, whichever way it ends: a trial it still counts as running
@@ -309,6 +314,26 @@ class _TrialRun:
             self.rt.scheduler.on_trial_error(self.spec.trial_id)
         else:
             self.rt.scheduler.on_trial_complete(self.spec.trial_id, metrics)
+
+    def on_side(self, payload: Any) -> None:
+        """Rank 0's system-metrics samples, as they come with its reports (``TorchTrainer(on_side=...)``)."""
+        if isinstance(payload, dict) and "system" in payload:
+            if self.own_metrics:
+                self._log_system(payload)
+            else:  # MLflow's compare view opens on the metric a run logged first: the trial's own go first
+                self.system_held.append(payload)
+
+    def _log_system(self, sample: dict[str, Any]) -> None:
+        metrics = {f"system/{name}": value for name, value in sample["system"].items()}
+        self.writer.log(metrics, step=self.system_step, timestamp_ms=sample["time_ms"])
+        self.system_step += 1
+
+    def _own_metrics_logged(self) -> None:
+        """The run has a metric of its own now (or never will): the samples held back go out after it."""
+        self.own_metrics = True
+        for sample in self.system_held:
+            self._log_system(sample)
+        self.system_held.clear()
 
     def _non_finite(self, metrics: dict[str, Any]) -> str | None:
         """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
@@ -344,6 +369,8 @@ class _TrialRun:
         # The best value so far goes first: the runs table can sort trials by it while they train, and MLflow's
         # compare view opens its parallel-coordinates plot on the metric a run logged first.
         self.writer.log({**self._best_so_far(metrics), **metrics}, step=step)
+        if not self.own_metrics:
+            self._own_metrics_logged()
         self.diverged = self._non_finite(metrics)
         if self.diverged:  # the loss diverged: FAILED now, and never shown to the scheduler (no promotion)
             self.logger.error("%s: stopping as failed: non-finite %s", spec.name, self.diverged)
@@ -576,6 +603,7 @@ class _TrialRun:
         if self.best_so_far is not None and summary.get(f"best_{spec.template.selection_metric}") == self.best_so_far:
             del summary[f"best_{spec.template.selection_metric}"]  # logged with the report that reached it
         writer.log({**result.usage.metrics(), **summary}, step=max(result.epochs, 0))
+        self._own_metrics_logged()  # a trial that never reported: its samples after its summary
         writer.set_tags(result.summary_tags())
         _show_outcome(spec, rt, writer, result)
         # Stopped by the sweep's own abort (an error elsewhere): KILLED, not a normal early stop.
@@ -624,14 +652,9 @@ class _TrialRun:
         return latest.checkpoint
 
     def _system_metrics(self) -> SystemMetrics | None:
-        """MLflow's system-metrics monitor on rank 0, logging to this trial's run: only with a tracking server
-        (a SQLite store is written by the flow process alone: a second writer would lock it)."""
-        uri = self.rt.tracker.tracking_uri
-        if self.spec.template.system_metrics_interval_s <= 0 or not uri.startswith(("http://", "https://")):
-            return None
-        return SystemMetrics(
-            uri, self.writer.run_id, self.spec.template.system_metrics_interval_s, auth_env=tracking_auth_env()
-        )
+        """The system-metrics sampler on rank 0; its samples come back with the reports (``on_side``)."""
+        interval_s = self.spec.template.system_metrics_interval_s
+        return SystemMetrics(interval_s) if interval_s > 0 else None
 
     def _trial_run(self) -> TrialRun:
         """The trial's MLflow run as its ranks reach it (``setup_mlflow`` binds ``mlflow`` to it)."""
@@ -673,6 +696,7 @@ class _TrialRun:
             torch_config=train.TorchConfig(hang_timeout_s=spec.template.hang_timeout_s),
             client=self.rt.client,
             on_report=self.on_report,
+            on_side=self.on_side,
             resume_from_checkpoint=resume_from,
         )
 

@@ -411,8 +411,10 @@ class RunWriter:
     def log_params(self, params: dict[str, Any]) -> None:
         self._queue.put(("params", dict(params)))
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self._queue.put(("metrics", (dict(metrics), step, int(time.time() * 1000))))
+    def log(self, metrics: dict[str, Any], step: int, *, timestamp_ms: int | None = None) -> None:
+        """``timestamp_ms``: when the values were taken (default: now)."""
+        at_ms = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        self._queue.put(("metrics", (dict(metrics), step, at_ms)))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._queue.put(("tags", dict(tags)))
@@ -449,24 +451,17 @@ class RunWriter:
 
     # ---- the writer thread
     def _loop(self) -> None:
-        reported = False  # the run has a metric: its first report went out
         while True:
             items = [self._queue.get()]
-            # Linger briefly so a burst (params, status, a report or two) becomes one request: every request
-            # costs the tracking server a transaction and CPU that the trainers beside it would rather have.
-            # The run's end (and a deletion) cuts the wait short, and so does the run's first report: until the
-            # run has a metric of its own, the trial's system-metrics sampler holds its samples back (MLflow's
-            # compare view opens on the metric a run logged first), and a trial that ends meanwhile waits for it
-            # (training/system_metrics.py): a linger here was up to half a second more for every short trial.
+            # Linger briefly so a burst (params, status, a report or two, system metrics, the run's outcome)
+            # becomes one request: every request costs the tracking server a transaction and CPU that the
+            # trainers beside it would rather have. The run's end cuts the wait short.
             deadline = time.monotonic() + self.linger_s
-            while (timeout := deadline - time.monotonic()) > 0 and not (
-                items[-1] is self._STOP or (not reported and _kind(items[-1]) == "metrics")
-            ):
+            while (timeout := deadline - time.monotonic()) > 0 and items[-1] is not self._STOP:
                 try:
                     items.append(self._queue.get(timeout=timeout))
                 except queue.Empty:
                     break
-            reported = reported or any(_kind(item) == "metrics" for item in items)
             if self._error is None:
                 try:
                     self._write(items)

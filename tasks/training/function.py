@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_scope
+from sweepflow.tasks.tracking.credentials import SecretEnv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,48 +59,41 @@ def import_train_fn(path: str) -> Callable[..., Any]:
     return fn
 
 
-_SYSTEM_METRICS_FINISH_S = 10.0  # longest a trial's end waits for its last system metrics to be written
+_SYSTEM_METRICS_FINISH_S = 10.0  # longest a trial's end waits for its sampler's last sample
 
 
 @dataclass(frozen=True)
 class SystemMetrics:
-    """Where rank 0 logs the trial's system metrics (``system/cpu_utilization_percentage``, the trial's own
+    """How rank 0 samples the trial's system metrics (``system/cpu_utilization_percentage``, the trial's own
     ``system/process_cpu_percentage``, memory, GPU; see ``system_metrics.py``) while it trains: from its start,
-    at gaps growing up to ``interval_s`` seconds, and at its end, to run ``run_id`` on ``tracking_uri``.
-    ``auth_env``: the flow's MLflow credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) for a server that
-    asks for them; they travel with the Dask task, are set on rank 0 only while it trains, and are never in a
-    repr."""
+    at gaps growing up to ``interval_s`` seconds, and at its end. The samples travel to the sweep with the
+    trial's reports (``ddp_runtime.session.side_channel``), which writes them to the trial's MLflow run: the
+    ranks never talk to the tracking server for them."""
 
-    tracking_uri: str
-    run_id: str
     interval_s: float
-    auth_env: SecretEnv = field(default_factory=SecretEnv)
-
-    def __repr__(self) -> str:  # the URI may hold credentials: never in a repr, log or message
-        return f"SystemMetrics(run_id={self.run_id!r}, interval_s={self.interval_s!r})"
 
 
 @contextlib.contextmanager
 def _system_metrics(settings: SystemMetrics | None) -> Iterator[None]:
     """The trial's system-metrics sampler around the training function, on rank 0 only (one machine's view per
-    trial). Every call to the tracking server happens in the sampler's thread, never the training thread's (a
-    server that is away keeps MLflow's HTTP client retrying for minutes); the function's end waits at most
-    _SYSTEM_METRICS_FINISH_S for the last sample to be written."""
-    import ddp_runtime
+    trial); the function's end waits at most _SYSTEM_METRICS_FINISH_S for the last sample."""
+    import ddp_runtime.session
 
-    if settings is None or ddp_runtime.get_context().get_world_rank() != 0:
+    if settings is None:
+        yield
+        return
+    post = ddp_runtime.session.side_channel(flush_after_s=settings.interval_s)
+    if post is None:  # not rank 0
         yield
         return
     from sweepflow.tasks.training.system_metrics import TrialSampler
 
-    # MLflow's client reads the auth variables on every request: they are set for as long as the sampler runs.
-    with tracking_auth_scope(settings.auth_env):
-        sampler = TrialSampler(settings.tracking_uri, settings.run_id, max_interval_s=settings.interval_s)
-        sampler.start()
-        try:
-            yield
-        finally:
-            sampler.stop(_SYSTEM_METRICS_FINISH_S)
+    sampler = TrialSampler(post, max_interval_s=settings.interval_s)
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.stop(_SYSTEM_METRICS_FINISH_S)
 
 
 @dataclass(frozen=True)
@@ -264,7 +257,7 @@ class TrainFunction:
     with the driver script's directory on the path (its sibling modules import there, as on Ray's workers)."""
 
     target: str | Callable[..., Any]
-    system_metrics: SystemMetrics | None = None  # MLflow system metrics from rank 0 while it trains
+    system_metrics: SystemMetrics | None = None  # sample system metrics on rank 0 while it trains
     trial_run: TrialRun | None = None  # the trial's MLflow run (``current_trial_run`` on every rank)
     # A function object's: the driver script's directory, importable on the ranks while it runs (default: the
     # directory of the process that builds this, the driver's: ``driver_script_dir``).
@@ -286,16 +279,11 @@ class TrainFunction:
                 "process and on every Dask worker (install your package there, or put it on PYTHONPATH)"
             )
 
-    def warm_up(self, *, system_metrics: bool = False) -> None:
+    def warm_up(self) -> None:
         """Import the function's module where it will run, ahead of its first trial (the sweep's worker start-up:
-        ``ddp_runtime.cluster.warm_up_workers``; a function object's modules came with it), and with
-        ``system_metrics`` what the trial's system-metrics sampler writes with."""
+        ``ddp_runtime.cluster.warm_up_workers``; a function object's modules came with it)."""
         if isinstance(self.target, str):
             import_train_fn(self.target)
-        if system_metrics:
-            from sweepflow.tasks.training.system_metrics import warm_up
-
-            warm_up()
 
     @property
     def path(self) -> str:

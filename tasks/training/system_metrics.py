@@ -18,13 +18,11 @@ whose first call returns 0.0; and it is the host's CPU, not the trial's. Here, o
   ``system/gpu_<i>_utilization_percentage``, ``..._memory_usage_megabytes``, ``..._memory_usage_percentage``
   (``<i>``: its index as ``nvidia-smi`` shows it), through NVML (``pynvml``) when it loads, else one
   ``nvidia-smi`` call per sample;
-- writes each sample as one ``log_batch`` request, from its own thread (never the training thread's), numbered
-  on from the run's earlier system metrics (a restarted group continues the steps); a sample taken before the
-  client was ready, or whose write failed, goes with the next one. (MLflow's client is imported during the
-  workers' start-up, ``warm_up``: imported by a trial's sampler, it would hold the GIL against its training.)
-- writes nothing before the run has a metric of the trial's own (its first report): MLflow's compare view opens
-  its parallel-coordinates plot on the metric a run logged first, which must be the trial's best value, not
-  the CPU. A trial that never reports gets its samples at its end, after a short wait for its last report.
+- hands each sample to rank 0's side channel to the sweep (``ddp_runtime.session.side_channel``): it travels
+  with the trial's next report (no request of its own) and the sweep writes it to the trial's MLflow run, after
+  the trial's first report (MLflow's compare view opens its parallel-coordinates plot on the metric a run logged
+  first, which must be the trial's best value, not the CPU) and numbered on from the run's earlier system
+  metrics (a restarted group continues the steps). The ranks never talk to the tracking server for them.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import psutil
@@ -43,10 +42,6 @@ log = logging.getLogger(__name__)
 
 FIRST_SAMPLE_S = 0.5  # the first sample, after the function starts (sooner when max_interval_s is shorter)
 LAST_SAMPLE_MIN_S = 0.1  # the sample at the end is taken when at least this long has passed since the last one
-_STEP_FROM = "system/cpu_utilization_percentage"  # the metric whose last step a restarted group continues from
-_GIVE_UP_AFTER = 3  # consecutive failed writes (the server is away): the sampler stops
-_OWN_METRIC_WAIT_S = 2.0  # at the end, the longest wait for the trial's first report to reach its run
-_OWN_METRIC_POLL_S = 0.05  # how often it asks meanwhile (the trial's end waits for it: its first report is on its way)
 NVIDIA_SMI_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total"
 _MIB = 1024 * 1024 / 1e6  # nvidia-smi's MiB in MB (MLflow's system metrics are in MB)
 
@@ -258,38 +253,26 @@ def find_gpus() -> GpuReader | None:
 
 
 class TrialSampler:
-    """Samples the system metrics of the process ``pid`` (default: this one) and its host into run ``run_id`` on
-    ``tracking_uri``, in one thread, from ``start()`` to ``stop()``; see the module docstring."""
+    """Samples the system metrics of the process ``pid`` (default: this one) and its host, in one thread, from
+    ``start()`` to ``stop()``, and hands each sample to ``post`` (``{"system": {name: value}, "time_ms": ...}``);
+    see the module docstring."""
 
-    def __init__(
-        self,
-        tracking_uri: str,
-        run_id: str,
-        *,
-        max_interval_s: float,
-        pid: int | None = None,
-    ) -> None:
-        self.tracking_uri, self.run_id = tracking_uri, run_id
+    def __init__(self, post: Callable[[Any], None], *, max_interval_s: float, pid: int | None = None) -> None:
+        self.post = post
         self.max_interval_s = max(max_interval_s, 0.05)
         self.pid = pid or os.getpid()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sweepflow-system-metrics", daemon=True)
-        self.samples = 0  # written
-        self.failures = 0  # consecutive failed writes
+        self.samples = 0  # handed over
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float) -> bool:
-        """Take the last sample, write it, and end; waits at most ``timeout_s``. True when it ended in time."""
+        """Take the last sample, hand it over, and end; waits at most ``timeout_s``. True when it ended in time."""
         self._stopping.set()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-    def _client(self) -> Any:
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(self.tracking_uri)
 
     def _run(self) -> None:
         started = time.monotonic()
@@ -303,81 +286,21 @@ class TrialSampler:
         except (OSError, RuntimeError):
             net_start = None
         gpus = find_gpus()
-        client, step, reported = None, 0, False
-        pending: list[tuple[dict[str, float], int]] = []  # samples not written yet, with their times (ms)
         last_sample = started
         while True:
             gap = next_gap(last_sample - started, self.max_interval_s)
             stopping = self._stopping.wait(max(last_sample + gap - time.monotonic(), 0.0))
-            if stopping and time.monotonic() - last_sample < LAST_SAMPLE_MIN_S and not pending:
+            if stopping and time.monotonic() - last_sample < LAST_SAMPLE_MIN_S:
                 return  # sampled a moment ago: nothing new to say
-            if not stopping or time.monotonic() - last_sample >= LAST_SAMPLE_MIN_S:
-                last_sample = time.monotonic()
-                values = {**cpu.sample(), **_host_memory_disk_network(net_start)}
-                if gpus is not None:
-                    values.update(gpus.read())
-                pending.append((values, int(time.time() * 1000)))
-            if client is None:  # after the first sample: MLflow's import is slow in a process that lacks it
-                try:
-                    client = self._client()
-                except Exception as exc:  # noqa: BLE001 - the trial trains on; its run lacks system metrics
-                    log.warning("system metrics of run %s: no MLflow client (%s)", self.run_id, type(exc).__name__)
-                    return
-            if not reported:  # the trial's own metrics go first (see the module docstring)
-                reported, step = self._has_own_metrics(client, wait_s=_OWN_METRIC_WAIT_S if stopping else 0.0)
-                if not reported and not stopping:
-                    continue
-            if self._write(client, pending, step):
-                step += len(pending)
-                pending = []
-            elif self.failures >= _GIVE_UP_AFTER:
-                log.warning("system metrics of run %s: stopped after %d failed writes", self.run_id, self.failures)
+            last_sample = time.monotonic()
+            values = {**cpu.sample(), **_host_memory_disk_network(net_start)}
+            if gpus is not None:
+                values.update(gpus.read())
+            try:
+                self.post({"system": values, "time_ms": int(time.time() * 1000)})
+            except BaseException as exc:  # noqa: BLE001 - the trial trains on (or is ending): said once, here
+                log.warning("system metrics: sampling stopped: %s: %s", type(exc).__name__, exc)
                 return
+            self.samples += 1
             if stopping:
                 return
-
-    def _has_own_metrics(self, client: Any, *, wait_s: float) -> tuple[bool, int]:
-        """Whether the run has a metric that is not a system metric, asked again for up to ``wait_s`` seconds;
-        and the step this sampler's samples start from: after the run's earlier system metrics (a restarted or
-        resumed trial's: the latest value MLflow keeps of a metric is its highest step), else 0. One request."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                latest = client.get_run(self.run_id).data._metric_objs  # {key: value} lacks the steps
-            except Exception:  # noqa: BLE001 - the server is slow to answer: the next sample asks again
-                latest = []
-            reported = any(not m.key.startswith("system/") for m in latest)
-            if reported or time.monotonic() >= deadline:
-                return reported, max((m.step for m in latest if m.key == _STEP_FROM), default=-1) + 1
-            time.sleep(_OWN_METRIC_POLL_S)
-
-    def _write(self, client: Any, samples: list[tuple[dict[str, float], int]], step: int) -> bool:
-        """One ``log_batch`` request with the samples not written yet (usually one), numbered from ``step``."""
-        from mlflow.entities import Metric
-
-        metrics = [
-            Metric(f"system/{name}", float(value), at_ms, step + i)
-            for i, (values, at_ms) in enumerate(samples)
-            for name, value in values.items()
-        ]
-        try:
-            client.log_batch(self.run_id, metrics=metrics, synchronous=True)
-        except Exception as exc:  # noqa: BLE001 - the trial trains on; said once in the worker's log
-            self.failures += 1
-            if self.failures == 1:
-                log.warning("system metrics of run %s not written: %s: %s", self.run_id, type(exc).__name__, exc)
-            return False
-        self.failures = 0
-        self.samples += len(samples)
-        return True
-
-
-def warm_up() -> None:
-    """Import what the sampler writes with (MLflow's client), during a worker's start-up: imported by the first
-    trial's sampler instead, it would hold the GIL against that trial's training for seconds."""
-    import mlflow.entities  # noqa: F401
-    import mlflow.tracking  # noqa: F401
-
-    from sweepflow.tasks.compat import skip_databricks_request_headers
-
-    skip_databricks_request_headers()  # each sample's request would search sys.path for Databricks modules
