@@ -171,9 +171,8 @@ class _Rank0Link:
     def __init__(self, spec: RankSpec) -> None:
         self._timeout_s = spec.timeout_s
         self._queues: dict[str, Any] = {}
-        self._sending = (
-            threading.Lock()
-        )  # one message at a time awaits its verdict: a report, or side messages
+        # One message at a time awaits its verdict: a report, or side messages sent alone.
+        self._sending = threading.Lock()
         self._side_lock = threading.Lock()
         self._side: list[Any] = []
         self._side_since: float | None = None  # when the oldest unsent side message was posted (monotonic)

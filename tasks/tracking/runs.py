@@ -509,11 +509,6 @@ class RunWriter:
         flush()
 
 
-def _kind(item: Any) -> str | None:
-    """What a queued ``RunWriter`` item is ("params", "metrics", ...; None for the stop marker)."""
-    return item[0] if isinstance(item, tuple) else None
-
-
 class RunWriters:
     """The writers of a sweep's child runs, joined together when it ends.
 
