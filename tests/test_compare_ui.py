@@ -147,6 +147,14 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     for name, (url, size) in pages.items():
         path = screenshot(url, os.path.join(shots, name), size=size, wait_ms=15000)
         assert _drawn(path) > 0.03, f"{name}: the page is nearly blank"
+    # The best trial's "System metrics" tab charts what its rank 0 sampled (the samples came with its reports).
+    system_tab = links.run(eid, summary["best_trial"]["run_id"]).replace("?", "/system-metrics?", 1)
+    dom = page_showing(
+        system_tab, str(tmp_path / "system"), "cpu_utilization_percentage", "process_memory_megabytes",
+        size=(1400, 1200), screenshot_path=os.path.join(shots, "mlflow-system-metrics.png"),
+    )
+    assert "cpu_utilization_percentage" in dom and "process_memory_megabytes" in dom
+    assert _drawn(os.path.join(shots, "mlflow-system-metrics.png")) > 0.03
 
 
 @pytest.mark.browser
