@@ -57,3 +57,16 @@ def train_with_fault(config: dict) -> None:
     # worker process to itself: one thread per worker.)
     with mock.patch.object(ddp_runtime, "report", report):
         train_image_classifier(config)
+
+
+def silent_but_sampling(config: dict) -> None:
+    """Reports once, then never again while its rank 0 keeps posting side messages (as the system-metrics sampler
+    does), each batch of them sent alone: a hang all the same."""
+    import ddp_runtime.session
+
+    post = ddp_runtime.session.side_channel(flush_after_s=0.05)
+    ddp_runtime.report({"epoch": 1})
+    until = time.monotonic() + HANG_S
+    while time.monotonic() < until:
+        post({"t": time.time()})
+        time.sleep(0.1)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from conftest import whole
-from fault_fns import hang_on_rank_one
+from fault_fns import hang_on_rank_one, silent_but_sampling
 from mlflow_server import sqlite_store
 
 import ddp_runtime as train
@@ -116,6 +116,24 @@ def test_a_hang_is_a_failure_that_restarts_the_group(cluster, tmp_path):
     # The second attempt ran on the fresh workers the failed group's teardown started: their one-time start-up
     # (imports) is reported apart, not in the time the group held them.
     assert result.startup_s > 0
+
+
+@pytest.mark.timeout(180)  # were they progress, it would wait for HANG_S
+def test_side_messages_alone_are_no_progress_for_the_hang_timeout(cluster, tmp_path):
+    """A rank 0 that stopped reporting but whose sampler still sends its samples is hung: found at
+    hang_timeout_s, with the samples it sent meanwhile delivered."""
+    samples = []
+    with pytest.raises(train.TrainingFailedError) as failed:
+        TorchTrainer(
+            silent_but_sampling,
+            scaling_config=train.ScalingConfig(num_workers=1),
+            run_config=train.RunConfig(storage_path=str(tmp_path / "results")),
+            torch_config=train.TorchConfig(hang_timeout_s=2),
+            client=cluster,
+            on_side=samples.append,
+        ).fit()
+    assert isinstance(failed.value.result.error, train.RankHangError)
+    assert len(samples) >= 10  # about one every 0.1 s over the 2 s
 
 
 def test_hang_timeout_s_is_validated():
