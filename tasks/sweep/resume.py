@@ -240,9 +240,10 @@ def load_prior_sweep(
 
 
 def _system_steps(run: Any) -> int:
-    """The system-metric samples a run holds: the step after its latest (MLflow keeps a metric's highest step)."""
+    """The system-metric samples a run holds: the step after its latest (MLflow keeps a metric's highest step;
+    every metric of a sample has the sample's step)."""
     latest = run.data._metric_objs  # {key: value} lacks the steps
-    return max((m.step for m in latest if m.key == "system/cpu_utilization_percentage"), default=-1) + 1
+    return max((m.step for m in latest if m.key.startswith("system/")), default=-1) + 1
 
 
 def _history(client: Any, run_id: str, latest: Mapping[str, float], metric: str) -> list[dict[str, Any]]:
