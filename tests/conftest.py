@@ -129,18 +129,18 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     )
     from prefect.testing.utilities import prefect_test_harness
 
-    from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS
+    from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS, PREFECT_SERVER_SETTINGS
 
     settings = {
         PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
     }
     with temporary_settings(settings):
-        # The server runs the background server's quiet loop services (`sweepflow server start` runs with them): it
-        # lives as long as the session, beside the tests, on the same 2 cores. It takes them from the environment
-        # it starts with; no other process of the session gets them.
+        # The server runs with the background server's settings (`sweepflow server start`'s: quiet loop services,
+        # the task-run recorder's batching): it lives as long as the session, beside the tests, on the same 2
+        # cores. It takes them from the environment it starts with; no other process of the session gets them.
         harness = prefect_test_harness(server_startup_timeout=120)
-        with _environ(LOCAL_PREFECT_SERVER_SETTINGS):
+        with _environ({**PREFECT_SERVER_SETTINGS, **LOCAL_PREFECT_SERVER_SETTINGS}):
             harness.__enter__()
         try:
             yield

@@ -126,17 +126,25 @@ def test_the_local_prefect_servers_settings_are_prefects_own_and_valid(monkeypat
     value of the wrong form would stop the server at its start."""
     from prefect.settings import Settings
 
-    from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS, prefect_server_spec
+    from sweepflow.services.local import (
+        LOCAL_PREFECT_SERVER_SETTINGS,
+        PREFECT_SERVER_SETTINGS,
+        prefect_server_spec,
+    )
 
     known = Settings().to_environment_variables(exclude_unset=False)
     assert not set(LOCAL_PREFECT_SERVER_SETTINGS) - set(known)
-    for name, value in LOCAL_PREFECT_SERVER_SETTINGS.items():
+    assert not set(PREFECT_SERVER_SETTINGS) - set(known)
+    for name, value in {**PREFECT_SERVER_SETTINGS, **LOCAL_PREFECT_SERVER_SETTINGS}.items():
         monkeypatch.setenv(name, value)
     assert Settings().server.services.late_runs.loop_seconds == 60
+    recorder = Settings().server.services.task_run_recorder
+    assert (recorder.batch_size, recorder.flush_interval) == (20, 1)  # batched, flushed every second
     assert Settings().server.events.proactive_granularity.total_seconds() == 60
     assert Settings().server.services.scheduler.enabled  # slowed, none turned off
     spec = prefect_server_spec(str(tmp_path), settings={})  # the stack's: Prefect's own intervals
     assert not set(LOCAL_PREFECT_SERVER_SETTINGS) & set(spec.env)
+    assert spec.env.items() >= PREFECT_SERVER_SETTINGS.items()  # but the recorder's batching, as every server
 
 
 def test_the_local_dask_config_names_dasks_own_settings():

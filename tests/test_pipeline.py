@@ -10,6 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import sqlite_store
 from prefect import flow
+from prefect_records import final_task_run
 
 from sweepflow.flows.config import PipelineConfig, resolve_settings
 from sweepflow.flows.pipeline import build_sweep, training_pipeline
@@ -125,7 +126,7 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     by_index = sorted(children, key=lambda c: int(c.data.tags["sweepflow.trial_index"]))
     with get_client(sync_client=True) as prefect:
         task_started = {
-            c.info.run_id: prefect.read_task_run(c.data.tags["prefect.task_run_id"]).start_time.timestamp()
+            c.info.run_id: final_task_run(prefect, c.data.tags["prefect.task_run_id"]).start_time.timestamp()
             for c in children
         }
     for before, after in zip(by_index, by_index[1:], strict=False):

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefect_records import final_task_runs
 
 from ddp_runtime.cluster import local_cluster
 from sweepflow.flows import cli
@@ -213,7 +214,7 @@ def _prefect_leaks(flow_run_id: str, since: Any) -> list[str]:
             found += leaks(
                 state.model_dump_json(exclude={"data"}) + (state.message or ""), "a flow run state"
             )
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
+        task_runs = final_task_runs(client, flow_run_id, at_least=4)
         assert {t.name.split("-")[0] for t in task_runs} >= {"download", "trial_0000", "evaluate", "register"}
         for task_run in task_runs:
             found += leaks(

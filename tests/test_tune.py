@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect_records import final_task_run, final_task_runs
 
 import ddp_runtime as train
 from ddp_runtime.torch import TorchTrainer
@@ -110,16 +111,12 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
-        FlowRunFilter,
-        FlowRunFilterId,
     )
 
     with get_client(sync_client=True) as prefect:
         flow_run = prefect.read_flow_run(info["prefect_flow_run_id"])
         assert flow_run.state.is_completed()
-        task_runs = prefect.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-        )
+        task_runs = final_task_runs(prefect, flow_run.id, at_least=3)
         board = [
             a
             for a in prefect.read_artifacts(
@@ -491,7 +488,7 @@ def test_the_median_stopping_rule_stops_a_trial_behind_the_others(services):
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as prefect:
-        state = prefect.read_task_run(stopped.data.tags["prefect.task_run_id"]).state
+        state = final_task_run(prefect, stopped.data.tags["prefect.task_run_id"]).state
     assert state.is_completed() and state.name == "Stopped early"
     assert state.message.endswith("stopped early (median stopping rule) at epoch 2")
     assert "stopped early (median stopping rule) at epoch 2" in stopped.data.tags["mlflow.note.content"]

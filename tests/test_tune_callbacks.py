@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect_records import final_task_runs
 
 from sweepflow import tune
 from sweepflow.air.integrations.mlflow import MLflowLoggerCallback, setup_mlflow
@@ -154,12 +155,9 @@ def test_callbacks_mlflow_logger_setup_mlflow_and_trial_names(services, tmp_path
     assert [str(t) for t in analysis.trials] == [names[t] for t in sorted(names)]
 
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as prefect:
-        task_runs = prefect.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[analysis.info["prefect_flow_run_id"]]))
-        )
+        task_runs = final_task_runs(prefect, analysis.info["prefect_flow_run_id"], at_least=len(names))
     assert set(names.values()) <= {t.name for t in task_runs}  # the trials' task runs carry the names too
 
 
