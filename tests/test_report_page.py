@@ -7,6 +7,7 @@ the policy and draws the plots)."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import secrets
 import urllib.error
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from browser import rendered_dom
 from http_stub import serving
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from mlflow_server import basic_auth_env, run_mlflow_server
 
@@ -143,7 +145,10 @@ def test_the_server_serves_the_report_as_a_page(mlflow_server: str, tmp_path) ->
     for path in ("model/evil.html", "report/../model/evil.html"):
         assert _get(page_url(mlflow_server, run, path))[0] == 404, path
     assert _get(page_url(mlflow_server, "0" * 32, REPORT_PATH))[0] == 404  # no such run
-    assert _get(f"{mlflow_server}{PING_ROUTE}")[2] == b'{"report_route":"/sweepflow/report"}\n'
+    assert json.loads(_get(f"{mlflow_server}{PING_ROUTE}")[2]) == {
+        "report_route": "/sweepflow/report",
+        "finish_route": "/ajax-api/2.0/sweepflow/runs/finish",
+    }
 
     # A browser renders it, and the page's script runs under the sandbox the policy sets.
     dom = rendered_dom(url, str(tmp_path / "profile"), wait_ms=5000)
@@ -176,3 +181,20 @@ def test_basic_auth_reads_the_report_as_it_reads_artifacts(tmp_path, monkeypatch
         AuthServiceClient(uri).create_user("reader", "pw-reader-123456")
         assert _get(url, ("reader", "pw-reader-123456"))[0] == 403  # logged in, but no permission on the run
         assert os.environ["MLFLOW_TRACKING_USERNAME"] == admin
+
+        # The route that ends a run with its last writes asks for what MLflow's update asks for.
+        import requests
+
+        from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE
+        from sweepflow.tasks.tracking.runs import RunTracker
+
+        finish = {"run_id": run, "status": "FINISHED", "end_time": 1, "tags": [{"key": "k", "value": "v"}]}
+        for auth, code in ((None, 401), (("reader", "pw-reader-123456"), 403)):
+            assert requests.post(uri + FINISH_ROUTE, json=finish, auth=auth, timeout=30).status_code == code
+        client = MlflowClient(uri)
+        assert client.get_run(run).info.status == "RUNNING" and "k" not in client.get_run(run).data.tags
+        tracker = RunTracker(uri, "auth-report")  # the admin's credentials, from the environment
+        tracker.finish(run, "FINISHED", metrics=[Metric("m", 1.0, 1, 0)])
+        assert tracker._has_finish_route()
+        ended = client.get_run(run)
+        assert ended.info.status == "FINISHED" and ended.data.metrics == {"m": 1.0}

@@ -6,6 +6,7 @@ import time
 import uuid
 
 import pytest
+from mlflow_server import sqlite_store
 
 from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
 
@@ -150,3 +151,64 @@ def test_run_writers_let_go_of_ended_writers_and_still_raise_their_errors(mlflow
     with pytest.raises(RuntimeError, match="some trial results did not reach MLflow"):
         writers.join()
     assert tracker.client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_runs_last_writes_and_its_end_go_in_one_request_to_sweepflows_server(mlflow_server, monkeypatch):
+    """sweepflow's MLflow app takes what the writer still holds and the run's end together (log-batch and
+    update were two requests, two transactions): nothing else is sent, and everything lands, NaN included."""
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    run_id, _ = tracker.create_run("trial")
+    writer = RunWriter(tracker, run_id, linger_s=60.0)
+    writer.log_params({"lr": 0.01})
+    writer.log({"val_loss": 0.5, "diverged": float("nan")}, step=1)
+    writer.set_tags({"sweepflow.outcome": "stopped early"})
+    other_requests: list[str] = []
+    monkeypatch.setattr(tracker.client, "log_batch", lambda *a, **k: other_requests.append("log-batch"))
+    monkeypatch.setattr(tracker, "_update_run_info", lambda *a, **k: other_requests.append("update"))
+    writer.finish("KILLED")
+    writer.join()
+    assert other_requests == [] and tracker._has_finish_route()
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.info.end_time >= run.info.start_time
+    assert run.data.params == {"lr": "0.01"} and run.data.tags["sweepflow.outcome"] == "stopped early"
+    assert (
+        run.data.metrics["val_loss"] == 0.5 and run.data.metrics["diverged"] != run.data.metrics["diverged"]
+    )
+
+
+def test_the_finish_route_refuses_what_update_would(mlflow_server):
+    """A status that is not an end, a missing end time, a run that does not exist: MLflow's error answers."""
+    import requests
+
+    from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE
+
+    tracker = RunTracker(mlflow_server, f"writer-{uuid.uuid4().hex[:8]}")
+    run_id, _ = tracker.create_run("trial")
+    url = mlflow_server.rstrip("/") + FINISH_ROUTE
+    for body in (
+        {"run_id": run_id, "status": "RUNNING", "end_time": 1},
+        {"run_id": run_id, "status": "FINISHED"},
+        {"status": "FINISHED", "end_time": 1},
+    ):
+        response = requests.post(url, json=body, timeout=30)
+        assert response.status_code == 400 and response.json()["error_code"] == "INVALID_PARAMETER_VALUE", (
+            body
+        )
+    missing = requests.post(
+        url, json={"run_id": uuid.uuid4().hex, "status": "FINISHED", "end_time": 1}, timeout=30
+    )
+    assert missing.status_code == 404, missing.text
+    assert tracker.client.get_run(run_id).info.status == "RUNNING"
+
+
+def test_without_the_route_the_end_is_a_batch_then_an_update(tmp_path):
+    """A store without sweepflow's server (here SQLite; a stock ``mlflow server`` alike) gets the two calls."""
+    tracker = RunTracker(sqlite_store(tmp_path), "writer")
+    run_id, _ = tracker.create_run("trial")
+    writer = RunWriter(tracker, run_id)
+    writer.log({"val_loss": 0.5}, step=1)
+    writer.finish("FINISHED")
+    writer.join()
+    assert not tracker._has_finish_route()
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"val_loss": 0.5}

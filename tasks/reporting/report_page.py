@@ -26,6 +26,8 @@ import posixpath
 from typing import Any
 from urllib.parse import urlencode
 
+from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_run_handler
+
 __all__ = [
     "APP_NAME",
     "AUTH_APP_NAME",
@@ -43,7 +45,7 @@ logger = logging.getLogger(__name__)
 APP_NAME = "sweepflow"  # `mlflow server --app-name sweepflow`: MLflow's app plus the report route
 AUTH_APP_NAME = "sweepflow-basic-auth"  # the same on top of MLflow's basic-auth app
 REPORT_ROUTE = "/sweepflow/report"
-PING_ROUTE = "/sweepflow/report-server"  # answers {"report_route": REPORT_ROUTE}: the server has the route
+PING_ROUTE = "/sweepflow/report-server"  # answers {"report_route": REPORT_ROUTE, "finish_route": FINISH_ROUTE}
 REPORT_DIR = "report/"
 REPORT_PATH = "report/sweep_report.html"  # the sweep report, as the parent run's artifact
 # The page runs as an opaque origin and fetches nothing; its links may open (unsandboxed) tabs.
@@ -74,6 +76,15 @@ def report_page_url(tracking_uri: str, ui: str | None, run_id: str, path: str) -
 
 
 def _serves_report_pages(tracking_uri: str) -> bool:
+    # The report is logged either way; without the route its link goes to MLflow's artifact viewer.
+    routes = server_routes(tracking_uri, purpose="serves report pages (else: the report is linked in its artifact view)")
+    return bool(routes) and routes.get("report_route") == REPORT_ROUTE
+
+
+def server_routes(tracking_uri: str, *, purpose: str) -> dict[str, Any] | None:
+    """sweepflow's routes on the tracking server at ``tracking_uri`` (``{"report_route": ..., "finish_route":
+    ...}``, see ``_ping``): empty when it has none (a stock ``mlflow server``), None when it cannot be asked now.
+    ``purpose``: what the caller wanted to know, for the log line when it has none."""
     from mlflow.exceptions import MlflowException
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request
@@ -89,26 +100,26 @@ def _serves_report_pages(tracking_uri: str) -> bool:
             raise_on_status=False,
         )
     except (MlflowException, RequestException) as exc:
-        # The report is logged either way; only its link falls back to MLflow's artifact viewer.
-        logger.warning(
-            "could not ask %s whether it serves report pages (%s): linking its artifact view",
-            tracking_uri,
-            exc,
-        )
-        return False
+        # Not at the top: the MLflow server imports this module, and the datasets package imports torch.
+        from sweepflow.tasks.datasets.uris import redact
+
+        logger.warning("could not ask %s whether it %s (%s)", redact(tracking_uri), purpose, redact(str(exc)))
+        return None
     if response.status_code != 200:
         logger.info(
-            "the tracking server does not serve report pages (%s %s: not started with `--app-name %s`): "
-            "the report is linked in its artifact view",
+            "the tracking server has no sweepflow routes (%s %s: not started with `--app-name %s`); asked whether "
+            "it %s",
             PING_ROUTE,
             response.status_code,
             APP_NAME,
+            purpose,
         )
-        return False
+        return {}
     try:
-        return response.json().get("report_route") == REPORT_ROUTE
+        routes = response.json()
     except ValueError:  # a proxy's HTML error page, say
-        return False
+        return {}
+    return routes if isinstance(routes, dict) else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -164,7 +175,7 @@ def _basic_auth_denies() -> Any:
 def _ping() -> Any:
     from flask import jsonify
 
-    return jsonify({"report_route": REPORT_ROUTE})
+    return jsonify({"report_route": REPORT_ROUTE, "finish_route": FINISH_ROUTE})
 
 
 def _add_routes(app: Any) -> None:
@@ -174,6 +185,7 @@ def _add_routes(app: Any) -> None:
         return  # one app per process, but a factory may be called twice (tests)
     app.add_url_rule(_add_static_prefix(REPORT_ROUTE), "sweepflow_report", _serve_report, methods=["GET"])
     app.add_url_rule(_add_static_prefix(PING_ROUTE), "sweepflow_report_server", _ping, methods=["GET"])
+    app.add_url_rule(_add_static_prefix(FINISH_ROUTE), "sweepflow_finish_run", finish_run_handler, methods=["POST"])
 
 
 def _served(app: Any) -> Any:

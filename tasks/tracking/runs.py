@@ -38,6 +38,7 @@ from mlflow.tracking import MlflowClient
 from ddp_runtime.retry import Backoff, seconds_setting
 from sweepflow.tasks.compat import skip_databricks_request_headers, update_run_status
 from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_payload, send_finish
 
 PARENT_TAG = "mlflow.parentRunId"
 #: A unique id set on every run at its creation: a retried creation finds the run instead of making a second one.
@@ -145,6 +146,8 @@ class RunTracker:
         #: a retry found done).
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
+        self._finish_route: bool | None = None  # the server takes a run's last writes and end in one request
+        self._finish_route_lock = threading.Lock()
         self.experiment_id = self._call(
             f"opening experiment {experiment_name!r}",
             lambda _: self._experiment(experiment_name, artifact_root),
@@ -320,6 +323,51 @@ class RunTracker:
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, KILLED (early-stopped) or FAILED."""
         self._update_run_info(run_id, status, end_time=int(time.time() * 1000))
+
+    def finish(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        metrics: Sequence[Metric] = (),
+        params: Sequence[Param] = (),
+        tags: Sequence[RunTag] = (),
+    ) -> None:
+        """The run's last writes, then its end (FINISHED, KILLED or FAILED): one request to a sweepflow tracking
+        server (``finish_route``), else ``log_batch`` and ``end_run``. Retried as they are; a retry re-sends only
+        what the server does not hold yet."""
+        metrics, params, tags = list(metrics), list(params), list(tags)
+        end_time = int(time.time() * 1000)
+        if len(metrics) > 1000 or len(params) > 100 or len(tags) > 100 or not self._has_finish_route():
+            self.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+            self._update_run_info(run_id, status, end_time)
+            return
+
+        def attempt(retrying: bool) -> None:
+            sent_metrics, sent_params = (
+                self._not_yet_logged(run_id, metrics, params) if retrying else (metrics, params)
+            )
+            send_finish(
+                self.tracking_uri, finish_payload(run_id, sent_metrics, sent_params, tags, status, end_time)
+            )
+
+        self._call(f"ending MLflow run {run_id} as {status}", attempt)
+
+    def _has_finish_route(self) -> bool:
+        """Asked once per tracker (one GET; again at the next run's end if the server could not be asked): a
+        stock ``mlflow server`` or a local store has no such route."""
+        with self._finish_route_lock:
+            if self._finish_route is None:
+                if not self.tracking_uri.startswith(("http://", "https://")):
+                    self._finish_route = False
+                    return False
+                from sweepflow.tasks.reporting.report_page import server_routes
+
+                routes = server_routes(self.tracking_uri, purpose="takes a run's end in one request")
+                if routes is None:  # not reachable now: this run ends the long way, with the retries it needs
+                    return False
+                self._finish_route = routes.get("finish_route") == FINISH_ROUTE
+            return self._finish_route
 
     def _update_run_info(self, run_id: str, status: str, end_time: int | None) -> None:
         # One UpdateRun request (MlflowClient.set_terminated/update_run fetch the whole run first): see compat.
@@ -500,9 +548,11 @@ class RunWriter:
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
-            elif kind == "end":
-                flush()
-                tracker.end_run(self.run_id, value)
+            elif kind == "end":  # what is still held goes with the end, in one request where the server can
+                tracker.finish(self.run_id, value, metrics=metrics, params=params, tags=tags)
+                metrics.clear()
+                params.clear()
+                tags.clear()
                 status = None  # ended: a queued SCHEDULED/RUNNING is moot
         if status is not None:
             tracker.set_status(self.run_id, status)
