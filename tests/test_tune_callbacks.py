@@ -103,13 +103,14 @@ def test_callbacks_mlflow_logger_setup_mlflow_and_trial_names(services, tmp_path
         mode="min",
         storage_path=str(tmp_path / "results"),
         callbacks=[recorder, logged, MLflowLoggerCallback(experiment_name=mlflow_experiment, tags={"team": "vision"})],
-        trial_name_creator=lambda trial: f"{trial.trainable_name}-{trial.trial_id}-q{trial.config['q']:g}",
+        # Braces: the name is the task run's name as it is (Prefect would take a string as a format string).
+        trial_name_creator=lambda trial: f"{trial.trainable_name}-{trial.trial_id}-{{q={trial.config['q']:g}}}",
         trial_dirname_creator=lambda trial: f"dir_{trial.trial_id}",
         raise_on_failed_trial=False,
         verbose=0,
     )
-    names = {"trial_0000": "mlflow_trainable-trial_0000-q1", "trial_0001": "mlflow_trainable-trial_0001-q2",
-             "trial_0002": "mlflow_trainable-trial_0002-q3"}
+    names = {"trial_0000": "mlflow_trainable-trial_0000-{q=1}", "trial_0001": "mlflow_trainable-trial_0001-{q=2}",
+             "trial_0002": "mlflow_trainable-trial_0002-{q=3}"}
 
     # Hooks: in this process (never on a worker), setup first, the experiment's end last, each trial in order.
     assert {pid for pid, _ in recorder.callers} == {os.getpid()}

@@ -214,7 +214,7 @@ class Sweep:
                     # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
                     # object identity: a shared int or string is enough) and draw dependency arrows between
                     # independent trials.
-                    future = run_trial.with_options(task_run_name=spec.name).submit(quote(spec), quote(runtime_id))
+                    future = run_trial.submit(quote(spec), quote(runtime_id))
                 except BaseException:
                     runtime.take_grant(spec.index)[0].release()
                     self.scheduler.on_trial_error(spec.trial_id)

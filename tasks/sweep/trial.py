@@ -150,7 +150,13 @@ def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
         _RUNTIMES.pop(runtime_id, None)
 
 
-@task(name="train-trial", cache_policy=NO_CACHE, retries=0)
+def _task_run_name(parameters: dict[str, Any]) -> str:
+    """A trial's task run is named for the trial (``trial_0003-l1=16,lr=0.01``): the name is taken as it is, not
+    as a format string (a sampled value may hold braces), and no Task is copied per trial (``with_options``)."""
+    return parameters["spec"].name
+
+
+@task(name="train-trial", cache_policy=NO_CACHE, retries=0, task_run_name=_task_run_name)
 def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
     """Train one trial as a DDP group; returns its result (status, metrics, best checkpoint, MLflow run, cost).
 
