@@ -86,10 +86,30 @@ def finish_run_handler() -> Any:
         store = _get_tracking_store()
         if metrics or params or tags:
             store.log_batch(run_id=batch.run_id, metrics=metrics, params=params, tags=tags)
-        store.update_run_info(batch.run_id, RunStatus.from_string(status), end_time, None)
+        _end_run(store, batch.run_id, RunStatus.from_string(status), end_time)
         return jsonify({})
 
     return finish()
+
+
+def _end_run(store: Any, run_id: str, status: int, end_time: int) -> None:
+    """``store.update_run_info(run_id, status, end_time, None)`` without what it returns: on MLflow's SQL store
+    that builds the whole run (its params, tags and latest metrics, three more queries), a tenth of this route's
+    CPU, for an answer nobody reads here. The same checks and writes as ``SqlAlchemyStore.update_run_info``
+    (MLflow 3.17; ``_get_run`` and ``_check_run_is_active`` are its own helpers). If they break: call
+    ``store.update_run_info`` (correct, slower)."""
+    from mlflow.entities import RunStatus
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    if not isinstance(store, SqlAlchemyStore):
+        store.update_run_info(run_id, status, end_time, None)
+        return
+    with store.ManagedSessionMaker(read_only=False) as session:
+        run = store._get_run(run_uuid=run_id, session=session)
+        store._check_run_is_active(run)
+        run.status = RunStatus.to_string(status)
+        run.end_time = end_time
+        session.add(run)
 
 
 def _basic_auth_denies_update() -> Any:
