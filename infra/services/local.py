@@ -70,8 +70,9 @@ def prefect_env(prefect_home: str) -> dict[str, str]:
 #: nothing), pauses nothing, and a run cancelled from the UI is cleaned up a minute later. Scheduled
 #: deployments (prefect.yaml's nightly-retrain) live on the stack, whose server keeps Prefect's defaults
 #: (sweepflow.services.stack). The task-run recorder and event persister, which write what the UI shows of a
-#: run, keep their flush intervals (the recorder's batching, above, is every server's). Not settable here: the docket worker behind these services polls its in-memory
-#: queue 4 times a second (``docket.Worker``'s defaults, which Prefect does not expose).
+#: run, keep their flush intervals (the recorder's batching, above, is every server's). Not settable here: the
+#: docket worker behind these services polls its in-memory queue 4 times a second (``docket.Worker``'s
+#: defaults, which Prefect does not expose).
 LOCAL_PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
     "PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS": "60",
     "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_LOOP_SECONDS": "60",

@@ -21,12 +21,12 @@ A tracking server without the route (a stock ``mlflow server``) keeps the link i
 
 from __future__ import annotations
 
-import logging
 import posixpath
 from typing import Any
 from urllib.parse import urlencode
 
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_run_handler
+from sweepflow.tasks.tracking.server_routes import APP_NAME, PING_ROUTE, server_routes
 
 __all__ = [
     "APP_NAME",
@@ -40,12 +40,8 @@ __all__ = [
     "report_page_url",
 ]
 
-logger = logging.getLogger(__name__)
-
-APP_NAME = "sweepflow"  # `mlflow server --app-name sweepflow`: MLflow's app plus the report route
-AUTH_APP_NAME = "sweepflow-basic-auth"  # the same on top of MLflow's basic-auth app
+AUTH_APP_NAME = "sweepflow-basic-auth"  # APP_NAME on top of MLflow's basic-auth app
 REPORT_ROUTE = "/sweepflow/report"
-PING_ROUTE = "/sweepflow/report-server"  # answers {"report_route": REPORT_ROUTE, "finish_route": FINISH_ROUTE}
 REPORT_DIR = "report/"
 REPORT_PATH = "report/sweep_report.html"  # the sweep report, as the parent run's artifact
 # The page runs as an opaque origin and fetches nothing; its links may open (unsandboxed) tabs.
@@ -53,7 +49,6 @@ REPORT_CSP = (
     "sandbox allow-scripts allow-popups allow-popups-to-escape-sandbox; default-src 'none'; "
     "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 )
-PING_TIMEOUT_S = 10
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,49 +72,8 @@ def report_page_url(tracking_uri: str, ui: str | None, run_id: str, path: str) -
 
 def _serves_report_pages(tracking_uri: str) -> bool:
     # The report is logged either way; without the route its link goes to MLflow's artifact viewer.
-    routes = server_routes(tracking_uri, purpose="serves report pages (else: the report is linked in its artifact view)")
+    routes = server_routes(tracking_uri, purpose="serves report pages (if not: its artifact view is linked)")
     return bool(routes) and routes.get("report_route") == REPORT_ROUTE
-
-
-def server_routes(tracking_uri: str, *, purpose: str) -> dict[str, Any] | None:
-    """sweepflow's routes on the tracking server at ``tracking_uri`` (``{"report_route": ..., "finish_route":
-    ...}``, see ``_ping``): empty when it has none (a stock ``mlflow server``), None when it cannot be asked now.
-    ``purpose``: what the caller wanted to know, for the log line when it has none."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-    from requests import RequestException
-
-    try:
-        response = http_request(
-            get_default_host_creds(tracking_uri),
-            PING_ROUTE,
-            "GET",
-            max_retries=0,
-            timeout=PING_TIMEOUT_S,
-            raise_on_status=False,
-        )
-    except (MlflowException, RequestException) as exc:
-        # Not at the top: the MLflow server imports this module, and the datasets package imports torch.
-        from sweepflow.tasks.datasets.uris import redact
-
-        logger.warning("could not ask %s whether it %s (%s)", redact(tracking_uri), purpose, redact(str(exc)))
-        return None
-    if response.status_code != 200:
-        logger.info(
-            "the tracking server has no sweepflow routes (%s %s: not started with `--app-name %s`); asked whether "
-            "it %s",
-            PING_ROUTE,
-            response.status_code,
-            APP_NAME,
-            purpose,
-        )
-        return {}
-    try:
-        routes = response.json()
-    except ValueError:  # a proxy's HTML error page, say
-        return {}
-    return routes if isinstance(routes, dict) else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,7 +139,9 @@ def _add_routes(app: Any) -> None:
         return  # one app per process, but a factory may be called twice (tests)
     app.add_url_rule(_add_static_prefix(REPORT_ROUTE), "sweepflow_report", _serve_report, methods=["GET"])
     app.add_url_rule(_add_static_prefix(PING_ROUTE), "sweepflow_report_server", _ping, methods=["GET"])
-    app.add_url_rule(_add_static_prefix(FINISH_ROUTE), "sweepflow_finish_run", finish_run_handler, methods=["POST"])
+    app.add_url_rule(
+        _add_static_prefix(FINISH_ROUTE), "sweepflow_finish_run", finish_run_handler, methods=["POST"]
+    )
 
 
 def _served(app: Any) -> Any:

@@ -39,6 +39,7 @@ from ddp_runtime.retry import Backoff, seconds_setting
 from sweepflow.tasks.compat import skip_databricks_request_headers, update_run_status
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_payload, send_finish
+from sweepflow.tasks.tracking.server_routes import server_routes
 
 PARENT_TAG = "mlflow.parentRunId"
 #: A unique id set on every run at its creation: a retried creation finds the run instead of making a second one.
@@ -361,8 +362,6 @@ class RunTracker:
                 if not self.tracking_uri.startswith(("http://", "https://")):
                     self._finish_route = False
                     return False
-                from sweepflow.tasks.reporting.report_page import server_routes
-
                 routes = server_routes(self.tracking_uri, purpose="takes a run's end in one request")
                 if routes is None:  # not reachable now: this run ends the long way, with the retries it needs
                     return False
