@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from mlflow_server import sqlite_store
+from prefect_records import FINAL_STATE_TYPES, recorded
 
 import ddp_runtime as train
 
@@ -572,14 +573,11 @@ def test_prefect_server_restart_mid_sweep_completes_the_run(cluster, tmp_path):
         down_until = time.time()
         code = proc.wait(timeout=600)
         reader.join(timeout=30)
-        deadline = time.monotonic() + 30  # the server records task-run states in batches, within a second
-        while True:
-            records = _prefect_records(server.url)
-            states = [state for run in records for _, state in run["tasks"]]
-            final = all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states)
-            if final or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        records = recorded(  # the server records task-run states in batches, within a second
+            lambda: _prefect_records(server.url),
+            lambda runs: all(state in FINAL_STATE_TYPES for run in runs for _, state in run["tasks"]),
+            "every task run of the flow run in a final state",
+        )
     finally:
         if proc.poll() is None:
             proc.kill()

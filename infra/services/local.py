@@ -39,9 +39,9 @@ def venv_executable(name: str) -> str:
 #: The task-run recorder (which turns the flows' task-run events into the task runs and states the UI shows)
 #: writes up to 20 events per transaction, at least once a second, instead of one transaction per event
 #: (Prefect's default batch of 1): a sweep sends three such events per trial, and at one transaction each they
-#: were half of the server's CPU per trial (40 -> 21 ms, benchmarks/bench_load.py). The price: a task run's
-#: latest state reaches the API and the UI up to a second later; nothing is dropped (a batch that fails is
-#: retried, and the service flushes what it holds when it stops).
+#: were about half of the server's CPU per trial (benchmarks/bench_load.py, README "Batched task-run
+#: states"). The price: a task run's latest state reaches the API and the UI up to a second later; nothing is
+#: dropped (a batch that fails is retried, and the service flushes what it holds when it stops).
 PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",

@@ -223,20 +223,20 @@ def load_prior_sweep(
                 trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, None, restart=True)
                 continue
             if result.status is TrialStatus.FAILED and errored == ERRORED_RESUME:
-                history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
-                trials[index] = PriorTrial(
-                    index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes,
-                    system_steps=_system_steps(run),
-                )
+                trials[index] = _to_resume(client, run, index, config, resumes, metric)
                 continue
             trials[index] = PriorTrial(index, run.info.run_id, run.info.artifact_uri, config, result)
         else:
-            history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
-            trials[index] = PriorTrial(
-                index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes,
-                system_steps=_system_steps(run),
-            )
+            trials[index] = _to_resume(client, run, index, config, resumes, metric)
     return PriorSweep(parent_run_id, trials)
+
+
+def _to_resume(client: Any, run: Any, index: int, config: dict[str, Any], resumes: int, metric: str) -> PriorTrial:
+    """A trial picked up in its own run where it stopped: its reports so far and its system-metric samples."""
+    history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
+    return PriorTrial(
+        index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes, system_steps=_system_steps(run)
+    )
 
 
 def _system_steps(run: Any) -> int:

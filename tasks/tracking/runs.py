@@ -338,11 +338,11 @@ class RunTracker:
         server (``finish_route``), else ``log_batch`` and ``end_run``. Retried as they are; a retry re-sends only
         what the server does not hold yet."""
         metrics, params, tags = list(metrics), list(params), list(tags)
-        end_time = int(time.time() * 1000)
         if len(metrics) > 1000 or len(params) > 100 or len(tags) > 100 or not self._has_finish_route():
             self.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-            self._update_run_info(run_id, status, end_time)
+            self.end_run(run_id, status)
             return
+        end_time = int(time.time() * 1000)
 
         def attempt(retrying: bool) -> None:
             sent_metrics, sent_params = (
@@ -528,8 +528,13 @@ class RunWriter:
         tags: list[RunTag] = []
         status: str | None = None
 
-        def flush() -> None:
-            tracker.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)  # retried, chunked
+        def flush(end: str | None = None) -> None:
+            """What is held, as one batch (retried, chunked); with ``end``, the run's end goes with it (one
+            request where the server can)."""
+            if end is None:
+                tracker.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
+            else:
+                tracker.finish(self.run_id, end, metrics=metrics, params=params, tags=tags)
             metrics.clear()
             params.clear()
             tags.clear()
@@ -547,11 +552,8 @@ class RunWriter:
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
-            elif kind == "end":  # what is still held goes with the end, in one request where the server can
-                tracker.finish(self.run_id, value, metrics=metrics, params=params, tags=tags)
-                metrics.clear()
-                params.clear()
-                tags.clear()
+            elif kind == "end":
+                flush(end=value)
                 status = None  # ended: a queued SCHEDULED/RUNNING is moot
         if status is not None:
             tracker.set_status(self.run_id, status)
