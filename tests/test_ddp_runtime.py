@@ -405,6 +405,10 @@ def _sleep_then_return(seconds):
     return "done"
 
 
+def _task_states(keys, dask_scheduler=None):
+    return {key: dask_scheduler.tasks[key].state for key in keys}
+
+
 def test_a_reservation_ends_on_the_scheduler_when_its_rank_tasks_finish_and_wakes_a_waiting_group(gpu3):
     """The next group is placed as soon as the last rank of the previous one returns, without any client
     releasing anything: a waiting reserve() wakes on the scheduler itself."""
@@ -422,7 +426,9 @@ def test_a_reservation_ends_on_the_scheduler_when_its_rank_tasks_finish_and_wake
     # ...and, asked to wait, gets the workers once the first group's ranks have returned (no release call).
     status, placed = gpu3.run_on_scheduler(gang.reserve, "turnover-b", 2, {"GPU": 1.0}, [], 30.0)
     assert status == "reserved" and len(placed) == 2
-    assert all(f.done() and f.result() == "done" for f in futures)
+    # The scheduler had them finished when it placed the group (the client hears of it a moment later).
+    assert gpu3.run_on_scheduler(_task_states, keys) == {key: "memory" for key in keys}
+    assert [f.result(timeout=30) for f in futures] == ["done"] * 3
     reservations = gpu3.run_on_scheduler(gang.reservations)
     assert "turnover-a" not in reservations and reservations["turnover-b"] == placed
     gpu3.run_on_scheduler(gang.release, "turnover-b")

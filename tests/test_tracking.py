@@ -8,7 +8,7 @@ import uuid
 import pytest
 from mlflow_server import sqlite_store
 
-from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri
+from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri, metric_batch
 
 
 def test_run_writer_writes_everything_in_order_and_ends_the_run(mlflow_server):
@@ -212,3 +212,27 @@ def test_without_the_route_the_end_is_a_batch_then_an_update(tmp_path):
     assert not tracker._has_finish_route()
     run = tracker.client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics == {"val_loss": 0.5}
+
+
+def test_the_server_answers_the_uis_bulk_metric_history_for_a_hundred_runs(mlflow_server):
+    """MLflow's UI charts a metric of up to 100 runs with one GET whose query string lists their ids: with a
+    system metric's name the request line is longer than gunicorn's default bound (4094 bytes), which sweepflow's
+    server (gunicorn) lifts."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    key = "system/cpu_utilization_percentage"
+    tracker = RunTracker(mlflow_server, f"bulk-{uuid.uuid4().hex[:8]}")
+    run_ids = [tracker.create_run(f"trial_{i:04d}")[0] for i in range(100)]
+    for i, run_id in enumerate(run_ids):
+        tracker.finish(run_id, "FINISHED", metrics=metric_batch({key: i}, step=1, timestamp_ms=1))
+    path = "/ajax-api/2.0/mlflow/metrics/get-history-bulk?" + urllib.parse.urlencode(
+        [("metric_key", key), *[("run_id", r) for r in run_ids]]
+    )
+    assert len(f"GET {path} HTTP/1.1") > 4094
+    with urllib.request.urlopen(mlflow_server + path, timeout=60) as response:
+        metrics = json.load(response)["metrics"]
+    assert sorted((m["run_id"], m["value"]) for m in metrics) == sorted(
+        (run_id, float(i)) for i, run_id in enumerate(run_ids)
+    )
