@@ -90,7 +90,10 @@ def _label(service: str, process: psutil.Process, root_pid: int) -> str:
         return "worker" if "spawn_main" in cmd else cmd[:40]
     if process.pid == root_pid:
         return "main"
-    return "uvicorn" if "uvicorn" in cmd else (os.path.basename(cmd.split(" ")[0]) or "child")
+    for server in ("uvicorn", "gunicorn"):  # the Prefect server's; the MLflow server's (arbiter and worker)
+        if server in cmd:
+            return server
+    return os.path.basename(cmd.split(" ")[0]) or "child"
 
 
 def snapshot(state_dir: str) -> dict[tuple[int, float], ProcessCpu]:

@@ -413,7 +413,7 @@ class TestServer:
         state, env, seen = local_services
         pids = _record_pids(state)
         killed = seen.snapshot() & _tree(pids["mlflow"])
-        os.kill(pids["mlflow"], signal.SIGKILL)  # its uvicorn child keeps the port and answers /health
+        os.kill(pids["mlflow"], signal.SIGKILL)  # its gunicorn children keep the port and answer /health
         status = _sweepflow("server", "status", "--state-dir", state, env=env, timeout=60)
         assert status.returncode == 1
         assert f"mlflow: DOWN (its process {pids['mlflow']} is gone)" in status.stdout, status.stdout
@@ -459,7 +459,7 @@ class TestServer:
         pids = _record_pids(state)
         processes = [psutil.Process(pids[name]) for name in ("mlflow", "dask")]
         processes += [child for p in processes for child in p.children(recursive=True)]
-        assert len(processes) >= 4, processes  # with MLflow's uvicorn and the Dask workers
+        assert len(processes) >= 4, processes  # with MLflow's gunicorn and the Dask workers
         unset = {
             p.pid: " ".join(p.cmdline())[:120]
             for p in processes

@@ -3,7 +3,7 @@
 Tuned as they are (``LOCAL_PREFECT_SERVER_SETTINGS``, ``LOCAL_DASK_CONFIG`` in ``sweepflow.services.local``),
 ``sweepflow run``'s background services still cost more than 1 CPU-second a minute while nothing runs: the
 Prefect server alone polls its in-memory task queue 4 times a second (Prefect does not expose that interval),
-the Dask workers heartbeat twice a second (set by the scheduler), and the uvicorn behind each HTTP server wakes
+the Dask workers heartbeat twice a second (set by the scheduler), and the uvicorn behind the Prefect server wakes
 10 times a second. Only a service that is not running costs nothing. So, with an idle period set
 (``SWEEPFLOW_SERVICES_IDLE_MINUTES``), a small process that sleeps between checks stops the state dir's local
 services once nothing has used them for that long, and then itself; the next ``sweepflow run`` (or ``sweepflow

@@ -50,10 +50,6 @@ PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
 }
 
 
-#: MLflow's usage telemetry off in every process sweepflow starts (its MLflow servers, Dask workers, flow
-#: processes), as Prefect's analytics above: nobody asked for it to be sent, our services talk to loopback or
-#: the user's own hosts only, and an MLflow server with it on fetches its UI's telemetry settings from the
-#: internet when a browser opens the UI. Set MLFLOW_DISABLE_TELEMETRY=false yourself to keep it on.
 #: How ``mlflow server`` runs its app (see mlflow_server_spec): one gunicorn worker of 8 threads (requests run side
 #: by side, as under uvicorn's thread pool); a request may take as long as it needs (an artifact upload through
 #: the server): the worker's heartbeat does not wait for it. No bound on the request line: MLflow's UI asks for
@@ -61,6 +57,10 @@ PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
 #: body, a batch of metrics, is not bounded either).
 GUNICORN_OPTS = "--worker-class gthread --threads 8 --limit-request-line 0"
 
+#: MLflow's usage telemetry off in every process sweepflow starts (its MLflow servers, Dask workers, flow
+#: processes), as Prefect's analytics above: nobody asked for it to be sent, our services talk to loopback or
+#: the user's own hosts only, and an MLflow server with it on fetches its UI's telemetry settings from the
+#: internet when a browser opens the UI. Set MLFLOW_DISABLE_TELEMETRY=false yourself to keep it on.
 MLFLOW_SETTINGS: Mapping[str, str] = {
     "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
 }
@@ -194,7 +194,7 @@ def mlflow_server_spec(
             "1",
             # Gunicorn's threaded worker runs MLflow's Flask app directly. Under uvicorn (MLflow's default) every
             # request also crosses the FastAPI app and its WSGI bridge, which serves only MLflow's GenAI routes
-            # (AI gateway, OTLP trace ingestion, jobs, assistant): a third of the server's CPU per trial.
+            # (AI gateway, OTLP trace ingestion, jobs, assistant): 15 % of the server's CPU per trial (README).
             "--gunicorn-opts",
             GUNICORN_OPTS,
             "--app-name",
