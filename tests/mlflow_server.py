@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from sweepflow.services.local import GUNICORN_OPTS
+from sweepflow.services.local import mlflow_app_args
 
-__all__ = ["SWEEPFLOW_APP_ARGS", "MlflowServerError", "mlflow_server", "run_mlflow_server", "sqlite_store"]
+__all__ = ["MlflowServerError", "mlflow_server", "run_mlflow_server", "sqlite_store"]
 
 #: A fresh SQLite DB takes ~9 s to migrate and start on a 2-core machine; leave room for a loaded CI box.
 STARTUP_TIMEOUT_S = 90.0
@@ -46,9 +46,6 @@ STOP_TIMEOUT_S = 10.0
 START_ATTEMPTS = 3
 LOG_TAIL_CHARS = 4000
 
-
-#: ``mlflow server`` arguments of the servers sweepflow starts (``sweepflow.services.local.mlflow_server_spec``).
-SWEEPFLOW_APP_ARGS = ("--app-name", "sweepflow", "--gunicorn-opts", GUNICORN_OPTS)
 
 _TEMPLATE_LOCK = threading.Lock()
 _template_db: Path | None = None
@@ -267,6 +264,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # sweepflow's app under gunicorn, as every server sweepflow starts: it serves sweep reports as pages of their
     # own, and a run's end in one request.
     with run_mlflow_server(
-        str(state), default_artifact_root=artifact_root.as_uri(), extra_args=SWEEPFLOW_APP_ARGS
+        str(state),
+        default_artifact_root=artifact_root.as_uri(),
+        extra_args=tuple(mlflow_app_args("sweepflow")),
     ) as uri:
         yield uri

@@ -21,7 +21,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from mlflow_server import basic_auth_env, run_mlflow_server
 
-from sweepflow.services.local import GUNICORN_OPTS
+from sweepflow.services.local import mlflow_app_args
 from sweepflow.tasks.reporting.report_page import (
     PING_ROUTE,
     REPORT_CSP,
@@ -168,7 +168,7 @@ def test_basic_auth_reads_the_report_as_it_reads_artifacts(tmp_path, monkeypatch
         str(tmp_path / "server"),
         default_artifact_root=artifacts.as_uri(),
         env=env,
-        extra_args=("--app-name", "sweepflow-basic-auth", "--gunicorn-opts", GUNICORN_OPTS),  # as the stack's
+        extra_args=tuple(mlflow_app_args("sweepflow-basic-auth")),  # as the stack's
     ) as uri:
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin)
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.parse
+import urllib.request
 import uuid
 
 import pytest
@@ -218,10 +221,6 @@ def test_the_server_answers_the_uis_bulk_metric_history_for_a_hundred_runs(mlflo
     """MLflow's UI charts a metric of up to 100 runs with one GET whose query string lists their ids: with a
     system metric's name the request line is longer than gunicorn's default bound (4094 bytes), which sweepflow's
     server (gunicorn) lifts."""
-    import json
-    import urllib.parse
-    import urllib.request
-
     key = "system/cpu_utilization_percentage"
     tracker = RunTracker(mlflow_server, f"bulk-{uuid.uuid4().hex[:8]}")
     run_ids = [tracker.create_run(f"trial_{i:04d}")[0] for i in range(100)]

@@ -150,6 +150,15 @@ def prefect_server_spec(
     )
 
 
+def mlflow_app_args(app_name: str) -> list[str]:
+    """The ``mlflow server`` arguments that make a server sweepflow's: ``app_name`` ("sweepflow" or
+    "sweepflow-basic-auth", see mlflow_server_spec) under gunicorn. Gunicorn's threaded worker runs MLflow's
+    Flask app directly; under uvicorn (MLflow's default) every request also crosses the FastAPI app and its WSGI
+    bridge, which serves only MLflow's GenAI routes (AI gateway, OTLP trace ingestion, jobs, assistant): 15 % of
+    the server's CPU per trial (README)."""
+    return ["--gunicorn-opts", GUNICORN_OPTS, "--app-name", app_name]
+
+
 def mlflow_server_spec(
     *,
     backend_store_uri: str | None,
@@ -192,13 +201,7 @@ def mlflow_server_spec(
             str(port),
             "--workers",
             "1",
-            # Gunicorn's threaded worker runs MLflow's Flask app directly. Under uvicorn (MLflow's default) every
-            # request also crosses the FastAPI app and its WSGI bridge, which serves only MLflow's GenAI routes
-            # (AI gateway, OTLP trace ingestion, jobs, assistant): 15 % of the server's CPU per trial (README).
-            "--gunicorn-opts",
-            GUNICORN_OPTS,
-            "--app-name",
-            app_name,
+            *mlflow_app_args(app_name),
         ],
         health={"kind": "http", "url": f"{url}/health"},
         address=url,
