@@ -113,6 +113,17 @@ def _refuse(exc: BaseException, args: argparse.Namespace) -> int:
     return 2
 
 
+def _service_failed(exc: BaseException, args: argparse.Namespace) -> int:
+    """A service the run needs failed it (the tracking server's error, or its outage past the retry bound): its
+    sentence and exit 1 (the traceback only with --debug; the flow's log has it too)."""
+    if args.debug:
+        import traceback
+
+        traceback.print_exception(exc)
+    print(f"sweepflow: {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     # Wall-clock, so that a run handed to the warm launcher reports from when *this command* started.
     t0 = float(os.environ.pop("SWEEPFLOW_STARTED_AT", "") or time.time())
@@ -175,6 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t_server = time.time()
     from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
     from sweepflow.tasks.sweep.trial import MetricNotReported
+    from sweepflow.tasks.tracking.runs import TrackingServerError, TrackingServerUnavailable
 
     t_import = time.time()
     credentials.install()  # for the flow, in this process only
@@ -182,6 +194,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = training_pipeline(config=config, resume_from=args.resume)
     except MetricNotReported as exc:  # found at the first report: the sweep stopped at once
         return _refuse(exc, args)
+    except (TrackingServerError, TrackingServerUnavailable) as exc:  # said at once, not the user's mistake
+        return _service_failed(exc, args)
     t_end = time.time()
 
     import pandas as pd

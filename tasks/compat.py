@@ -11,7 +11,10 @@ Imports are inside the functions: the pre-flight checks import this module befor
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -145,6 +148,82 @@ def skip_databricks_request_headers() -> bool:
     asked = len(kept) != len(providers)
     providers[:] = kept
     return asked
+
+
+class MlflowServerError(RuntimeError):
+    """The MLflow server answered HTTP 500: an exception in its code (not an outage, which answers 502/503/504,
+    times out or refuses the connection). ``message`` is the server's own (MLflow's JSON error, or the text of
+    an error page)."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(f"{endpoint} answered HTTP 500: {message}")
+        self.endpoint = endpoint
+        self.message = message
+
+
+_server_errors = threading.local()  # .raise_at_once: this thread is inside ``mlflow_server_errors_raised()``
+
+
+@contextmanager
+def mlflow_server_errors_raised() -> Iterator[None]:
+    """In the block, an HTTP 500 from the MLflow server raises ``MlflowServerError`` with the server's message
+    at once, in this thread; other answers and failures are as MLflow's client makes them.
+
+    Works around: MLflow's REST client (``mlflow.utils.rest_utils.http_request``) retries 500 as it retries an
+    outage (urllib3's ``status_forcelist``: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` times, backoff
+    ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four minutes by default), then says "too many 500 error
+    responses", the server's message lost. A server whose code raises answers the same way on every attempt.
+    MLflow's store calls the module's ``http_request`` with its default ``retry_codes``, and has no setting
+    for them, so the function is wrapped (once, for the process): inside this block it is called without 500
+    among the retried codes, and a 500 answer becomes ``MlflowServerError``; outside it, the wrapper passes
+    every call on unchanged. MLflow's stores answer a database that is away with 503 (``TEMPORARILY_UNAVAILABLE``),
+    which is still retried. Written for MLflow 3.17 (``http_request``'s ``retry_codes`` keyword, its default
+    ``mlflow.utils.request_utils._TRANSIENT_FAILURE_RESPONSE_CODES``, and ``call_endpoint`` calling it through the
+    module). If it breaks: drop the wrapper (500s are then retried for minutes, as before).
+    """
+    _wrap_http_request()
+    previous = getattr(_server_errors, "raise_at_once", False)
+    _server_errors.raise_at_once = True
+    try:
+        yield
+    finally:
+        _server_errors.raise_at_once = previous
+
+
+def _wrap_http_request() -> None:
+    from mlflow.utils import rest_utils
+    from mlflow.utils.request_utils import _TRANSIENT_FAILURE_RESPONSE_CODES
+
+    original = rest_utils.http_request
+    if getattr(original, "__sweepflow_wrapped__", False):
+        return
+
+    def http_request(host_creds: Any, endpoint: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(_server_errors, "raise_at_once", False) or args:
+            return original(host_creds, endpoint, method, *args, **kwargs)
+        kwargs["retry_codes"] = frozenset(kwargs.get("retry_codes", _TRANSIENT_FAILURE_RESPONSE_CODES)) - {500}
+        response = original(host_creds, endpoint, method, **kwargs)
+        if response.status_code == 500:
+            raise MlflowServerError(endpoint, server_message(response.text))
+        return response
+
+    http_request.__sweepflow_wrapped__ = True  # type: ignore[attr-defined]
+    http_request.__wrapped__ = original  # type: ignore[attr-defined]
+    rest_utils.http_request = http_request
+
+
+def server_message(body: str) -> str:
+    """The message of an error answer: MLflow's JSON ``message``, else the page's text, in one bounded line."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        text = parsed["message"]
+    else:
+        text = re.sub(r"<[^>]*>", " ", body)
+    text = " ".join(text.split())
+    return (text[:500] + "...") if len(text) > 500 else (text or "(no message)")
 
 
 # ----------------------------------------------------------------------------------------------------- Prefect

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_run_handler
+from sweepflow.tasks.tracking.server_auth import denies, server_error_answer
 from sweepflow.tasks.tracking.server_routes import APP_NAME, PING_ROUTE, server_routes
 
 __all__ = [
@@ -100,7 +101,7 @@ def _serve_report() -> Any:
             status=404,
             mimetype="text/plain",
         )
-    denied = _basic_auth_denies()
+    denied = denies("validate_can_read_run_artifact")  # as /get-artifact checks
     if denied is not None:
         return denied
     response = get_artifact_handler()  # MLflow's own: the run's artifact store, proxied or not
@@ -113,19 +114,6 @@ def _serve_report() -> Any:
     return response
 
 
-def _basic_auth_denies() -> Any:
-    """Under MLflow's basic-auth app: a 403 unless the user may read the run's artifacts (as /get-artifact
-    checks; its before-request hook has authenticated the user already, but knows no validator for this
-    route). None otherwise."""
-    import mlflow.server.auth as auth
-
-    if not getattr(auth, "_auth_initialized", False):
-        return None
-    if auth.sender_is_admin() or auth.validate_can_read_run_artifact():
-        return None
-    return auth.make_forbidden_response()
-
-
 def _ping() -> Any:
     from flask import jsonify
 
@@ -134,6 +122,7 @@ def _ping() -> Any:
 
 def _add_routes(app: Any) -> None:
     from mlflow.server.handlers import _add_static_prefix
+    from werkzeug.exceptions import InternalServerError
 
     if any(rule.rule == _add_static_prefix(REPORT_ROUTE) for rule in app.url_map.iter_rules()):
         return  # one app per process, but a factory may be called twice (tests)
@@ -142,6 +131,8 @@ def _add_routes(app: Any) -> None:
     app.add_url_rule(
         _add_static_prefix(FINISH_ROUTE), "sweepflow_finish_run", finish_run_handler, methods=["POST"]
     )
+    # An exception escaping any API route: MLflow's JSON error naming it, not Flask's anonymous HTML page.
+    app.register_error_handler(InternalServerError, server_error_answer)
 
 
 def _served(app: Any) -> Any:

@@ -59,7 +59,13 @@ from sweepflow.tasks.tracking.links import (
     prefect_task_run,
     prefect_ui_url,
 )
-from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, RunWriters, direct_storage_uri
+from sweepflow.tasks.tracking.runs import (
+    RunTracker,
+    RunWriter,
+    RunWriters,
+    TrackingServerError,
+    direct_storage_uri,
+)
 from sweepflow.tasks.training.function import SystemMetrics, TrainFunction, TrialRun
 
 TAG_DIRNAME = "sweepflow.trial_dirname"  # its directory's name, when given one (trial_dirname_creator)
@@ -126,6 +132,13 @@ class SweepRuntime:
         """An error elsewhere: the running trials stop (their runs end KILLED) and none starts."""
         if self.aborted is None:
             self.aborted, self.killed = reason, True
+
+    def writer_failed(self, exc: BaseException) -> None:
+        """A trial's MLflow writer stopped on ``exc``. A server error (its code failed: every trial's writes would
+        fail the same way) stops the sweep now, rather than training trials whose results cannot be recorded; an
+        outage past its bound, or one trial's refused write, fails the sweep at its end as before."""
+        if isinstance(exc, TrackingServerError):
+            self.abort(str(exc).splitlines()[0])
 
     def end_early(self, reason: str) -> None:
         """A rule ends the sweep (a stopper's ``stop_all``, ``fail_fast``): the running trials stop as stopped
@@ -203,7 +216,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
     trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
     queued = {TAG_QUEUED_S: f"{queued_s:.1f}"}
     if spec.resume is not None:
-        writer = RunWriter(rt.tracker, spec.resume.run_id)
+        writer = RunWriter(rt.tracker, spec.resume.run_id, on_error=rt.writer_failed)
         rt.writers.add(writer)
         writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1, **queued})
         writer.set_status("RUNNING")
@@ -224,7 +237,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
             **_prefect_task_run_tags(),
         },
     )
-    writer = RunWriter(rt.tracker, run_id)
+    writer = RunWriter(rt.tracker, run_id, on_error=rt.writer_failed)
     rt.writers.add(writer)
     try:
         url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)

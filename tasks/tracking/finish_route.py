@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sweepflow.tasks.tracking.server_auth import denies
+
 FINISH_ROUTE = "/ajax-api/2.0/sweepflow/runs/finish"
 FINISHING = ("FINISHED", "FAILED", "KILLED")
 
@@ -74,7 +76,7 @@ def finish_run_handler() -> Any:
                 f"{FINISH_ROUTE}: status must be one of {', '.join(FINISHING)} and end_time an integer (ms), "
                 f"got {status!r} and {end_time!r}"
             )
-        denied = _basic_auth_denies_update()
+        denied = denies("validate_can_update_run")  # as `update` and `log-batch` check
         if denied is not None:
             return denied
         _validate_batch_log_api_req(request.get_data(as_text=True))  # log-batch's size limit
@@ -110,16 +112,3 @@ def _end_run(store: Any, run_id: str, status: int, end_time: int) -> None:
         run.status = RunStatus.to_string(status)
         run.end_time = end_time
         session.add(run)
-
-
-def _basic_auth_denies_update() -> Any:
-    """Under MLflow's basic-auth app: a 403 unless the user may update the run (as ``update`` and ``log-batch``
-    check; the app's before-request hook has authenticated the user, but has no validator for this route).
-    None otherwise."""
-    import mlflow.server.auth as auth
-
-    if not getattr(auth, "_auth_initialized", False):
-        return None
-    if auth.sender_is_admin() or auth.validate_can_update_run():
-        return None
-    return auth.make_forbidden_response()

@@ -5,9 +5,10 @@ driven from several threads of the flow process at once; each run is written by 
 writes are batched: one ``log_batch`` per report.
 
 The tracking server may be away for a while (a restart, a network blip) while trials train: every call of
-``RunTracker`` retries a failure that can pass (connection refused or reset, timeout, HTTP 408/429/5xx) with
-backoff, for up to ``SWEEPFLOW_MLFLOW_RETRY_S`` seconds (default 120), then raises
-``TrackingServerUnavailable`` naming the server. A retry cannot write anything twice: a metric batch that may
+``RunTracker`` retries a failure that can pass (connection refused or reset, timeout, HTTP 408/429/502/503/504)
+with backoff, for up to ``SWEEPFLOW_MLFLOW_RETRY_S`` seconds (default 120), then raises
+``TrackingServerUnavailable`` naming the server. A server that answers with an error of its own code (HTTP 500)
+is not an outage: the call raises ``TrackingServerError`` with the server's message at once. A retry cannot write anything twice: a metric batch that may
 have landed is read back and only what is missing is sent again, and a run whose creation may have landed is
 found by its creation id instead of being created again. MLflow's HTTP client retries on its own first (each
 call: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, with backoff ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``, default
@@ -36,7 +37,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ddp_runtime.retry import Backoff, seconds_setting
-from sweepflow.tasks.compat import skip_databricks_request_headers, update_run_status
+from sweepflow.tasks.compat import (
+    MlflowServerError,
+    mlflow_server_errors_raised,
+    skip_databricks_request_headers,
+    update_run_status,
+)
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_payload, send_finish
 from sweepflow.tasks.tracking.server_routes import server_routes
@@ -49,7 +55,9 @@ _MAX_PARAM_LEN = 6000
 #: How long (seconds) the tracking server may stay unreachable before a write fails; env overrides the default.
 RETRY_ENV = "SWEEPFLOW_MLFLOW_RETRY_S"
 DEFAULT_RETRY_S = 120.0
-#: HTTP statuses a later attempt can get past: timeout, rate limit, server error or restart, gateway errors.
+#: HTTP statuses a later attempt can get past: timeout, rate limit, a server or its database restarting, gateway
+#: errors, and 500, which is how MLflow's client reports a connection that failed. A server's own answer 500 (its
+#: code failed, and will again) comes out as ``MlflowServerError`` instead (``compat.mlflow_server_errors_raised``).
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 log = logging.getLogger(__name__)
@@ -60,16 +68,23 @@ class TrackingServerUnavailable(RuntimeError):
     """The tracking server did not answer for longer than the retry bound (``SWEEPFLOW_MLFLOW_RETRY_S``)."""
 
 
+class TrackingServerError(RuntimeError):
+    """The tracking server answered, with an error of its own code (HTTP 500): not retried, since it is up and
+    would fail the same way again. The message is the server's."""
+
+
 def retry_budget_s(value: float | None = None) -> float:
     """The retry bound: ``value``, else ``$SWEEPFLOW_MLFLOW_RETRY_S``, else 120 s."""
     return seconds_setting(value, env=RETRY_ENV, default=DEFAULT_RETRY_S, what="the MLflow tracking server")
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether another attempt may succeed: the server was unreachable, timed out, or answered 408/429/5xx.
-    A refused request (no such run, invalid value, permission) is not retried."""
+    """Whether another attempt may succeed: the server was unreachable, timed out, or answered 408/429/502/503/
+    504. A refused request (no such run, invalid value, permission) and a server error (500) are not retried."""
     import requests
 
+    if isinstance(exc, MlflowServerError):
+        return False
     if isinstance(exc, MlflowException):
         # Transport failures come out of MLflow's HTTP client as INTERNAL_ERROR (HTTP 500) with the cause in
         # the message; the server's own refusals carry their 4xx code.
@@ -181,7 +196,13 @@ class RunTracker:
         backoff = Backoff(budget)
         while True:
             try:
-                result = attempt(backoff.first_failure is not None)
+                with mlflow_server_errors_raised():
+                    result = attempt(backoff.first_failure is not None)
+            except MlflowServerError as exc:
+                raise TrackingServerError(
+                    f"{what} failed: the MLflow tracking server at {redact(self.tracking_uri)} answered with an "
+                    f"error of its own (HTTP 500 from {exc.endpoint}, not retried): {redact(exc.message)}"
+                ) from None
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -444,8 +465,17 @@ class RunWriter:
 
     _STOP = object()
 
-    def __init__(self, tracker: RunTracker, run_id: str, *, linger_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        tracker: RunTracker,
+        run_id: str,
+        *,
+        linger_s: float = 0.5,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """``on_error``: told (from the writer's thread) the failure that stopped it, when it happens."""
         self.linger_s = linger_s  # how long a write waits for more to go out with it
+        self._on_error = on_error
         self._tracker = tracker
         self.run_id = run_id
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -491,8 +521,8 @@ class RunWriter:
     def join(self) -> None:
         """Wait until everything queued is written; raise what a background write raised."""
         self._thread.join()
-        if isinstance(self._error, TrackingServerUnavailable):  # its message names the run and the server
-            raise TrackingServerUnavailable(str(self._error)) from self._error
+        if isinstance(self._error, TrackingServerUnavailable | TrackingServerError):  # names run and server
+            raise type(self._error)(str(self._error)) from self._error
         if self._error is not None:
             raise RuntimeError(f"writing MLflow run {self.run_id} failed: {self._error}") from self._error
 
@@ -514,6 +544,8 @@ class RunWriter:
                     self._write(items)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by join() in the sweep's thread
                     self._error = exc
+                    if self._on_error is not None:
+                        self._on_error(exc)
             # After a failed write nothing more is sent: a later write would land without the lost one before
             # it, and the run stays as it was (RUNNING), so the pipeline run can be resumed. join() raises.
             if any(item is self._STOP for item in items):
@@ -570,7 +602,7 @@ class RunWriters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._writers: list[RunWriter] = []
-        self._errors: list[str] = []
+        self._errors: list[RuntimeError] = []
 
     def __len__(self) -> int:
         """Writers held: the ones still writing when the last was added, and those added since."""
@@ -595,11 +627,19 @@ class RunWriters:
                 break
             for writer in writers:
                 self._join(writer)
-        if self._errors:
-            raise RuntimeError("some trial results did not reach MLflow:\n" + "\n".join(self._errors))
+        if not self._errors:
+            return
+        # One sentence: the first failure (the server's own message, or how long it stayed away); the others,
+        # usually the same failure of other runs, are in the log.
+        first, others = self._errors[0], self._errors[1:]
+        for other in others:
+            log.error("%s", other)
+        more = f" ({len(others)} more trial run(s) failed to write too: see the log)" if others else ""
+        kind = type(first) if isinstance(first, TrackingServerError | TrackingServerUnavailable) else RuntimeError
+        raise kind(f"some trial results did not reach MLflow: {first}{more}") from first
 
     def _join(self, writer: RunWriter) -> None:
         try:
             writer.join()
         except RuntimeError as exc:
-            self._errors.append(str(exc))
+            self._errors.append(exc)
