@@ -71,6 +71,8 @@ LONGEST_FIRST = (
     "test_cold_start.py",
     "test_secrets.py",
     "test_tune_pbt.py",
+    "test_server_errors.py",
+    "test_runtime_install.py",
 )
 
 

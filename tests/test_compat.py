@@ -114,6 +114,57 @@ def test_detach_active_run_lets_go_of_the_run_without_ending_it():
         stack.clear()
 
 
+@pytest.fixture
+def failing_tracking_server() -> Iterator[tuple[str, list[str]]]:
+    """A stand-in for an MLflow server whose code raises on every request: 500 with MLflow's JSON error."""
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            paths.append(self.path.split("?")[0])
+            out = json.dumps({"error_code": "INTERNAL_ERROR", "message": "KeyError: 'end_time'"}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", paths
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_mlflow_server_errors_raised_gives_the_servers_500_at_once_and_only_in_its_block(
+    failing_tracking_server, monkeypatch
+):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    url, paths = failing_tracking_server
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    client = MlflowClient(url)
+    with compat.mlflow_server_errors_raised(), pytest.raises(compat.MlflowServerError) as raised:
+        client.get_run("r1")
+    assert raised.value.message == "KeyError: 'end_time'" and raised.value.endpoint.endswith("/runs/get")
+    assert len(paths) == 1, "a server error was retried"
+    paths.clear()
+    with pytest.raises(MlflowException) as outside:  # MLflow's own behaviour outside the block: retried
+        client.get_run("r1")
+    assert not isinstance(outside.value, compat.MlflowServerError) and len(paths) == 3
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("databricks", [False, True], ids=["elsewhere", "in-databricks"])
 def test_skip_databricks_request_headers_ends_the_imports_mlflow_tries_on_every_request(databricks):
