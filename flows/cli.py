@@ -1,6 +1,7 @@
 """``sweepflow`` command line: run the pipeline, manage the local Prefect server.
 
 sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server] [--resume PARENT_RUN_ID]
+sweepflow init DIR                                   (a working project of your own to start from)
 sweepflow server start|stop|status
 sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see infra/services/stack.py)
 """
@@ -19,25 +20,23 @@ if TYPE_CHECKING:
 
 
 def _load_config(path: str | None, overrides: list[str]):
-    import yaml
+    from sweepflow.flows.config import load_config_file
 
-    from sweepflow.flows.config import PipelineConfig, apply_overrides
+    return load_config_file(path, overrides)
 
-    raw = {}
-    if path:
-        with open(path) as f:
-            try:
-                raw = yaml.safe_load(f) or {}
-            except yaml.YAMLError as exc:  # says where: line and column
-                raise ValueError(f"{path} is not valid YAML: {exc}; fix the file's syntax") from None
-        if not isinstance(raw, dict):
-            raise ValueError(
-                f"{path} must hold a mapping of PipelineConfig sections (data:, sweep:, ...), got a {type(raw).__name__}"
-            )
-    try:
-        return PipelineConfig.model_validate(apply_overrides(raw, overrides))
-    except yaml.YAMLError as exc:  # a --set value that is not YAML
-        raise ValueError(f"a --set value is not valid YAML: {exc}") from None
+
+def _config_problem(exc: BaseException) -> str:
+    """What is wrong with a config, on one line: each of pydantic's errors as ``field: reason``."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"{field}: {reason}" if field else reason)
+    return "; ".join(problems)
 
 
 def _state_dir(config, settings) -> str:
@@ -105,7 +104,7 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
 
 def _refuse(exc: BaseException, args: argparse.Namespace) -> int:
     """A mistake in the user's input: one sentence and exit 2 (the traceback only with --debug)."""
-    if args.debug:
+    if getattr(args, "debug", False):
         import traceback
 
         traceback.print_exception(exc)
@@ -116,7 +115,7 @@ def _refuse(exc: BaseException, args: argparse.Namespace) -> int:
 def _service_failed(exc: BaseException, args: argparse.Namespace) -> int:
     """A service the run needs failed it (the tracking server's error, or its outage past the retry bound): its
     sentence and exit 1 (the traceback only with --debug; the flow's log has it too)."""
-    if args.debug:
+    if getattr(args, "debug", False):
         import traceback
 
         traceback.print_exception(exc)
@@ -132,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args.config, overrides)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
-        return _refuse(ValueError(f"invalid configuration:\n{exc}"), args)
+        return _refuse(ValueError(f"invalid configuration: {_config_problem(exc)}"), args)
     from sweepflow.flows.config import Settings, resolve_settings, split_credentials
     from sweepflow.flows.preflight import PreflightError, check_pipeline
 
@@ -184,7 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except (TemporaryServerError, ValueError) as exc:
             return _refuse(exc, args)
     t_server = time.time()
-    from sweepflow.flows.pipeline import training_pipeline  # imports prefect: after PREFECT_API_URL is set
+    from sweepflow.flows.pipeline import (  # imports prefect: after PREFECT_API_URL is set
+        EvaluationMismatch,
+        training_pipeline,
+    )
     from sweepflow.tasks.sweep.trial import MetricNotReported
     from sweepflow.tasks.tracking.runs import TrackingServerError, TrackingServerUnavailable
 
@@ -196,6 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _refuse(exc, args)
     except (TrackingServerError, TrackingServerUnavailable) as exc:  # said at once, not the user's mistake
         return _service_failed(exc, args)
+    except EvaluationMismatch as exc:  # the sweep is recorded; nothing registered
+        return _refuse(exc, args)
     t_end = time.time()
 
     import pandas as pd
@@ -261,6 +265,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, default=str, indent=2)
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sweepflow.flows.init_project import package_name, write_project
+
+    directory = Path(args.directory)
+    try:
+        written = write_project(directory)
+    except (FileExistsError, OSError) as exc:
+        return _refuse(exc, args)
+    package = package_name(directory)
+    print(f"wrote {len(written)} files into {directory}/ (package {package}):")
+    for path in written:
+        print(f"  {path.relative_to(directory)}")
+    print(f"\nnext:\n  cd {directory}\n  sweepflow run --config sweep.yaml")
     return 0
 
 
@@ -467,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--debug", action="store_true", help="show the traceback behind a refused configuration")
     run.set_defaults(func=cmd_run)
+    init = sub.add_parser(
+        "init", help="write a small working project of your own (data, train/model/evaluate functions, sweep.yaml)"
+    )
+    init.add_argument("directory", help="a new (or empty) directory")
+    init.set_defaults(func=cmd_init)
     server = sub.add_parser(
         "server", help="the reusable local Prefect server, MLflow server and Dask cluster"
     )

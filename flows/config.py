@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from sweepflow.tasks.datasets import DataConfig, DataCredentials
 from sweepflow.tasks.datasets.uris import redact
@@ -136,12 +136,46 @@ class TrainingSettings(_Section):
         "counts as a failure for max_failures. Default: no bound",
     )
 
-    @field_validator("train_fn")
+    model_fn: str | None = Field(
+        None,
+        description="Your own model for the registry: 'package.module:function' called as model_fn(checkpoint: "
+        "ddp_runtime.Checkpoint) -> torch.nn.Module or (module, input_example); logged with mlflow.pytorch "
+        "(signature, input example). Needed with your own train_fn",
+    )
+
+    @field_validator("train_fn", "model_fn")
     @classmethod
-    def _import_path(cls, value: str) -> str:
+    def _import_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
         module, _, function = value.partition(":")
         if not module or not function:
-            raise ValueError(f"train_fn must be 'package.module:function', got {value!r}")
+            raise ValueError(f"{info.field_name} must be 'package.module:function', got {value!r}")
+        return value
+
+    @property
+    def builtin(self) -> bool:
+        """The built-in image classifier trains (its evaluation and registry model come with it)."""
+        return self.train_fn == DEFAULT_TRAIN_FN
+
+
+class EvaluationSettings(_Section):
+    """The test-set evaluation of the best trial's best checkpoint."""
+
+    evaluate_fn: str | None = Field(
+        None,
+        description="Your own evaluation: 'package.module:function' called as evaluate_fn(checkpoint: "
+        "ddp_runtime.Checkpoint, data_path: str) -> dict[str, float], once, on a Dask worker; each metric is "
+        "logged as test_<name> on the parent run and the best trial's run. Needed with your own train_fn",
+    )
+
+    @field_validator("evaluate_fn")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            module, _, function = value.partition(":")
+            if not module or not function:
+                raise ValueError(f"evaluate_fn must be 'package.module:function', got {value!r}")
         return value
 
 
@@ -215,6 +249,14 @@ class PipelineConfig(_Section):
     dask: DaskSettings = Field(default_factory=DaskSettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     selection: SelectionSettings = Field(default_factory=SelectionSettings)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    project_dir: str | None = Field(
+        None,
+        description="Your project's directory: put on the import path of the flow and of every Dask worker while "
+        "your functions (train_fn, prepare_fn, model_fn, evaluate_fn) run. Default: the directory of "
+        "`sweepflow run --config FILE`'s file; a remote cluster's workers need the same path (a shared mount), "
+        "else install your package on them",
+    )
     state_dir: str | None = Field(None, description="Default: $SWEEPFLOW_HOME or ~/.sweepflow")
     storage: str | None = Field(
         None,
@@ -222,6 +264,39 @@ class PipelineConfig(_Section):
         "behind an MLflow server that proxies artifacts to <storage>/mlflow, checkpoints. Default: "
         "$SWEEPFLOW_STORAGE, else local disk under the state dir",
     )
+
+    @model_validator(mode="after")
+    def _own_functions_come_together(self) -> PipelineConfig:
+        """The built-in classifier brings its evaluation and registry model; your own train_fn brings yours."""
+        if self.training.builtin:
+            if self.data.is_own_data:
+                raise ValueError(
+                    f"data.source={redact(self.data.source or '')!r} is your own data, which the built-in "
+                    "image classifier cannot read: set training.train_fn (with training.model_fn and "
+                    "evaluation.evaluate_fn) to your project's functions (`sweepflow init DIR` writes an example)"
+                )
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("training.model_fn", self.training.model_fn),
+                ("evaluation.evaluate_fn", self.evaluation.evaluate_fn),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"training.train_fn={self.training.train_fn!r} is your own: add {' and '.join(missing)} too, or "
+                "the pipeline cannot evaluate and register its model after the sweep (model_fn(checkpoint) -> "
+                "torch.nn.Module or (module, input_example); evaluate_fn(checkpoint, data_path) -> "
+                "{name: value}); `sweepflow init DIR` writes an example"
+            )
+        if not self.selection.champion_metric.startswith("test_"):
+            raise ValueError(
+                f"selection.champion_metric={self.selection.champion_metric!r}: the evaluation's metrics are "
+                "logged as test_<name> (what evaluate_fn returns, prefixed): name one of those, e.g. test_rmse"
+            )
+        return self
 
     @model_validator(mode="after")
     def _epochs_cover_schedule(self) -> PipelineConfig:
@@ -440,3 +515,34 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node[part]
         node[parts[-1]] = yaml.safe_load(text)
     return result
+
+
+def load_config_file(path: str | os.PathLike[str] | None, overrides: list[str] = ()) -> PipelineConfig:  # type: ignore[assignment]
+    """A ``PipelineConfig`` from a YAML file (``sweepflow run --config FILE``, a project's deployment) and
+    ``key=value`` overrides. Paths in the file are relative to the file: ``project_dir`` (default: the file's
+    directory) and a local ``data.source``. Raises ValueError saying what is wrong (pydantic's field and reason)."""
+    import yaml
+
+    raw: dict[str, Any] = {}
+    if path:
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f) or {}
+            except yaml.YAMLError as exc:  # says where: line and column
+                raise ValueError(f"{path} is not valid YAML: {exc}; fix the file's syntax") from None
+        if not isinstance(raw, dict):
+            raise ValueError(
+                f"{path} must hold a mapping of PipelineConfig sections (data:, sweep:, ...), got a {type(raw).__name__}"
+            )
+        base = os.path.dirname(os.path.abspath(path))
+        raw = dict(raw)
+        raw["project_dir"] = os.path.join(base, os.path.expanduser(str(raw.get("project_dir") or ".")))
+        raw["project_dir"] = os.path.normpath(raw["project_dir"])
+        data = raw.get("data")
+        source = data.get("source") if isinstance(data, dict) else None
+        if isinstance(source, str) and "://" not in source and not os.path.isabs(os.path.expanduser(source)):
+            raw["data"] = {**data, "source": os.path.normpath(os.path.join(base, source))}
+    try:
+        return PipelineConfig.model_validate(apply_overrides(raw, list(overrides)))
+    except yaml.YAMLError as exc:  # a --set value that is not YAML
+        raise ValueError(f"a --set value is not valid YAML: {exc}") from None

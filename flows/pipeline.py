@@ -39,6 +39,7 @@ from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.runs import RunTracker, flatten, public_params
+from sweepflow.tasks.training.function import project_importable
 
 # Prefect's flow-run heartbeat thread sleeps in one-second steps: without this, every pipeline run's end waited
 # up to a second for it (see compat). Here, so that every way of running the flow (the CLI, a deployment's
@@ -62,6 +63,11 @@ def training_pipeline(
         resume_from = find_interrupted_parent(run_tracker(cfg), str(flow_run.get_id()))
     # Bad parameters fail here, in seconds, before any run, download or trial exists.
     check_pipeline(cfg, resume_from=resume_from)
+    with project_importable(cfg.project_dir):  # the project's functions import here (and on the workers)
+        return _run_pipeline(cfg, resume_from)
+
+
+def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any]:
     logger = get_run_logger()
     stages = _StageTimer()
     prepared = PreparedDataset.from_dict(download_dataset(cfg.data))
@@ -83,7 +89,16 @@ def training_pipeline(
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(cfg))
             stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
             best = best_trial(sweep, tracker, parent, cfg)
-            evaluation = evaluate_best(best.best_checkpoint, prepared.path, tracker, [parent, best.run_id], client)
+            evaluation = evaluate_best(
+                best.best_checkpoint,
+                prepared.path,
+                tracker,
+                [parent, best.run_id],
+                client,
+                evaluate_fn=cfg.evaluation.evaluate_fn,
+                project_dir=cfg.project_dir,
+            )
+            check_champion_metric(cfg, evaluation["metrics"])
             stages.lap("evaluate_s")
             registration = register(cfg, best, prepared, client, evaluation)
             stages.lap("register_s")
@@ -149,6 +164,7 @@ def build_sweep(
         max_failures=cfg.training.max_failures,
         hang_timeout_s=cfg.training.hang_timeout_s,
         system_metrics_interval_s=cfg.training.system_metrics_interval_s,
+        import_dir=cfg.project_dir,
     )
     concurrency = cfg.sweep.max_concurrent_trials or fits
     log = get_run_logger().info
@@ -186,6 +202,10 @@ PARENT_PARAMS = frozenset(
     {
         "data.name",
         "data.source",
+        "data.prepare_fn",
+        "data.format",
+        "training.model_fn",
+        "evaluation.evaluate_fn",
         "sweep.sampler",
         "sweep.num_samples",
         "sweep.max_concurrent_trials",
@@ -231,7 +251,7 @@ def sweep_record(cfg: PipelineConfig) -> SweepRecord:
         metric=cfg.selection.metric,
         mode=cfg.selection.mode,
         search_space=cfg.sweep.search_space,
-        title=f"Sweep {flow_run.get_name() or 'local'}: {cfg.data.name}",
+        title=f"Sweep {flow_run.get_name() or 'local'}: {cfg.data.label}",
         tracking_uri=cfg.mlflow.tracking_uri,
         scratch_dir=os.path.join(cfg.state_dir, "tmp"),
     )
@@ -276,7 +296,23 @@ def register(
         metric_value=evaluation["metrics"][cfg.selection.champion_metric],
         higher_is_better=cfg.selection.champion_mode == "max",
         tags={"sweepflow.best_trial": best.trial_id, "sweepflow.data_checksum": prepared.checksum},
+        model_fn=cfg.training.model_fn,
+        project_dir=cfg.project_dir,
     )
+
+
+class EvaluationMismatch(ValueError):
+    """The evaluation did not report the metric that decides the champion: nothing is registered."""
+
+
+def check_champion_metric(cfg: PipelineConfig, metrics: dict[str, float]) -> None:
+    """Before registering: the champion metric is one the evaluation reported."""
+    if cfg.selection.champion_metric not in metrics:
+        raise EvaluationMismatch(
+            f"selection.champion_metric={cfg.selection.champion_metric!r} is not among the evaluation's metrics "
+            f"{sorted(metrics)}: name one of them (what evaluate_fn returns, prefixed test_); nothing was "
+            "registered, the trials are in MLflow"
+        )
 
 
 def _summary(

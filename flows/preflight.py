@@ -32,10 +32,12 @@ from sweepflow.tasks.checks import (
     check_tracking_server,
     check_tracking_uri_scheme,
     check_writable_dir,
+    load_project_fn,
     load_train_fn,
     validate_train_configs,
 )
 from sweepflow.tasks.datasets.uris import protocol
+from sweepflow.tasks.training.function import project_importable
 
 __all__ = ["PreflightError", "check_pipeline"]
 
@@ -65,7 +67,9 @@ def check_pipeline(
     _check_data_source(cfg)
     if imports:
         check_registered_model_name(cfg.mlflow.registered_model_name)
-        _check_training(cfg)
+        with project_importable(cfg.project_dir):
+            _check_training(cfg)
+            _check_project_functions(cfg)
         if resume_from:
             _check_resume(cfg, resume_from)
 
@@ -82,7 +86,7 @@ def _check_mlflow(cfg: PipelineConfig) -> None:
             "is empty",
             "name the experiment, e.g. sweepflow",
         )
-    if not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
+    if cfg.training.builtin and not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
         raise PreflightError(
             "selection.champion_metric",
             cfg.selection.champion_metric,
@@ -173,6 +177,9 @@ def _check_data_source(cfg: PipelineConfig) -> None:
     """A configured mirror must answer, unless the raw files are already in a local cache (then it is unused).
     A followed source (``data.follow_source``) is asked for its files' versions on every run: it must answer."""
     data = cfg.data
+    if data.is_own_data:
+        _check_own_data(cfg)
+        return
     if not data.source or not data.spec.remote:
         return
     if not data.follow_source and data.cache_dir and protocol(data.cache_dir) in (None, "file"):
@@ -190,6 +197,42 @@ def _check_data_source(cfg: PipelineConfig) -> None:
             data.source,
             "is not a directory on this machine",
             "point it at the dataset's directory",
+        )
+
+
+def _check_own_data(cfg: PipelineConfig) -> None:
+    """One's own source lists files (it is asked on every run anyway), and a table has the target column."""
+    from sweepflow.tasks.datasets import DatasetError
+    from sweepflow.tasks.datasets.own_data import own_source_versions, read_header
+
+    data = cfg.data
+    try:
+        own_source_versions(data)
+        header = read_header(data) if data.format in ("csv", "parquet") else None
+    except DatasetError as exc:
+        raise PreflightError("data.source", data.source, str(exc), "check the path and its credentials") from None
+    except (OSError, ValueError) as exc:
+        raise PreflightError(
+            "data.source", data.source, f"cannot be read ({type(exc).__name__}: {exc})", "check it and its credentials"
+        ) from None
+    if header is not None and data.target not in header:
+        raise PreflightError(
+            "data.target",
+            data.target,
+            f"is not a column of {data.label!r} (its header: {header[:20]})",
+            "name its label column",
+        )
+
+
+def _check_project_functions(cfg: PipelineConfig) -> None:
+    """The project's other functions import here and take what the pipeline gives them."""
+    if cfg.data.prepare_fn:
+        load_project_fn(cfg.data.prepare_fn, field="data.prepare_fn", arguments=("raw_dir", "out_dir"))
+    if cfg.training.model_fn:
+        load_project_fn(cfg.training.model_fn, field="training.model_fn", arguments=("checkpoint",))
+    if cfg.evaluation.evaluate_fn:
+        load_project_fn(
+            cfg.evaluation.evaluate_fn, field="evaluation.evaluate_fn", arguments=("checkpoint", "data_path")
         )
 
 

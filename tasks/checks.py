@@ -41,7 +41,7 @@ class PreflightError(ValueError):
 
 
 def load_train_fn(
-    target: str | Callable[..., Any], *, field: str = "training.train_fn"
+    target: str | Callable[..., Any], *, field: str = "training.train_fn", arity: bool = True
 ) -> Callable[..., Any]:
     """The training function ``target`` names (``module:function``), imported here, checked to be a function
     of 0 or 1 arguments (a function object is only checked)."""
@@ -85,7 +85,27 @@ def load_train_fn(
             f"is a {type(fn).__name__}, not a function",
             "name a function that takes the trial's config dict (or no arguments)",
         )
-    _check_arity(fn, target if isinstance(target, str) else repr(fn), field)
+    if arity:
+        _check_arity(fn, target if isinstance(target, str) else repr(fn), field)
+    return fn
+
+
+def load_project_fn(target: str, *, field: str, arguments: tuple[str, ...]) -> Callable[..., Any]:
+    """A project function (``data.prepare_fn``, ``training.model_fn``, ``evaluation.evaluate_fn``) imported here
+    and checked to take exactly ``arguments`` positionally (the pipeline calls it so)."""
+    fn = load_train_fn(target, field=field, arity=False)
+    try:
+        inspect.signature(fn).bind(*arguments)
+    except TypeError as exc:
+        wanted = ", ".join(arguments)
+        raise PreflightError(
+            field,
+            target,
+            f"cannot be called as {target.partition(':')[2]}({wanted}): {exc}",
+            f"give it the signature `def {target.partition(':')[2]}({wanted}):`",
+        ) from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
     return fn
 
 

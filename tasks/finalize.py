@@ -18,7 +18,13 @@ from distributed import Client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sweepflow.tasks.finalize_on_worker import evaluate_on_worker, holds_registry, register_on_worker
+from sweepflow.tasks.finalize_on_worker import (
+    evaluate_on_worker,
+    evaluate_own_on_worker,
+    holds_registry,
+    register_on_worker,
+    register_own_on_worker,
+)
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.runs import RunTracker
 
@@ -40,9 +46,26 @@ def evaluate_best(
     run_ids: Sequence[str],
     client: Client,
     storage_options: dict[str, Any] | None = None,
+    evaluate_fn: str | None = None,
+    project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to each of ``run_ids``
-    (the pipeline's parent run, and the best trial's run: the registered version's source)."""
+    (the pipeline's parent run, and the best trial's run: the registered version's source). With the project's
+    ``evaluate_fn`` (``evaluation.evaluate_fn``), what it returns instead, as ``test_<name>``."""
+    if evaluate_fn is not None:
+        metrics = client.submit(
+            evaluate_own_on_worker,
+            evaluate_fn,
+            project_dir,
+            checkpoint_path,
+            data_path,
+            storage_options,
+            pure=False,
+            **finalizing_worker(client),
+        ).result()
+        for run_id in run_ids:
+            tracker.log_metrics(run_id, metrics, step=0)
+        return {"metrics": metrics}
     from sweepflow.tasks.reporting.confusion_matrix import plot_confusion_matrix
 
     out = client.submit(
@@ -77,6 +100,8 @@ def register_best(
     higher_is_better: bool,
     tags: dict[str, str],
     storage_options: dict[str, Any] | None = None,
+    model_fn: str | None = None,
+    project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Log the model with mlflow.pytorch (signature + input example) in run ``run_id`` (the trial that trained
     it: the version's source run) and register it: alias ``challenger`` always, ``champion`` only if it beats
@@ -94,6 +119,18 @@ def register_best(
         "tracking_uri": tracking_uri,
         "extra_tags": tags,
     }
+    if model_fn is not None:  # the project's model (training.model_fn), from the checkpoint its train_fn wrote
+        return client.submit(
+            register_own_on_worker,
+            model_fn,
+            project_dir,
+            checkpoint_path,
+            storage_options,
+            registration_args,
+            tracking_auth_env(),
+            pure=False,
+            **finalizing_worker(client),
+        ).result()
     future = client.submit(
         register_on_worker,
         checkpoint_path,

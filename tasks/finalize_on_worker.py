@@ -9,6 +9,7 @@ functions by importing this module, and pays only for what it runs. Evaluation n
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ddp_runtime import Checkpoint
@@ -56,6 +57,94 @@ def register_on_worker(
     x_test, _ = load_split(data_path, "test")
     with tracking_auth_scope(auth_env):  # the flow's MLflow credentials, for this registration only
         registration = log_and_register(model=model, input_example=x_test[:4].numpy(), **registration_args)
+    return {
+        "name": registration.name,
+        "version": registration.version,
+        "model_uri": registration.model_uri,
+        "became_champion": registration.became_champion,
+        "champion_version": registration.champion_version,
+        "previous_champion_version": registration.previous_champion_version,
+    }
+
+
+# --------------------------------------------------------------------------------- a project's own functions
+def _project_function(target: str | Callable[..., Any]) -> Callable[..., Any]:
+    """``"module:function"`` imported here (the project's directory is on the path), or a function as given."""
+    if callable(target):
+        return target
+    from sweepflow.tasks.training.function import import_train_fn
+
+    return import_train_fn(target)
+
+
+def _shown(target: str | Callable[..., Any]) -> str:
+    return target if isinstance(target, str) else getattr(target, "__qualname__", repr(target))
+
+
+def evaluate_own_on_worker(
+    evaluate_fn: str | Callable[..., Any],
+    project_dir: str | None,
+    checkpoint_path: str,
+    data_path: str,
+    storage_options: dict[str, Any] | None,
+) -> dict[str, float]:
+    """The project's ``evaluate_fn(checkpoint, data_path) -> {name: value}``, its metrics as ``test_<name>``
+    (an import path, or the function itself: ``sweepflow.tune.register_best`` runs it in the driver)."""
+    from sweepflow.tasks.training.function import project_importable
+
+    with project_importable(project_dir):
+        metrics = _project_function(evaluate_fn)(Checkpoint(checkpoint_path, storage_options=storage_options), data_path)
+    if not isinstance(metrics, dict) or not metrics:
+        raise TypeError(
+            f"evaluation.evaluate_fn={_shown(evaluate_fn)!r} returned {type(metrics).__name__}: return a non-empty dict "
+            "{metric name: number}, e.g. {'rmse': 0.41, 'mae': 0.3}"
+        )
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        try:
+            out[f"test_{name}"] = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"evaluation.evaluate_fn={_shown(evaluate_fn)!r} returned {name!r}: {value!r}, not a number"
+            ) from None
+    return out
+
+
+def register_own_on_worker(
+    model_fn: str | Callable[..., Any],
+    project_dir: str | None,
+    checkpoint_path: str,
+    storage_options: dict[str, Any] | None,
+    registration_args: dict[str, Any],
+    auth_env: SecretEnv,
+) -> dict[str, Any]:
+    """The project's ``model_fn(checkpoint)`` model (and input example), logged with mlflow.pytorch and
+    registered (``log_and_register``)."""
+    import numpy as np
+    import torch
+
+    from sweepflow.tasks.tracking.registry import log_and_register
+    from sweepflow.tasks.training.function import project_importable
+
+    with project_importable(project_dir):
+        built = _project_function(model_fn)(Checkpoint(checkpoint_path, storage_options=storage_options))
+        module, example = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(
+                f"training.model_fn={_shown(model_fn)!r} returned {type(module).__name__}: return the trained "
+                "torch.nn.Module, or (module, input_example)"
+            )
+        if example is None:
+            raise TypeError(
+                f"training.model_fn={_shown(model_fn)!r} returned a module without an input example: return (module, "
+                "input_example), a batch of a few inputs (numpy array or tensor) that MLflow stores with the "
+                "model and infers its signature from"
+            )
+        if isinstance(example, torch.Tensor):
+            example = example.detach().cpu().numpy()
+        example = np.asarray(example)
+        with tracking_auth_scope(auth_env):
+            registration = log_and_register(model=module, input_example=example, **registration_args)
     return {
         "name": registration.name,
         "version": registration.version,

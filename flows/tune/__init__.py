@@ -53,6 +53,7 @@ _LAZY = {
     "TuneError": "sweepflow.tune.runner",
     "Stopper": "sweepflow.tune.stopper",
     "Callback": "sweepflow.tune.callback",
+    "register_best": "sweepflow.tune.registry",
 }
 
 __all__ = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -320,10 +321,27 @@ class DataConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    name: DatasetName = "digits"
-    source: str | None = Field(
-        None, description="Mirror: https://..., s3://bucket/prefix or a local directory"
+    name: DatasetName | None = Field(
+        "digits",
+        description="A bundled dataset; none (null) when `source` is your own data (with prepare_fn or format)",
     )
+    source: str | None = Field(
+        None,
+        description="A bundled dataset's mirror (https://..., s3://bucket/prefix, a directory); or, with "
+        "prepare_fn or format, your own data: any fsspec URL or local path, a file or a directory, any format",
+    )
+    prepare_fn: str | None = Field(
+        None,
+        description="Your own data: 'package.module:function' called as prepare_fn(raw_dir, out_dir) once per "
+        "version of `source` (in the flow's process); trials get config['data_path'] = the prepared out_dir",
+    )
+    format: Literal["csv", "parquet", "image_folder"] | None = Field(
+        None,
+        description="Your own data, prepared without code: csv or parquet (with `target`: a seeded "
+        "train/val/test split into train.<fmt>, val.<fmt>, test.<fmt>), or image_folder (torchvision "
+        "ImageFolder layout, split per class into train/, val/, test/)",
+    )
+    target: str | None = Field(None, description="format csv/parquet: the label column")
     cache_dir: str | None = Field(
         None,
         description="Local directory or s3://bucket/prefix. Default: <storage>/datasets, else <state_dir>/data",
@@ -360,9 +378,37 @@ class DataConfig(BaseModel):
     # Field validators run in field order and before pydantic's own checks (mode="before"), so every
     # invalid value gets our message; cross-field rules run last, in ``_consistent``.
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_data_has_no_name(cls, data: Any) -> Any:
+        """Your own data (``prepare_fn`` or ``format``) is not a bundled set: ``name`` is left out (None)."""
+        if not isinstance(data, Mapping) or not (data.get("prepare_fn") or data.get("format")):
+            return data
+        if data.get("name") is not None:
+            raise DatasetConfigError(
+                f"DataConfig.name={data['name']!r} names a bundled dataset, but prepare_fn/format say `source` is "
+                "your own data: drop data.name (or drop prepare_fn/format to train on the bundled set)"
+            )
+        return {**data, "name": None}
+
+    @field_validator("prepare_fn", mode="before")
+    @classmethod
+    def _import_path(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        module, _, function = str(value).partition(":") if isinstance(value, str) else ("", "", "")
+        if not module or not function:
+            raise DatasetConfigError(
+                f"DataConfig.prepare_fn must be 'package.module:function' (got {value!r}), a function called as "
+                "prepare_fn(raw_dir, out_dir)"
+            )
+        return value
+
     @field_validator("name", mode="before")
     @classmethod
     def _known_name(cls, value: Any) -> Any:
+        if value is None:
+            return None  # your own data: checked with the other fields in _consistent
         if not isinstance(value, str) or value not in DATASETS:
             raise DatasetConfigError(
                 f"DataConfig.name: unknown dataset {value!r}; use one of: {', '.join(sorted(DATASETS))}"
@@ -461,6 +507,13 @@ class DataConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DataConfig:
+        if self.is_own_data or self.name is None:
+            return self._consistent_own_data()
+        if self.target is not None:
+            raise DatasetConfigError(
+                "DataConfig.target is the label column of your own csv/parquet data (format: csv or parquet); "
+                f"{self.name!r} has its labels: drop target"
+            )
         spec = self.spec
         if not spec.official_test and self.val_fraction + self.test_fraction >= 1:
             raise DatasetConfigError(
@@ -511,8 +564,69 @@ class DataConfig(BaseModel):
                     )
         return self
 
+    def _consistent_own_data(self) -> DataConfig:
+        if not self.is_own_data:
+            raise DatasetConfigError(
+                "DataConfig.name is empty: name a bundled dataset (one of "
+                f"{', '.join(sorted(DATASETS))}), or give your own data as source with prepare_fn or format"
+            )
+        if self.prepare_fn and self.format:
+            raise DatasetConfigError(
+                "DataConfig.prepare_fn and format both prepare the data: keep one (format for csv/parquet/"
+                "image_folder without code, prepare_fn for anything else)"
+            )
+        if self.source is None:
+            raise DatasetConfigError(
+                "DataConfig.source is missing: prepare_fn/format prepare your own data, so say where it is "
+                "(a local file or directory, s3://bucket/key, https://host/file.csv)"
+            )
+        if self.format in ("csv", "parquet") and not self.target:
+            raise DatasetConfigError(
+                f"DataConfig.target is missing: format {self.format} splits a table, name its label column "
+                "(e.g. target: price)"
+            )
+        if self.target is not None and self.format not in ("csv", "parquet"):
+            raise DatasetConfigError(
+                "DataConfig.target only applies to format csv or parquet (a label column); drop it"
+            )
+        if self.checksums is not None:
+            raise DatasetConfigError(
+                "DataConfig.checksums pin a bundled dataset's files; your own source is versioned by what it "
+                "reports for each file (S3/HTTP ETag, size and modification time): drop checksums"
+            )
+        if self.val_fraction + self.test_fraction >= 1:
+            raise DatasetConfigError(
+                f"DataConfig.val_fraction + test_fraction must be < 1 (got {self.val_fraction} + "
+                f"{self.test_fraction}); lower either, e.g. 0.15 each"
+            )
+        if self.storage_options is not None and self.source is None:
+            raise DatasetConfigError("DataConfig.storage_options only apply to a `source`")
+        if self.cache_storage_options is not None and not self.cache_is_remote:
+            raise DatasetConfigError(
+                "DataConfig.cache_storage_options only apply to a remote cache_dir such as s3://bucket/prefix"
+            )
+        return self
+
+    @property
+    def is_own_data(self) -> bool:
+        """A team's own data (``source`` with ``prepare_fn`` or ``format``), not a bundled set."""
+        return bool(self.prepare_fn or self.format)
+
+    @property
+    def label(self) -> str:
+        """What to call the data in titles and paths: the bundled set's name, or the source's last part."""
+        if self.name is not None:
+            return self.name
+        last = redact(self.source or "data").rstrip("/").rsplit("/", 1)[-1]
+        stem = last.split(".", 1)[0] or "data"
+        return re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-")[:40] or "data"
+
     @property
     def spec(self) -> DatasetSpec:
+        if self.name is None:
+            raise DatasetConfigError(
+                f"DataConfig: {self.label!r} is your own data (source with prepare_fn/format), not a bundled set"
+            )
         return DATASETS[self.name]
 
     @property
@@ -580,6 +694,19 @@ class DataConfig(BaseModel):
         ``follow_source`` is only present when set, so configs without it keep the keys they always had;
         with it, the task's cache key adds the source's current file versions (``tasks/download.py``).
         """
+        if self.is_own_data:
+            return {
+                "own_data": True,
+                "source": redact(self.source) if self.source else None,
+                "endpoint_url": endpoint_url(self.storage_options),
+                "prepare": self.prepare_fn or f"{self.format}:{self.target or ''}",
+                "cache_dir": self.cache_dir,
+                "cache_endpoint_url": endpoint_url(self.cache_storage_options),
+                "val_fraction": float(self.val_fraction),
+                "test_fraction": float(self.test_fraction),
+                "seed": self.seed,
+                "format_version": PREPARED_FORMAT_VERSION,
+            }
         identity: dict[str, Any] = {
             "name": self.name,
             "source": redact(self.source) if self.source else None,

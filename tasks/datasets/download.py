@@ -137,6 +137,12 @@ def _version_of(fs: Any, rpath: str, url: str) -> dict[str, str]:
             info = fs.info(rpath)
     except transient_error_types() as exc:
         raise _classify_fetch_error(exc, filename, url) from exc
+    return version_from_info(info, url)
+
+
+def version_from_info(info: Mapping[str, Any], url: str) -> dict[str, str]:
+    """A file's version (see ``_version_of``) from what its store says of it (``fs.info``, a listing's entry,
+    HTTP headers)."""
     etag = info.get("ETag") or info.get("etag")
     if etag:
         return {"etag": str(etag)}

@@ -6,7 +6,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,10 @@ def source_versions(cfg: DataConfig | Mapping[str, Any]) -> dict[str, dict[str, 
     DatasetSourceError if it says a file is not there.
     """
     cfg = DataConfig.coerce(cfg)
+    if cfg.is_own_data:  # one's own source is always asked: new rows under the same name are new data
+        from .own_data import own_source_versions
+
+        return own_source_versions(cfg)
     if not cfg.follow_source:
         return None
     assert cfg.source is not None  # validated: follow_source needs a source
@@ -121,15 +125,29 @@ def _fingerprint(cfg: DataConfig, raw: _RawInputs) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prepare_dataset(cfg: DataConfig | Mapping[str, Any]) -> PreparedDataset:
+def _import_function(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def prepare_dataset(
+    cfg: DataConfig | Mapping[str, Any], *, import_fn: Callable[[str], Any] = _import_function
+) -> PreparedDataset:
     """Fetch, verify, parse, split, normalise and store ``cfg``'s dataset; return where it is.
 
     ``cfg`` is a ``DataConfig`` (or its dict form) with ``cache_dir`` set. Idempotent and cheap on repeat:
     verified raw files are not downloaded again, and an existing prepared directory with the same
     fingerprint is reused as is. With a remote ``cache_dir`` the returned ``path`` is a URI under it (see
-    the package docstring for how the remote cache is written).
+    the package docstring for how the remote cache is written). Your own data (``source`` with ``prepare_fn``
+    or ``format``) is prepared by ``own_data.prepare_own_data``; ``import_fn`` imports its ``prepare_fn``.
     """
     cfg = DataConfig.coerce(cfg)
+    if cfg.is_own_data:
+        from .own_data import prepare_own_data
+
+        return prepare_own_data(cfg, import_fn=import_fn)
     spec = cfg.spec
     cache = open_cache(cfg)
     raw = _materialise_raw(cfg, cache)

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["PreparedDataset", "load_meta", "load_split", "prepared_dataset_exists"]
 
 
+#: The last file written into a prepared directory of one's own data (``own_data.MARKER``).
+OWN_DATA_MARKER = "_sweepflow.json"
+
+
 def _split_order(item: tuple[str, Any]) -> tuple[int, str]:
     return (SPLITS.index(item[0]) if item[0] in SPLITS else len(SPLITS), item[0])
 
@@ -39,8 +43,8 @@ class PreparedDataset:
 
     name: str
     path: str
-    num_classes: int
-    input_shape: tuple[int, int, int]
+    num_classes: int  # 0: not a classification set (one's own data, unless an image folder)
+    input_shape: tuple[int, ...]  # [C, H, W] of a bundled set's images; () for one's own data
     sizes: dict[str, int]
     checksum: str
     source: str
@@ -60,13 +64,13 @@ class PreparedDataset:
     def from_dict(cls, data: Mapping[str, Any]) -> PreparedDataset:
         try:
             shape = tuple(int(v) for v in data["input_shape"])
-            if len(shape) != 3:
-                raise ValueError(f"input_shape must have 3 entries [C, H, W], got {list(shape)}")
+            if len(shape) not in (0, 3):
+                raise ValueError(f"input_shape must have 3 entries [C, H, W] (or none), got {list(shape)}")
             return cls(
                 name=str(data["name"]),
                 path=str(data["path"]),
                 num_classes=int(data["num_classes"]),
-                input_shape=(shape[0], shape[1], shape[2]),
+                input_shape=shape,
                 sizes={str(k): int(v) for k, v in sorted(data["sizes"].items(), key=_split_order)},
                 checksum=str(data["checksum"]),
                 source=str(data["source"]),
@@ -80,6 +84,8 @@ class PreparedDataset:
 def prepared_complete(fs: Any, root: str) -> bool:
     """True if ``root`` on ``fs`` holds ``meta.json`` and all three splits (asking the store, not a cache)."""
     fs.invalidate_cache(root)  # ask the store itself: another host may have added or deleted files
+    if fs.exists(join(root, OWN_DATA_MARKER)):  # one's own data, published whole (own_data.py)
+        return True
     return all(fs.exists(join(root, name)) for name in ("meta.json", *(f"{s}.npz" for s in SPLITS)))
 
 

@@ -146,7 +146,7 @@ class Sweep:
         scaling = ScalingConfig(
             num_workers=t.num_ranks, use_gpu=t.use_gpu, resources_per_worker=t.resources_per_rank or None
         )
-        prepare = TrainFunction(t.train_fn).warm_up
+        prepare = TrainFunction(t.train_fn, script_dir=t.import_dir).warm_up
         started = time.perf_counter()
         try:
             took = warm_up_workers(self.cluster, scaling, prepare=prepare)

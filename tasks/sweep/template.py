@@ -47,6 +47,8 @@ class TrialTemplate:
     name_trial: Callable[[SweepTrial], str] | None = None
     dirname_trial: Callable[[SweepTrial], str] | None = None
     run_tags: dict[str, str] = field(default_factory=dict)  # on every trial's MLflow run, from its creation
+    # A project's directory (PipelineConfig.project_dir): on the ranks' import path while train_fn runs
+    import_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:

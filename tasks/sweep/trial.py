@@ -692,7 +692,10 @@ class _TrialRun:
         spec = self.spec  # its config may have changed since the trial started (PBT)
         return TorchTrainer(
             TrainFunction(
-                spec.template.train_fn, system_metrics=self._system_metrics(), trial_run=self._trial_run()
+                spec.template.train_fn,
+                system_metrics=self._system_metrics(),
+                trial_run=self._trial_run(),
+                script_dir=spec.template.import_dir,
             ),
             train_loop_config=spec.train_loop_config,
             scaling_config=train.ScalingConfig(

@@ -201,6 +201,13 @@ def _importable(directory: str | None) -> Iterator[None]:
                     _forget(directory, known=use.known)
 
 
+def project_importable(directory: str | None) -> contextlib.AbstractContextManager[None]:
+    """A project's directory (``PipelineConfig.project_dir``) on this process's import path for the block, where
+    the project's functions are imported and run (the flow's checks and preparation, each rank, the evaluation
+    and the registration on their worker); taken off again after, as for a driver script's directory."""
+    return _importable(directory)
+
+
 def _forget(directory: str, *, known: set[str]) -> None:
     """Take ``directory`` off sys.path, and forget the modules it gave since (not in ``known``): the top-level
     modules and packages that live right in it, with their submodules. Nothing else, even from below it: a
@@ -283,7 +290,8 @@ class TrainFunction:
         """Import the function's module where it will run, ahead of its first trial (the sweep's worker start-up:
         ``ddp_runtime.cluster.warm_up_workers``; a function object's modules came with it)."""
         if isinstance(self.target, str):
-            import_train_fn(self.target)
+            with _importable(self.script_dir):
+                import_train_fn(self.target)
 
     @property
     def path(self) -> str:

@@ -1,0 +1,99 @@
+"""``sweepflow.tune.register_best``: a Tune experiment's best trial through the pipeline's evaluation and registry.
+
+Ray Tune ends at ``ResultGrid``; the pipeline goes on to a test-set evaluation and the model registry. A
+``tune.run``/``Tuner`` user hands the grid to the same two stages, with the same functions a pipeline project
+plugs in (README, "Your own project")::
+
+    results = tuner.fit()
+    registration = tune.register_best(
+        results,
+        model_fn=model_fn,                  # model_fn(checkpoint) -> nn.Module or (module, input_example)
+        evaluate_fn=evaluate_fn,            # evaluate_fn(checkpoint, data_path) -> {"rmse": ...}; optional
+        data_path="s3://bucket/houses/",
+        registered_model_name="houses-price",
+        champion_metric="test_rmse", champion_mode="min",
+    )
+
+The best trial's best checkpoint is evaluated (each metric logged as ``test_<name>`` on the trial's MLflow run
+and the experiment's parent run), then its model is logged with mlflow.pytorch into the trial's run and
+registered: alias ``challenger`` always, ``champion`` only if it beats the sitting champion on
+``champion_metric``. Without ``evaluate_fn`` the champion is decided on the trial's own reported ``metric``.
+Both run in this process (the driver's), as Ray users expect of code after ``fit()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sweepflow.tasks.finalize_on_worker import evaluate_own_on_worker, register_own_on_worker
+from sweepflow.tasks.tracking.credentials import tracking_auth_env
+from sweepflow.tasks.tracking.runs import RunTracker
+from sweepflow.tune.analysis import ResultGrid
+
+
+def register_best(
+    results: ResultGrid,
+    *,
+    model_fn: Callable[..., Any],
+    registered_model_name: str,
+    evaluate_fn: Callable[..., Any] | None = None,
+    data_path: str | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    champion_metric: str | None = None,
+    champion_mode: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate and register the grid's best trial (see the module doc); returns the registration (name,
+    version, model_uri, became_champion, champion_version) and the test metrics (``metrics``)."""
+    if evaluate_fn is not None and data_path is None:
+        raise ValueError("register_best: evaluate_fn(checkpoint, data_path) needs data_path=...")
+    best = results.get_best_result(metric, mode)
+    if best.checkpoint is None or not best.mlflow_run_id:
+        raise ValueError(
+            "register_best: the best trial has no checkpoint (report one with tune.report(..., checkpoint=...)) "
+            "or no MLflow run"
+        )
+    tracking_uri = results.info["tracking_uri"]
+    metric = metric or results.default_metric
+    mode = mode or results.default_mode
+    if evaluate_fn is not None:
+        metrics = evaluate_own_on_worker(evaluate_fn, None, best.checkpoint.path, data_path or "", None)
+        tracker = RunTracker(tracking_uri, _experiment_name(tracking_uri, best.mlflow_run_id))
+        for run_id in filter(None, (best.mlflow_run_id, results.info.get("parent_run_id"))):
+            tracker.log_metrics(run_id, metrics, step=0)
+        champion_metric = champion_metric or "test_" + str(metric or "")
+        champion_mode = champion_mode or mode or "max"
+    else:
+        metrics = {k: float(v) for k, v in best.metrics.items() if isinstance(v, int | float)}
+        champion_metric = champion_metric or metric
+        champion_mode = champion_mode or mode or "max"
+    if champion_metric not in metrics:
+        raise ValueError(
+            f"register_best: champion_metric={champion_metric!r} is not among the best trial's "
+            f"{'test' if evaluate_fn else 'reported'} metrics {sorted(metrics)}; name one of them"
+        )
+    registration = register_own_on_worker(
+        model_fn,
+        None,
+        best.checkpoint.path,
+        None,
+        {
+            "registered_model_name": registered_model_name,
+            "run_id": best.mlflow_run_id,
+            "metric_name": champion_metric,
+            "metric_value": metrics[champion_metric],
+            "higher_is_better": champion_mode == "max",
+            "tracking_uri": tracking_uri,
+            "extra_tags": {"sweepflow.best_trial": str(best.metrics.get("trial_id", ""))},
+        },
+        tracking_auth_env(),
+    )
+    return {**registration, "metrics": metrics}
+
+
+def _experiment_name(tracking_uri: str, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    return client.get_experiment(client.get_run(run_id).info.experiment_id).name
