@@ -67,6 +67,9 @@ SECONDS_PER_PASS_EPOCH = 0.15
 def sweep_sets(num_samples: int, epochs: int, passes: float) -> list[str]:
     return [
         "training.train_fn=sized_trial:train_fn",
+        # it writes the built-in classifier's checkpoints: the built-in model and evaluation read them
+        "training.model_fn=sweepflow.tasks.training.builtin:model_fn",
+        "evaluation.evaluate_fn=sweepflow.tasks.training.builtin:evaluate_fn",
         f"training.base_config={json.dumps({**MODEL, 'passes': passes})}",
         f"training.epochs={epochs}",
         f"sweep.num_samples={num_samples}",

@@ -32,6 +32,9 @@ SEED_SEARCH_SPACE: dict[str, Any] = {
 }
 
 DEFAULT_TRAIN_FN = "sweepflow.tasks.training.loop:train_image_classifier"
+#: The built-in classifier's model_fn and evaluate_fn (sweepflow.tasks.training.builtin; not imported here).
+BUILTIN_MODEL_FN = "sweepflow.tasks.training.builtin:model_fn"
+BUILTIN_EVALUATE_FN = "sweepflow.tasks.training.builtin:evaluate_fn"
 
 #: Environment variables read (once, by ``Settings.from_env``) to fill machine-dependent settings. S3
 #: credentials and endpoint come from the standard AWS chain (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...),
@@ -158,6 +161,11 @@ class TrainingSettings(_Section):
         """The built-in image classifier trains (its evaluation and registry model come with it)."""
         return self.train_fn == DEFAULT_TRAIN_FN
 
+    @property
+    def builtin_model(self) -> bool:
+        """The registry's model is the built-in classifier's (read from its own checkpoints)."""
+        return self.model_fn in (None, BUILTIN_MODEL_FN)
+
 
 class EvaluationSettings(_Section):
     """The test-set evaluation of the best trial's best checkpoint."""
@@ -177,6 +185,11 @@ class EvaluationSettings(_Section):
             if not module or not function:
                 raise ValueError(f"evaluate_fn must be 'package.module:function', got {value!r}")
         return value
+
+    @property
+    def builtin(self) -> bool:
+        """The built-in classifier's evaluation (loss, accuracy, per class, the confusion matrix)."""
+        return self.evaluate_fn in (None, BUILTIN_EVALUATE_FN)
 
 
 class ResourceSettings(_Section):
@@ -264,39 +277,6 @@ class PipelineConfig(_Section):
         "behind an MLflow server that proxies artifacts to <storage>/mlflow, checkpoints. Default: "
         "$SWEEPFLOW_STORAGE, else local disk under the state dir",
     )
-
-    @model_validator(mode="after")
-    def _own_functions_come_together(self) -> PipelineConfig:
-        """The built-in classifier brings its evaluation and registry model; your own train_fn brings yours."""
-        if self.training.builtin:
-            if self.data.is_own_data:
-                raise ValueError(
-                    f"data.source={redact(self.data.source or '')!r} is your own data, which the built-in "
-                    "image classifier cannot read: set training.train_fn (with training.model_fn and "
-                    "evaluation.evaluate_fn) to your project's functions (`sweepflow init DIR` writes an example)"
-                )
-            return self
-        missing = [
-            name
-            for name, value in (
-                ("training.model_fn", self.training.model_fn),
-                ("evaluation.evaluate_fn", self.evaluation.evaluate_fn),
-            )
-            if value is None
-        ]
-        if missing:
-            raise ValueError(
-                f"training.train_fn={self.training.train_fn!r} is your own: add {' and '.join(missing)} too, or "
-                "the pipeline cannot evaluate and register its model after the sweep (model_fn(checkpoint) -> "
-                "torch.nn.Module or (module, input_example); evaluate_fn(checkpoint, data_path) -> "
-                "{name: value}); `sweepflow init DIR` writes an example"
-            )
-        if not self.selection.champion_metric.startswith("test_"):
-            raise ValueError(
-                f"selection.champion_metric={self.selection.champion_metric!r}: the evaluation's metrics are "
-                "logged as test_<name> (what evaluate_fn returns, prefixed): name one of those, e.g. test_rmse"
-            )
-        return self
 
     @model_validator(mode="after")
     def _epochs_cover_schedule(self) -> PipelineConfig:

@@ -95,7 +95,7 @@ def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any
                 tracker,
                 [parent, best.run_id],
                 client,
-                evaluate_fn=cfg.evaluation.evaluate_fn,
+                evaluate_fn=None if cfg.evaluation.builtin else cfg.evaluation.evaluate_fn,
                 project_dir=cfg.project_dir,
             )
             check_champion_metric(cfg, evaluation["metrics"])
@@ -296,7 +296,7 @@ def register(
         metric_value=evaluation["metrics"][cfg.selection.champion_metric],
         higher_is_better=cfg.selection.champion_mode == "max",
         tags={"sweepflow.best_trial": best.trial_id, "sweepflow.data_checksum": prepared.checksum},
-        model_fn=cfg.training.model_fn,
+        model_fn=None if cfg.training.builtin_model else cfg.training.model_fn,
         project_dir=cfg.project_dir,
     )
 

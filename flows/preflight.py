@@ -70,8 +70,10 @@ def check_pipeline(
         with project_importable(cfg.project_dir):
             _check_training(cfg)
             _check_project_functions(cfg)
-        if resume_from:
-            _check_resume(cfg, resume_from)
+    # After the training function's own checks: a mistake in it is the first thing to fix.
+    _check_contract(cfg)
+    if imports and resume_from:
+        _check_resume(cfg, resume_from)
 
 
 def _check_mlflow(cfg: PipelineConfig) -> None:
@@ -86,12 +88,41 @@ def _check_mlflow(cfg: PipelineConfig) -> None:
             "is empty",
             "name the experiment, e.g. sweepflow",
         )
-    if cfg.training.builtin and not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
+    if cfg.evaluation.builtin and not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
         raise PreflightError(
             "selection.champion_metric",
             cfg.selection.champion_metric,
             "the test-set evaluation reports test_loss, test_accuracy and test_accuracy_class_<i> only",
             "use test_accuracy (mode max) or test_loss (mode min)",
+        )
+
+
+def _check_contract(cfg: PipelineConfig) -> None:
+    """The built-in classifier brings its model and evaluation; a train_fn of one's own names its own (or the
+    built-in ones, when it writes the built-in classifier's checkpoints)."""
+    from sweepflow.flows.config import BUILTIN_EVALUATE_FN, BUILTIN_MODEL_FN
+
+    training, evaluation = cfg.training, cfg.evaluation
+    if training.builtin:
+        return
+    named = {"training.model_fn": training.model_fn, "evaluation.evaluate_fn": evaluation.evaluate_fn}
+    missing = [name for name, value in named.items() if value is None]
+    if missing:
+        raise PreflightError(
+            "training.train_fn",
+            training.train_fn,
+            "is your own, so the pipeline cannot tell how to rebuild and test its model after the sweep",
+            f"add {' and '.join(missing)} (model_fn(checkpoint) -> torch.nn.Module or (module, input_example); "
+            "evaluate_fn(checkpoint, data_path) -> {name: value}; `sweepflow init DIR` writes an example), or, "
+            "if it writes the built-in classifier's checkpoints (it calls train_image_classifier), "
+            f"{BUILTIN_MODEL_FN} and {BUILTIN_EVALUATE_FN}",
+        )
+    if not evaluation.builtin and not cfg.selection.champion_metric.startswith("test_"):
+        raise PreflightError(
+            "selection.champion_metric",
+            cfg.selection.champion_metric,
+            "the evaluation's metrics are logged as test_<name> (what evaluate_fn returns, prefixed)",
+            "name one of those, e.g. test_rmse",
         )
 
 
@@ -178,6 +209,14 @@ def _check_data_source(cfg: PipelineConfig) -> None:
     A followed source (``data.follow_source``) is asked for its files' versions on every run: it must answer."""
     data = cfg.data
     if data.is_own_data:
+        if cfg.training.builtin:
+            raise PreflightError(
+                "data.source",
+                data.source,
+                "is your own data, which the built-in image classifier cannot read",
+                "set training.train_fn, training.model_fn and evaluation.evaluate_fn to your project's functions "
+                "(`sweepflow init DIR` writes an example)",
+            )
         _check_own_data(cfg)
         return
     if not data.source or not data.spec.remote:
@@ -210,10 +249,15 @@ def _check_own_data(cfg: PipelineConfig) -> None:
         own_source_versions(data)
         header = read_header(data) if data.format in ("csv", "parquet") else None
     except DatasetError as exc:
-        raise PreflightError("data.source", data.source, str(exc), "check the path and its credentials") from None
+        raise PreflightError(
+            "data.source", data.source, str(exc), "check the path and its credentials"
+        ) from None
     except (OSError, ValueError) as exc:
         raise PreflightError(
-            "data.source", data.source, f"cannot be read ({type(exc).__name__}: {exc})", "check it and its credentials"
+            "data.source",
+            data.source,
+            f"cannot be read ({type(exc).__name__}: {exc})",
+            "check it and its credentials",
         ) from None
     if header is not None and data.target not in header:
         raise PreflightError(

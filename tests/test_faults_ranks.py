@@ -177,12 +177,14 @@ def _fault_sweep(tmp_path, cluster, faults: list[str], **training):
                 },
                 "training": {
                     "train_fn": "fault_fns:train_with_fault",
+                    "model_fn": "sweepflow.tasks.training.builtin:model_fn",
                     "epochs": 3,
                     "base_config": {"optimizer": "adam", "fault_dir": str(fault_dir)},
                     **training,
                 },
                 "scheduler": {"type": "fifo", "max_t": 3},
                 "resources": {"ranks_per_trial": 2},
+                "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
             }
         )
     )

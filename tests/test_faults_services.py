@@ -122,11 +122,13 @@ def _pipeline_config(
             },
             "training": {
                 "train_fn": "test_faults_services:paced_classifier",
+                "model_fn": "sweepflow.tasks.training.builtin:model_fn",
                 "epochs": epochs,
                 "base_config": {"optimizer": "adam", "pace_s": pace_s},
             },
             "scheduler": {"type": "fifo", "max_t": epochs},
             "resources": {"ranks_per_trial": 1},
+            "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
         }
     )
 
@@ -501,6 +503,8 @@ def _sweepflow_run_argv(tmp_path: Path, cluster, *, l1: list[int], epochs: int, 
         "sweep.search_space": f"{{l1: {{type: grid, values: {l1}}}, l2: 8, lr: 0.01, batch_size: 64}}",
         "sweep.num_samples": "1",
         "training.train_fn": "test_faults_services:paced_classifier",
+        "training.model_fn": "sweepflow.tasks.training.builtin:model_fn",
+        "evaluation.evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn",
         "training.epochs": str(epochs),
         "training.base_config": f"{{optimizer: adam, pace_s: {pace_s}}}",
         "scheduler": f"{{type: fifo, max_t: {epochs}}}",

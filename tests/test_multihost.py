@@ -522,6 +522,8 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             "sweep.num_samples": "1",
             "sweep.search_space": "{l1: 32, l2: 32, lr: 0.01, batch_size: 32}",
             "training.train_fn": "multihost_fns:train_recording_placement",
+            "training.model_fn": "sweepflow.tasks.training.builtin:model_fn",
+            "evaluation.evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn",
             "training.epochs": str(EPOCHS),
             "training.base_config": json.dumps({"optimizer": "adam", "record_dir": str(record_dir), "hold_at": HOLD_AT}),
             "training.max_failures": "1",
@@ -715,11 +717,13 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
                 },
                 "training": {
                     "train_fn": "multihost_fns:train_recording_placement",
+                    "model_fn": "sweepflow.tasks.training.builtin:model_fn",
                     "epochs": 1,
                     "base_config": {"optimizer": "adam", "record_dir": str(deployed_dir), "hold_at": 0},
                 },
                 "scheduler": {"type": "fifo", "max_t": 1},
                 "resources": {"ranks_per_trial": 2},
+                "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
                 "mlflow": {
                     "experiment_name": "multihost-deployment",
                     "registered_model_name": "multihost-model",

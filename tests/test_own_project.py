@@ -73,21 +73,6 @@ def test_own_data_configs_are_refused_in_one_sentence(data, message):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_pipeline_with_its_own_train_fn_names_what_else_it_needs():
-    with pytest.raises(ValueError, match="add training.model_fn and evaluation.evaluate_fn too"):
-        PipelineConfig.model_validate({"training": {"train_fn": "p.m:train"}})
-    with pytest.raises(ValueError, match="test_<name>"):
-        PipelineConfig.model_validate(
-            {
-                "training": {"train_fn": "p.m:train", "model_fn": "p.m:model"},
-                "evaluation": {"evaluate_fn": "p.m:evaluate"},
-                "selection": {"champion_metric": "rmse"},
-            }
-        )
-    with pytest.raises(ValueError, match="built-in image classifier cannot read"):
-        PipelineConfig.model_validate({"data": {"source": "/x.csv", "format": "csv", "target": "y"}})
-
-
 def test_csv_data_is_split_once_per_version_and_again_when_rows_arrive(tmp_path):
     source = tmp_path / "houses.csv"
     write_project(tmp_path / "p")
@@ -153,7 +138,9 @@ def _bad_model_module(project: Path) -> None:
 
 MISTAKES = [
     # (name, --set overrides, words in the one sentence)
-    ("no model_fn", ["training.model_fn=null"], ["add training.model_fn"]),
+    ("no model_fn", ["training.model_fn=null"], ["add training.model_fn", "builtin:model_fn"]),
+    ("built-in classifier on own data", ["training.train_fn=sweepflow.tasks.training.loop:train_image_classifier"],
+     ["built-in image classifier cannot read"]),
     ("bundled name too", ["data.name=digits"], ["drop data.name"]),
     ("target not in header", ["data.target=cost"], ["data.target='cost'", "is not a column"]),
     ("champion not a test metric", ["selection.champion_metric=rmse"], ["test_<name>"]),
@@ -228,13 +215,25 @@ def _quick(cfg: PipelineConfig, cluster, tracking_uri: str, tmp_path: Path, **mo
     return resolve_settings(PipelineConfig.model_validate({**cfg.model_dump(), **sections}))
 
 
+def _sweepflow_run(project: Path, sets: list[str], tmp_path: Path, capsys) -> dict:
+    """``sweepflow run --no-server --config sweep.yaml --set ...`` as a user types it (in this process, on the
+    services the environment names); its summary."""
+    summary = tmp_path / f"summary-{os.urandom(3).hex()}.json"
+    argv = ["run", "--no-server", "--config", str(project / "sweep.yaml"), "--summary-json", str(summary)]
+    for item in sets:
+        argv += ["--set", item]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
+    assert "Registered model: " in out
+    return json.loads(summary.read_text())
+
+
 @pytest.mark.s3
 def test_the_init_project_on_s3_trains_registers_and_retrains_on_new_rows(
-    project, prefect_harness, mlflow_server, cluster, s3_endpoint, monkeypatch, tmp_path
+    project, services, s3_endpoint, monkeypatch, tmp_path, capsys
 ):
     import s3fs
-
-    from sweepflow.flows.pipeline import training_pipeline
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -244,26 +243,25 @@ def test_the_init_project_on_s3_trains_registers_and_retrains_on_new_rows(
         fs.mkdir("houses-data")
     fs.put_file(str(project / "data" / "houses.csv"), "houses-data/houses.csv")
     name = f"houses-{os.urandom(3).hex()}"
-    cfg = load_config_file(
-        project / "sweep.yaml",
-        [
-            "data.source=s3://houses-data/houses.csv",
-            "sweep.num_samples=3",
-            "training.epochs=6",
-            "scheduler.max_t=6",
-            "scheduler.grace_period=2",
-            f"mlflow.registered_model_name={name}",
-            f"mlflow.experiment_name={name}",
-        ],
-    )
-    first = training_pipeline(config=_quick(cfg, cluster, mlflow_server, tmp_path))
+    sets = [
+        "data.source=s3://houses-data/houses.csv",
+        "sweep.num_samples=3",
+        "training.epochs=6",
+        "scheduler.max_t=6",
+        "scheduler.grace_period=2",
+        "resources.ranks_per_trial=1",
+        f"mlflow.registered_model_name={name}",
+        f"mlflow.experiment_name={name}",
+    ]
+    first = _sweepflow_run(project, sets, tmp_path, capsys)
     reg = first["registration"]
     assert reg["version"] == 1 and reg["became_champion"], reg
     metrics = first["test_metrics"]
     assert set(metrics) == {"test_rmse", "test_mae", "test_r2"} and metrics["test_r2"] > 0.8, metrics
-    client = MlflowClient(mlflow_server)
+    client = MlflowClient(services["mlflow"])
     parent = client.get_run(first["parent_run_id"])
     assert parent.data.metrics["test_rmse"] == pytest.approx(metrics["test_rmse"])
+    assert parent.data.tags["sweepflow.dataset"] == "houses"
     assert client.get_run(first["best_trial"]["run_id"]).data.metrics["test_rmse"] == pytest.approx(
         metrics["test_rmse"]
     )
@@ -271,7 +269,7 @@ def test_the_init_project_on_s3_trains_registers_and_retrains_on_new_rows(
     # The registered model takes the CSV's columns as they are and predicts prices, in a process without it.
     table = pd.read_csv(project / "data" / "houses.csv")
     rows = table[["sqft", "rooms", "age", "distance_km"]].to_numpy(np.float32)[:8]
-    predicted = _predict_in_fresh_process(mlflow_server, f"models:/{name}/1", rows)
+    predicted = _predict_in_fresh_process(services["mlflow"], f"models:/{name}/1", rows)
     relative = np.abs(predicted - table["price"].to_numpy()[:8]) / table["price"].to_numpy()[:8]
     assert predicted.shape == (8,) and float(np.median(relative)) < 0.15, (predicted, relative)
 
@@ -279,7 +277,7 @@ def test_the_init_project_on_s3_trains_registers_and_retrains_on_new_rows(
     more = "".join(f"{1000 + i}.0,3,20.0,5.00,{300000 + 150 * i}\n" for i in range(60))
     fs.pipe_file("houses-data/houses.csv", (project / "data" / "houses.csv").read_bytes() + more.encode())
     fs.invalidate_cache()
-    second = training_pipeline(config=_quick(cfg, cluster, mlflow_server, tmp_path))
+    second = _sweepflow_run(project, sets, tmp_path, capsys)
     assert second["registration"]["version"] == 2
     checksums = [client.get_run(r["parent_run_id"]).data.tags["sweepflow.data_checksum"] for r in (first, second)]
     assert checksums[0] != checksums[1], "the retrain did not see the new rows"

@@ -381,6 +381,8 @@ def test_an_undeclared_metric_stops_the_sweep_at_its_first_report_with_exit_2(
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
     sets = [
         "training.train_fn=preflight_fns:undeclared",
+        "training.model_fn=sweepflow.tasks.training.builtin:model_fn",
+        "evaluation.evaluate_fn=sweepflow.tasks.training.builtin:evaluate_fn",
         "sweep.num_samples=6",
         "resources.ranks_per_trial=1",
     ]

@@ -28,6 +28,9 @@ SETTINGS = [
     "sweep.seed=7",
     "training.epochs=3",
     "training.train_fn=pipeline_helpers:held_classifier",
+    # it writes the built-in classifier's checkpoints: the built-in model and evaluation read them
+    "training.model_fn=sweepflow.tasks.training.builtin:model_fn",
+    "evaluation.evaluate_fn=sweepflow.tasks.training.builtin:evaluate_fn",
     "scheduler.type=fifo",
     "resources.ranks_per_trial=1",
     "dask.n_workers=2",

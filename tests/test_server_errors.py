@@ -80,7 +80,12 @@ def test_a_sweep_whose_server_fails_stops_in_seconds_saying_why(broken_server, p
                 "num_samples": 1,
                 "max_concurrent_trials": 1,
             },
-            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": 1},
+            training={
+                "train_fn": "pipeline_helpers:scripted_quality",
+                "epochs": 1,
+                "model_fn": "sweepflow.tasks.training.builtin:model_fn",
+            },
+            evaluation={"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
             scheduler={"type": "fifo", "max_t": 1},
             resources={"ranks_per_trial": 1},
             mlflow={"experiment_name": f"broken-{uuid.uuid4().hex[:8]}"},
