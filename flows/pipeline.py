@@ -202,10 +202,6 @@ PARENT_PARAMS = frozenset(
     {
         "data.name",
         "data.source",
-        "data.prepare_fn",
-        "data.format",
-        "training.model_fn",
-        "evaluation.evaluate_fn",
         "sweep.sampler",
         "sweep.num_samples",
         "sweep.max_concurrent_trials",
@@ -223,6 +219,10 @@ PARENT_PARAMS = frozenset(
 )
 
 
+#: A project's functions and data preparation: parent params too, when set (a built-in run has none of them).
+PROJECT_PARAMS = frozenset({"data.prepare_fn", "data.format", "data.target", "training.model_fn", "evaluation.evaluate_fn"})
+
+
 def parent_spec(cfg: PipelineConfig, prepared: PreparedDataset) -> ParentRun:
     """The pipeline's parent run: the settings users filter by as params, all of them as an artifact, the data
     it trains on as tags (a resume must find the same data)."""
@@ -231,7 +231,11 @@ def parent_spec(cfg: PipelineConfig, prepared: PreparedDataset) -> ParentRun:
     settings = public_params(flatten("", cfg.model_dump(exclude={"state_dir"})))
     return ParentRun(
         name=f"pipeline-{flow_run.get_name() or 'local'}",
-        params={k: v for k, v in settings.items() if k in PARENT_PARAMS},
+        params={
+            k: v
+            for k, v in settings.items()
+            if k in PARENT_PARAMS or (k in PROJECT_PARAMS and v is not None)
+        },
         tags={
             "sweepflow.kind": "pipeline",
             "sweepflow.data_checksum": prepared.checksum,
