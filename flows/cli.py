@@ -45,15 +45,22 @@ def _state_dir(config, settings) -> str:
     return resolve_settings(config, settings).state_dir
 
 
-def _module_file(train_fn: str) -> str | None:
-    """The source file of a ``module:function`` training function (the warm Dask workers import it once)."""
+def _module_file(train_fn: str, project_dir: str | None = None) -> str | None:
+    """The source file of a ``module:function`` training function that the warm Dask workers import once and
+    keep. None for one in the project's directory: the ranks import it from there for each trial and forget it
+    after (``project_importable``), so an edit needs no restart; and a process whose current directory is the
+    project (the launcher's run) must key the cluster as one that cannot import it (the command) does."""
     import importlib.util
 
     try:
         spec = importlib.util.find_spec(train_fn.partition(":")[0])
     except ImportError:
         return None  # reported with the fix when the flow checks the training function
-    return spec.origin if spec is not None and spec.has_location else None
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    if project_dir and os.path.abspath(spec.origin).startswith(os.path.join(os.path.abspath(project_dir), "")):
+        return None
+    return spec.origin
 
 
 def launcher_preload() -> list[str]:
@@ -91,7 +98,7 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
         scheduler_address=config.dask.scheduler_address,
         use_gpu=config.resources.use_gpu,
         n_workers=config.dask.n_workers,
-        code_files=[path for path in [_module_file(config.training.train_fn)] if path],
+        code_files=[path for path in [_module_file(config.training.train_fn, config.project_dir)] if path],
         extra=extra,
     )
     update = {}
