@@ -57,6 +57,11 @@ def register_on_worker(
     x_test, _ = load_split(data_path, "test")
     with tracking_auth_scope(auth_env):  # the flow's MLflow credentials, for this registration only
         registration = log_and_register(model=model, input_example=x_test[:4].numpy(), **registration_args)
+    return _outcome(registration)
+
+
+def _outcome(registration: Any) -> dict[str, Any]:
+    """A ``RegistrationResult`` as the plain data the flow gets back."""
     return {
         "name": registration.name,
         "version": registration.version,
@@ -145,11 +150,4 @@ def register_own_on_worker(
         example = np.asarray(example)
         with tracking_auth_scope(auth_env):
             registration = log_and_register(model=module, input_example=example, **registration_args)
-    return {
-        "name": registration.name,
-        "version": registration.version,
-        "model_uri": registration.model_uri,
-        "became_champion": registration.became_champion,
-        "champion_version": registration.champion_version,
-        "previous_champion_version": registration.previous_champion_version,
-    }
+    return _outcome(registration)

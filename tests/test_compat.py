@@ -28,9 +28,11 @@ from sweepflow.tasks import compat
 # ------------------------------------------------------------------------------------------------------ MLflow
 
 
-@pytest.fixture
-def fake_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
-    """A stand-in for an MLflow tracking server that records each request and answers UpdateRun."""
+def _stand_in_server(
+    answer: Callable[[dict], tuple[int, dict]],
+) -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
+    """An HTTP server on a free loopback port that records each request (method, path, JSON body) and answers
+    what ``answer(body)`` returns (status, JSON); yields its URL and the requests."""
     requests: list[tuple[str, str, dict]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -38,8 +40,9 @@ def fake_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             requests.append((self.command, self.path.split("?")[0], body))
-            out = json.dumps({"run_info": {"run_id": body.get("run_id", ""), "status": body.get("status")}})
-            self.send_response(200)
+            status, payload = answer(body)
+            out = json.dumps(payload)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
@@ -58,6 +61,14 @@ def fake_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def fake_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
+    """A stand-in for an MLflow tracking server that records each request and answers UpdateRun."""
+    yield from _stand_in_server(
+        lambda body: (200, {"run_info": {"run_id": body.get("run_id", ""), "status": body.get("status")}})
+    )
 
 
 def test_update_run_status_sends_one_update_run_request_and_nothing_else(fake_tracking_server):
@@ -115,34 +126,10 @@ def test_detach_active_run_lets_go_of_the_run_without_ending_it():
 
 
 @pytest.fixture
-def failing_tracking_server() -> Iterator[tuple[str, list[str]]]:
+def failing_tracking_server() -> Iterator[tuple[str, list[tuple[str, str, dict]]]]:
     """A stand-in for an MLflow server whose code raises on every request: 500 with MLflow's JSON error."""
-    paths: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            paths.append(self.path.split("?")[0])
-            out = json.dumps({"error_code": "INTERNAL_ERROR", "message": "KeyError: 'end_time'"}).encode()
-            self.send_response(500)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", paths
-    finally:
-        server.shutdown()
-        server.server_close()
+    error = {"error_code": "INTERNAL_ERROR", "message": "KeyError: 'end_time'"}
+    yield from _stand_in_server(lambda body: (500, error))
 
 
 def test_mlflow_server_errors_raised_gives_the_servers_500_at_once_and_only_in_its_block(
@@ -151,18 +138,18 @@ def test_mlflow_server_errors_raised_gives_the_servers_500_at_once_and_only_in_i
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    url, paths = failing_tracking_server
+    url, requests = failing_tracking_server
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     client = MlflowClient(url)
     with compat.mlflow_server_errors_raised(), pytest.raises(compat.MlflowServerError) as raised:
         client.get_run("r1")
     assert raised.value.message == "KeyError: 'end_time'" and raised.value.endpoint.endswith("/runs/get")
-    assert len(paths) == 1, "a server error was retried"
-    paths.clear()
+    assert len(requests) == 1, "a server error was retried"
+    requests.clear()
     with pytest.raises(MlflowException) as outside:  # MLflow's own behaviour outside the block: retried
         client.get_run("r1")
-    assert not isinstance(outside.value, compat.MlflowServerError) and len(paths) == 3
+    assert not isinstance(outside.value, compat.MlflowServerError) and len(requests) == 3
 
 
 @pytest.mark.subprocess
