@@ -60,6 +60,7 @@ LONGEST_FIRST = (
     "test_multihost.py",
     "test_resume.py",
     "test_cli.py",
+    "test_own_project.py",
     "test_tune.py",
     "test_ddp_runtime.py",
     "test_faults_services.py",
