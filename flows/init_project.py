@@ -236,9 +236,10 @@ deployments:
       becomes champion only if its test_rmse beats the champion's.
     entrypoint: flow.py:{package}_pipeline
     parameters: {{}}
-    schedules:
+    schedules:  # off until you enable it: prefect deployment schedule resume '{package}-pipeline/nightly-retrain' <id>
       - cron: "0 2 * * *"
         timezone: UTC
+        active: false
     concurrency_limit: {{limit: 1, collision_strategy: CANCEL_NEW}}
     work_pool: {{name: sweepflow-process, work_queue_name: default}}
 """
