@@ -19,24 +19,15 @@ if TYPE_CHECKING:
     from sweepflow.services.database import PostgresServer
 
 
-def _load_config(path: str | None, overrides: list[str]):
-    from sweepflow.flows.config import load_config_file
-
-    return load_config_file(path, overrides)
-
-
 def _config_problem(exc: BaseException) -> str:
     """What is wrong with a config, on one line: each of pydantic's errors as ``field: reason``."""
     from pydantic import ValidationError
 
+    from sweepflow.flows.config import config_problem
+
     if not isinstance(exc, ValidationError):
         return str(exc)
-    problems = []
-    for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"])
-        reason = str(error["msg"]).removeprefix("Value error, ")
-        problems.append(f"{field}: {reason}" if field else reason)
-    return "; ".join(problems)
+    return "; ".join(config_problem(error) for error in exc.errors())
 
 
 def _state_dir(config, settings) -> str:
@@ -136,7 +127,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A run handed over by the front process (below) gets its --set values through the environment.
     overrides = [*json.loads(os.environ.pop("SWEEPFLOW_RUN_SET", "[]")), *args.set]
     try:
-        config = _load_config(args.config, overrides)
+        from sweepflow.flows.config import load_config_file
+
+        config = load_config_file(args.config, overrides)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
         return _refuse(ValueError(f"invalid configuration: {_config_problem(exc)}"), args)
     from sweepflow.flows.config import Settings, resolve_settings, split_credentials

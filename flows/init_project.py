@@ -116,11 +116,19 @@ def train_fn(config: dict) -> None:
         "y_mean": [float(y.mean())], "y_std": [float(y.std())],
     }}
     torch.manual_seed(config.get("seed", 0))
-    model = prepare_model(PriceModel(len(features), config["hidden"], stats))
+    model = PriceModel(len(features), config["hidden"], stats)
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:  # a restarted trial, or one that PBT or HyperBand continues: from its last epoch
+        with checkpoint.as_directory() as d:
+            saved = torch.load(os.path.join(d, "model.pt"), weights_only=False)
+        model.load_state_dict(saved["state"])
+        start = saved["epoch"]
+    model = prepare_model(model)
     loader = prepare_data_loader(DataLoader(TensorDataset(x, y), batch_size=config["batch_size"], shuffle=True))
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     core = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    for epoch in range(config["epochs"]):
+    for epoch in range(start, config["epochs"]):
         if train.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)
         model.train()
@@ -135,7 +143,7 @@ def train_fn(config: dict) -> None:
             val_rmse = float(torch.sqrt(nn.functional.mse_loss(core(val_x), val_y)))
         with tempfile.TemporaryDirectory() as d:
             torch.save({{"state": core.state_dict(), "hidden": config["hidden"], "features": features,
-                        "stats": stats}}, os.path.join(d, "model.pt"))
+                        "stats": stats, "epoch": epoch + 1}}, os.path.join(d, "model.pt"))
             np.save(os.path.join(d, "example.npy"), val_x[:4].numpy())
             train.report(
                 {{"epoch": epoch + 1, "val_rmse": val_rmse, "train_loss": float(loss)}},

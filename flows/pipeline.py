@@ -35,7 +35,6 @@ from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, find_interrupted_parent, load_prior_sweep, resume_key
 from sweepflow.tasks.sweep.samplers import make_sampler
-from sweepflow.tasks.sweep.schedulers import make_scheduler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.runs import RunTracker, flatten, public_params
@@ -158,7 +157,7 @@ def build_sweep(
         use_gpu=cfg.resources.use_gpu,
         selection_metric=cfg.selection.metric,
         selection_mode=cfg.selection.mode,
-        max_reports=cfg.scheduler.max_t if cfg.scheduler.type == "asha" else cfg.training.epochs,
+        max_reports=cfg.scheduler.max_reports(cfg.training.epochs),
         seed=cfg.sweep.seed,
         varying_names=tuple(space.varying_names),
         max_failures=cfg.training.max_failures,
@@ -167,6 +166,8 @@ def build_sweep(
         import_dir=cfg.project_dir,
     )
     concurrency = cfg.sweep.max_concurrent_trials or fits
+    scheduler = cfg.scheduler.build()
+    scheduler.check_room(trials=sampler.total, at_once=min(concurrency, fits))
     log = get_run_logger().info
     log(
         f"sweep: {sampler.total} trials ({cfg.sweep.sampler} sampler), {min(concurrency, sampler.total)} at a time "
@@ -178,7 +179,7 @@ def build_sweep(
         cluster=client,
         tracker=tracker,
         parent_run_id=parent_run_id,
-        scheduler=make_scheduler(cfg.scheduler.as_dict()),
+        scheduler=scheduler,
         concurrency=concurrency,
         staging_dir=os.path.join(cfg.state_dir, "staging"),
         time_budget_s=cfg.sweep.time_budget_s,

@@ -152,7 +152,7 @@ def _check_cluster(cfg: PipelineConfig) -> None:
                 resources_per_worker=resources.resources_per_rank() or None,
             )
             try:
-                groups_that_fit(client, scaling, what="resources")
+                fits = groups_that_fit(client, scaling, what="resources")
             except train.InsufficientResourcesError:
                 workers = client.scheduler_info(n_workers=-1).get("workers", {})
                 offered = sorted({str(w.get("resources") or {}) for w in workers.values()})
@@ -175,6 +175,7 @@ def _check_cluster(cfg: PipelineConfig) -> None:
                 ) from None
         finally:
             client.close()
+        _check_room(cfg, fits)
         return
     from sweepflow.services.stack import gpu_count
 
@@ -188,6 +189,28 @@ def _check_cluster(cfg: PipelineConfig) -> None:
         cpus_per_rank=resources.cpus_per_rank,
         cpus_per_worker=float(max(1, cores // n_workers)),
     )
+    gpus = gpu_count() if resources.gpus_per_rank else 0
+    slots = int(gpus / resources.gpus_per_rank) if resources.gpus_per_rank else n_workers
+    _check_room(cfg, max(1, slots // resources.ranks_per_trial))
+
+
+def _check_room(cfg: PipelineConfig, fits: int) -> None:
+    """The scheduler can work with as many trials at once as the cluster holds (synchronous PBT needs them all)."""
+    from sweepflow.tasks.sweep.samplers import make_sampler
+    from sweepflow.tasks.sweep.space import parse_space
+
+    sweep = cfg.sweep
+    total = make_sampler(
+        sweep.sampler, parse_space(sweep.search_space), num_samples=sweep.num_samples, seed=sweep.seed,
+        mode=cfg.selection.mode,
+    ).total
+    at_once = min(sweep.max_concurrent_trials or fits, fits)
+    try:
+        cfg.scheduler.build().check_room(trials=total, at_once=at_once)
+    except ValueError as exc:
+        raise PreflightError(
+            "scheduler.type", cfg.scheduler.type, str(exc), f"here: sweep.num_samples={at_once} or scheduler.synch=false"
+        ) from None
 
 
 def _check_storage(cfg: PipelineConfig) -> None:
@@ -301,6 +324,6 @@ def _check_training(cfg: PipelineConfig) -> None:
         fn, [{**base, **sampler.ask()[1]} for _ in range(count)], field="sweep.search_space"
     )
     wanted: dict[str, Any] = {"selection.metric": cfg.selection.metric}
-    if cfg.scheduler.type == "asha":
+    if cfg.scheduler.metric is not None:
         wanted["scheduler.metric"] = cfg.scheduler.metric
     check_reported_metrics(fn, wanted)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
 
 import ddp_runtime as train
@@ -15,6 +17,25 @@ def scripted_quality(config: dict) -> None:
         train.report(
             {"epoch": epoch, "val_loss": float(config["quality"]), "val_accuracy": 1.0 / config["quality"]}
         )
+
+
+def checkpointed_quality(config: dict) -> None:
+    """``scripted_quality`` that saves a checkpoint every epoch and continues from ``get_checkpoint()``: a
+    trial HyperBand can pause and resume, and PBT can continue from another trial's checkpoint."""
+    start = 1
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            start = json.load(f)["epoch"] + 1
+    for epoch in range(start, config["epochs"] + 1):
+        time.sleep(0.05)
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"epoch": epoch}, f)
+            train.report(
+                {"epoch": epoch, "val_loss": float(config["quality"]), "val_accuracy": 1.0 / config["quality"]},
+                checkpoint=train.Checkpoint.from_directory(d),
+            )
 
 
 def held_classifier(config: dict) -> None:

@@ -15,7 +15,6 @@ SMALL = [
     "sweep.num_samples=2",
     "training.epochs=2",
     "scheduler.type=fifo",
-    "scheduler.max_t=2",
     "resources.ranks_per_trial=1",
 ]
 

@@ -277,7 +277,14 @@ def test_the_init_project_on_s3_trains_registers_and_retrains_on_new_rows(
     more = "".join(f"{1000 + i}.0,3,20.0,5.00,{300000 + 150 * i}\n" for i in range(60))
     fs.pipe_file("houses-data/houses.csv", (project / "data" / "houses.csv").read_bytes() + more.encode())
     fs.invalidate_cache()
-    second = _sweepflow_run(project, sets, tmp_path, capsys)
+    # The retrain under PBT, Tune's class named in the config: the project's train_fn continues from the
+    # checkpoints PBT hands it.
+    pbt = (
+        "scheduler={type: pbt, metric: val_rmse, mode: min, perturbation_interval: 2, quantile_fraction: 0.5, "
+        "hyperparam_mutations: {lr: {type: loguniform, low: 3.0e-3, high: 3.0e-2}}}"
+    )
+    second = _sweepflow_run(project, [s for s in sets if not s.startswith("scheduler.")] + [pbt], tmp_path, capsys)
+    assert client.get_run(second["parent_run_id"]).data.params["scheduler.type"] == "pbt"
     assert second["registration"]["version"] == 2
     checksums = [client.get_run(r["parent_run_id"]).data.tags["sweepflow.data_checksum"] for r in (first, second)]
     assert checksums[0] != checksums[1], "the retrain did not see the new rows"

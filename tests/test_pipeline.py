@@ -18,6 +18,7 @@ from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tasks.tracking.runs import RunTracker
+from sweepflow.tune import schedulers as tune_schedulers
 
 
 def _config(tmp_path, cluster, tracking_uri, **sections) -> PipelineConfig:
@@ -249,8 +250,11 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
     assert client.get_model_version_by_alias("digits-e2e", "challenger").version == "2"
 
 
-def _scripted_sweep(tmp_path, cluster, *, qualities, epochs, scheduler, **sweep) -> PipelineConfig:
-    """One trial at a time over a grid of scripted trials (pipeline_helpers.scripted_quality), 1 rank each."""
+def _scripted_sweep(
+    tmp_path, cluster, *, qualities, epochs, scheduler, train_fn="pipeline_helpers:scripted_quality", **sweep
+) -> PipelineConfig:
+    """One trial at a time (unless ``sweep`` says otherwise) over a grid of scripted trials
+    (pipeline_helpers.scripted_quality), 1 rank each."""
     return resolve_settings(
         _config(
             tmp_path,
@@ -262,7 +266,7 @@ def _scripted_sweep(tmp_path, cluster, *, qualities, epochs, scheduler, **sweep)
                 "max_concurrent_trials": 1,
                 **sweep,
             },
-            training={"train_fn": "pipeline_helpers:scripted_quality", "epochs": epochs},
+            training={"train_fn": train_fn, "epochs": epochs},
             scheduler=scheduler,
             resources={"ranks_per_trial": 1},
         )
@@ -334,6 +338,94 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
         assert metrics["worker_seconds"] == pytest.approx(result.usage.worker_seconds, abs=1e-3)
 
 
+def _sweep_only(cfg, cluster, tmp_path, name):
+    prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
+    tracker = RunTracker(cfg.mlflow.tracking_uri, name, artifact_root=str(tmp_path / "artifacts"))
+
+    @flow
+    def sweep_only():
+        return build_sweep(cfg, prepared, cluster, tracker, tracker.start_run(f"{name}-parent")).run()
+
+    return tracker, sweep_only()
+
+
+def test_the_pipeline_runs_the_tune_faces_median_stopping_rule(prefect_harness, cluster, tmp_path):
+    """`scheduler.type: median_stopping` is Tune's MedianStoppingRule: one trial at a time, each later, worse
+    trial is behind the median of the others after its first report and is stopped there."""
+    cfg = _scripted_sweep(
+        tmp_path, cluster, qualities=[1, 2, 3], epochs=4,
+        scheduler={"type": "median_stopping", "metric": "val_loss", "grace_period": 1, "min_samples_required": 1},
+    )
+    assert isinstance(cfg.scheduler.build(), tune_schedulers.MedianStoppingRule)
+    tracker, sweep = _sweep_only(cfg, cluster, tmp_path, "median")
+    results = {r.config["quality"]: r for r in sweep.trials}
+    assert results[1].status == "COMPLETED" and results[1].epochs == 4
+    for quality in (2, 3):
+        assert results[quality].status == "STOPPED" and results[quality].epochs == 1
+        tags = tracker.client.get_run(results[quality].run_id).data.tags
+        assert tags["sweepflow.stop_reason"] == "median stopping rule"
+
+
+def test_the_pipeline_runs_the_tune_faces_hyperband_pausing_and_resuming_trials(prefect_harness, cluster, tmp_path):
+    """`scheduler.type: hyperband` is Tune's HyperBandScheduler (max_t 4, eta 2: brackets of 3 trials): the first
+    bracket runs its trials to max_t, as in Ray; in the second, two trials at a time pause at the milestone
+    (report 2) until the third gets there, the better ceil(3/2) resume from their checkpoints to max_t, the third
+    stops."""
+    cfg = _scripted_sweep(
+        tmp_path, cluster, qualities=[5, 6, 4, 3, 1, 2], epochs=4, max_concurrent_trials=2,
+        train_fn="pipeline_helpers:checkpointed_quality",
+        scheduler={"type": "hyperband", "metric": "val_loss", "max_t": 4, "reduction_factor": 2},
+    )
+    assert isinstance(cfg.scheduler.build(), tune_schedulers.HyperBandScheduler)
+    tracker, sweep = _sweep_only(cfg, cluster, tmp_path, "hyperband")
+    seen = {r.config["quality"]: (r.status, r.epochs) for r in sweep.trials}
+    assert seen == {
+        5: ("COMPLETED", 4), 6: ("COMPLETED", 4), 4: ("COMPLETED", 4),
+        1: ("COMPLETED", 4), 2: ("COMPLETED", 4), 3: ("STOPPED", 2),
+    }, seen
+    for result in sweep.trials:
+        if result.status == "STOPPED":
+            assert tracker.client.get_run(result.run_id).data.tags["sweepflow.stop_reason"] == "HyperBand"
+    assert sweep.best().config["quality"] == 1
+
+
+def test_the_pipeline_runs_the_tune_faces_pbt_the_worse_trial_continuing_from_the_better(
+    prefect_harness, cluster, tmp_path
+):
+    """`scheduler.type: pbt` is Tune's PopulationBasedTraining with the mutations written as data: at report 2
+    the worse of two trials copies the better one's checkpoint and config, then perturbs it (a neighbour in the
+    list), and reports the better value from there on."""
+    cfg = _scripted_sweep(
+        tmp_path, cluster, qualities=[1, 4], epochs=6, max_concurrent_trials=2,
+        train_fn="pipeline_helpers:checkpointed_quality",
+        scheduler={
+            "type": "pbt", "metric": "val_loss", "perturbation_interval": 2, "quantile_fraction": 0.5,
+            "resample_probability": 0, "synch": True, "hyperparam_mutations": {"quality": [1, 2, 3, 4]},
+        },
+    )
+    assert isinstance(cfg.scheduler.build(), tune_schedulers.PopulationBasedTraining)
+    tracker, sweep = _sweep_only(cfg, cluster, tmp_path, "pbt")
+    runs = {r.trial_id: tracker.client.get_run(r.run_id) for r in sweep.trials}
+    exploited = [t for t, run in runs.items() if int(run.data.tags.get("sweepflow.pbt.exploits", 0)) >= 1]
+    assert len(exploited) == 1, {t: run.data.tags for t, run in runs.items()}
+    [trial] = [r for r in sweep.trials if r.trial_id == exploited[0]]
+    assert trial.epochs == 6 and trial.config["quality"] in (1, 2)  # the donor's 1, perturbed to a neighbour
+    history = tracker.client.get_metric_history(trial.run_id, "val_loss")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)][:2] == [4.0, 4.0]
+    assert sorted(history, key=lambda m: m.step)[-1].value < 4.0
+
+
+def test_synchronous_pbt_that_cannot_run_its_population_at_once_is_refused_before_work(cluster, tmp_path):
+    from sweepflow.flows.preflight import check_pipeline
+
+    cfg = _scripted_sweep(
+        tmp_path, cluster, qualities=[1, 2, 3], epochs=4, max_concurrent_trials=None,
+        scheduler={"type": "pbt", "synch": True, "hyperparam_mutations": {"quality": [1, 2, 3]}},
+    )
+    with pytest.raises(ValueError, match=r"waits for all 3 trials .* only 2 can run at once"):
+        check_pipeline(cfg, imports=False)
+
+
 def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
     with pytest.raises(ValueError, match="ranks_per_trial"):
         PipelineConfig.model_validate({"resources": {"ranks_per_trial": 2, "gpus_per_rank": 0.5}})
@@ -343,6 +435,16 @@ def test_invalid_config_fails_before_any_work_with_the_field_and_reason():
         )
     with pytest.raises(ValueError, match="max_t"):
         PipelineConfig.model_validate({"scheduler": {"max_t": 10}, "training": {"epochs": 2}})
+    with pytest.raises(ValueError, match="max_t"):
+        PipelineConfig.model_validate({"scheduler": {"type": "hyperband", "max_t": 10}, "training": {"epochs": 2}})
+    with pytest.raises(ValueError, match="scheduler.type must be one of asha, fifo, hyperband, median_stopping, pbt"):
+        PipelineConfig.model_validate({"scheduler": {"type": "bohb"}})
+    with pytest.raises(ValueError, match="hyperparam_mutations"):
+        PipelineConfig.model_validate({"scheduler": {"type": "pbt"}})
+    with pytest.raises(ValueError, match=r"hyperparam_mutations.lr: a constant cannot be mutated"):
+        PipelineConfig.model_validate({"scheduler": {"type": "pbt", "hyperparam_mutations": {"lr": {"type": "constant", "value": 1}}}})
+    with pytest.raises(ValueError, match="fifo.max_t"):  # a setting the chosen scheduler does not have
+        PipelineConfig.model_validate({"scheduler": {"type": "fifo", "max_t": 2}})
     assert os.path.isabs(resolve_settings(PipelineConfig()).state_dir)
 
 

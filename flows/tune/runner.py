@@ -369,17 +369,7 @@ def _release_reused(client: Any, token: str, log: Callable[[str], None]) -> None
 
 
 def _whole_population_fits(exp: Experiment, fits: int) -> None:
-    """Synchronous PBT holds every trial at each interval until all of them get there: they must all run at
-    once. Refused before any trial runs, with the settings to change."""
-    if not getattr(exp.scheduler, "population_must_run_at_once", False):
-        return
-    at_once = min(exp.max_concurrent_trials or fits, fits)
-    if at_once < exp.sampler.total:
-        raise ValueError(
-            f"PopulationBasedTraining(synch=True) waits for all {exp.sampler.total} trials at every interval, but "
-            f"only {at_once} can run at once here (the cluster's room or max_concurrent_trials): lower "
-            f"num_samples to {at_once}, give the cluster more workers, or use synch=False"
-        )
+    exp.scheduler.check_room(trials=exp.sampler.total, at_once=min(exp.max_concurrent_trials or fits, fits))
 
 
 def _checkpointed_for(scheduler: TrialScheduler, run: ClassTrainableRun) -> ClassTrainableRun:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from sweepflow.tasks.sweep.schedulers import CONTINUE, Decision, TrialScheduler, merge_search_properties
+from sweepflow.tasks.sweep.space import Choice, Grid, parse_domain
 
 __all__ = ["Exploit", "PopulationBasedTraining"]
 
@@ -148,10 +149,15 @@ class PopulationBasedTraining(TrialScheduler):
         own = (self.metric, self.mode)
         self.metric, self.mode = merge_search_properties("PopulationBasedTraining", own, (metric, mode))
 
-    @property
-    def population_must_run_at_once(self) -> bool:
-        """Synchronous PBT waits for every trial at each interval: all of them must be running."""
-        return self.synch
+    def check_room(self, *, trials: int, at_once: int) -> None:
+        """Synchronous PBT holds every trial at each interval until all of them get there: they must all run at
+        once."""
+        if self.synch and at_once < trials:
+            raise ValueError(
+                f"PopulationBasedTraining(synch=True) waits for all {trials} trials at every interval, but only "
+                f"{at_once} can run at once here (the cluster's room or max_concurrent_trials): lower num_samples "
+                f"to {at_once}, give the cluster more workers, or use synch=False"
+            )
 
     # --------------------------------------------------------------------------- configs
 
@@ -321,6 +327,36 @@ class PopulationBasedTraining(TrialScheduler):
             f"perturbation_interval={self.perturbation_interval:g}, quantile_fraction={self.quantile_fraction}, "
             f"mutations={sorted(self.hyperparam_mutations)}, synch={self.synch})"
         )
+
+
+def mutations_from_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``hyperparam_mutations`` written as data (a pipeline's YAML): a list of values stays a list, a
+    search-space spec (``{"type": "loguniform", "low": 1e-4, "high": 1e-1}``) becomes its domain (a choice its
+    list of values, so an exploit moves to a neighbour as with a list), a dict without ``type`` is a nested
+    config's mutations. ``ValueError`` names the parameter and the fix."""
+    out: dict[str, Any] = {}
+    for name, value in spec.items():
+        if isinstance(value, Mapping) and "type" not in value:
+            out[name] = mutations_from_spec(value)
+        elif isinstance(value, list | tuple):
+            out[name] = list(value)
+        elif isinstance(value, Mapping):
+            domain = parse_domain(f"hyperparam_mutations.{name}", value)
+            if isinstance(domain, Choice | Grid):
+                out[name] = list(domain.enumerate())
+            elif callable(getattr(domain, "sample", None)):
+                out[name] = domain
+            else:
+                raise ValueError(
+                    f"hyperparam_mutations.{name}: a {value['type']} cannot be mutated; give a list of values or "
+                    "a distribution such as {type: loguniform, low: 1e-4, high: 1e-1}"
+                )
+        else:
+            raise ValueError(
+                f"hyperparam_mutations.{name}={value!r}: give a list of values or a search-space spec such as "
+                "{type: loguniform, low: 1e-4, high: 1e-1}"
+            )
+    return out
 
 
 def _normalised(mutations: dict[str, Any], where: str) -> dict[str, Any]:

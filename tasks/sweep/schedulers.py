@@ -117,6 +117,10 @@ class TrialScheduler:
         """The experiment's metric and mode, for a scheduler built without them (as Ray's Tune passes them).
         Raises, naming the fix, when the scheduler needs them and neither it nor the experiment has them."""
 
+    def check_room(self, *, trials: int, at_once: int) -> None:
+        """Before any trial runs: raises ValueError, naming the settings to change, when this scheduler cannot
+        work with ``trials`` trials of which ``at_once`` run at the same time (most schedulers can)."""
+
     def on_trial_config(self, trial_id: str, config: dict[str, Any]) -> dict[str, Any]:
         """The config a trial trains with, as it starts (or continues after an exploit): the scheduler may add to
         it (PBT samples the mutated names a config lacks). Most schedulers take it as it is."""

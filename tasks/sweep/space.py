@@ -55,6 +55,7 @@ __all__ = [
     "SearchSpace",
     "Uniform",
     "describe_trial",
+    "parse_domain",
     "parse_space",
 ]
 
@@ -378,7 +379,9 @@ def _values_arg(name: str, kind: str, value: Any) -> tuple[Any, ...]:
     return tuple(_plain(v) for v in value)
 
 
-def _parse_domain(name: str, raw: Any) -> Domain:
+def parse_domain(name: str, raw: Any) -> Domain:
+    """One parameter's spec (a constant, or a dict with a ``type`` key) as its domain; ``ValueError`` names
+    ``name``, the problem and the fix."""
     if not isinstance(raw, Mapping):
         return Constant(_plain(raw))
     if "type" not in raw:
@@ -505,7 +508,7 @@ def parse_space(raw: Mapping[str, Any] | SearchSpace) -> SearchSpace:
     for name, spec in raw.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"search space parameter names must be non-empty strings, got {name!r}")
-        params.append((name, _parse_domain(name, spec)))
+        params.append((name, parse_domain(name, spec)))
     return SearchSpace(tuple(params))
 
 
