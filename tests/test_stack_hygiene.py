@@ -905,6 +905,59 @@ class TestStack:
             _assert_on_postgres(pg, state, runs, [*flow_runs, *nightly_runs], experiment.experiment_id)
         seen.snapshot()
 
+    def test_an_init_project_deploys_from_its_directory_and_registers_its_own_model(self, stack):
+        """A team's project the way README says: `sweepflow init`, then from its directory `prefect deploy --all`
+        and `prefect deployment run '<package>-pipeline/default' --watch` against the stack. The stack's worker
+        runs the project's flow.py from that directory (the pull step), the Dask workers import the project's
+        package from it; the run trains, evaluates with the project's evaluate_fn and registers its model, which
+        predicts prices in a fresh process."""
+        _, _, env, seen, tmp_path = stack
+        project = tmp_path / "teamproj"
+        init = _sweepflow("init", str(project), env=env, timeout=120)
+        assert init.returncode == 0, init.stdout + init.stderr
+        deploy = subprocess.run(
+            [os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"],
+            cwd=project, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        name = f"teamproj-{os.urandom(3).hex()}"
+        overrides = [
+            "sweep.num_samples=2", "training.epochs=4", "scheduler.max_t=4", "resources.ranks_per_trial=2",
+            f"mlflow.registered_model_name={name}",
+        ]
+        run = subprocess.run(
+            [os.path.join(BIN, "prefect"), "deployment", "run", "teamproj-pipeline/default", "--watch",
+             "--params", json.dumps({"overrides": overrides})],
+            cwd=project, env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+        assert "Completed" in run.stdout, run.stdout[-3000:]
+
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+        version = client.get_model_version_by_alias(name, "champion")
+        trial = client.get_run(version.run_id)
+        assert set(trial.data.metrics) >= {"test_rmse", "test_mae", "test_r2"}, trial.data.metrics
+        parent = client.get_run(trial.data.tags["mlflow.parentRunId"])
+        assert parent.data.params["training.train_fn"] == "teamproj.model:train_fn"
+        assert parent.data.params["evaluation.evaluate_fn"] == "teamproj.model:evaluate_fn"
+        script = (
+            "import mlflow, numpy as np, pandas as pd\n"
+            f"table = pd.read_csv({str(project / 'data' / 'houses.csv')!r})\n"
+            "x = table[['sqft', 'rooms', 'age', 'distance_km']].to_numpy(np.float32)[:4]\n"
+            f"print(np.asarray(mlflow.pyfunc.load_model('models:/{name}@champion').predict(x)).shape)\n"
+        )
+        fresh_env = {**_clean_env(tmp_path / "fresh-teamproj"), "MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3"):
+            if key in env:  # the model's files are behind the MLflow server or on the stack's S3
+                fresh_env[key] = env[key]
+        loaded = subprocess.run(
+            [sys.executable, "-c", script], cwd=tmp_path, env=fresh_env, capture_output=True, text=True, timeout=300
+        )
+        assert loaded.returncode == 0 and loaded.stdout.strip().endswith("(4,)"), loaded.stdout + loaded.stderr
+        seen.snapshot()
+
     def test_up_twice_starts_nothing_more(self, stack):
         state, env, _, seen, _ = stack
         before, pids = seen.snapshot(), _record_pids(state)
