@@ -31,6 +31,7 @@ from sweepflow.tasks.checks import (
     check_s3,
     check_tracking_server,
     check_tracking_uri_scheme,
+    check_worker_imports,
     check_writable_dir,
     load_project_fn,
     load_train_fn,
@@ -173,6 +174,7 @@ def _check_cluster(cfg: PipelineConfig) -> None:
                     "trial's ranks from inside the scheduler",
                     "install sweepflow (the same version as on the workers and here) where `dask scheduler` runs",
                 ) from None
+            check_worker_imports(client, _worker_functions(cfg), cfg.project_dir)
         finally:
             client.close()
         _check_room(cfg, fits)
@@ -192,6 +194,17 @@ def _check_cluster(cfg: PipelineConfig) -> None:
     gpus = gpu_count() if resources.gpus_per_rank else 0
     slots = int(gpus / resources.gpus_per_rank) if resources.gpus_per_rank else n_workers
     _check_room(cfg, max(1, slots // resources.ranks_per_trial))
+
+
+def _worker_functions(cfg: PipelineConfig) -> dict[str, str]:
+    """The functions the Dask workers run (the trials, the evaluation and the model for the registry): the
+    data preparation runs in the flow."""
+    named = {
+        "training.train_fn": cfg.training.train_fn,
+        "training.model_fn": cfg.training.model_fn,
+        "evaluation.evaluate_fn": cfg.evaluation.evaluate_fn,
+    }
+    return {key: value for key, value in named.items() if value}
 
 
 def _check_room(cfg: PipelineConfig, fits: int) -> None:

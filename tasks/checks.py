@@ -272,6 +272,42 @@ def check_dask_scheduler(
         ) from None
 
 
+def unimportable(targets: Iterable[str], import_dir: str | None) -> list[str]:
+    """Run on a Dask worker: each ``module:function`` of ``targets`` that does not import there (with
+    ``import_dir``, a project's directory, on the import path as for a trial), as ``target: Type: message``."""
+    from sweepflow.tasks.training.function import project_importable
+
+    problems = []
+    with project_importable(import_dir):
+        for target in targets:
+            module_name, _, attr = target.partition(":")
+            try:
+                getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError, SyntaxError) as exc:
+                problems.append(f"{target}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def check_worker_imports(client: Any, targets: Mapping[str, str], import_dir: str | None, *, timeout_s: float = 120) -> None:
+    """One worker of ``client``'s cluster imports every function of ``targets`` (config key -> ``module:function``)
+    the trials and the evaluation will run there: a package installed only where the flow runs fails here, before
+    any download or trial, not in every rank of every trial."""
+    workers = list(client.scheduler_info(n_workers=-1).get("workers", {}))
+    if not workers or not targets:
+        return
+    future = client.submit(unimportable, list(targets.values()), import_dir, workers=workers[:1], pure=False)
+    problems = future.result(timeout=timeout_s)
+    if problems:
+        keys = [key for key, target in targets.items() if any(p.startswith(f"{target}:") for p in problems)]
+        raise PreflightError(
+            keys[0],
+            targets[keys[0]],
+            f"does not import on the Dask worker {workers[0]} ({'; '.join(problems)})",
+            "install your package on the workers (pip install your project there), or give project_dir a path the "
+            "workers share",
+        )
+
+
 def check_s3(
     uri: str,
     *,

@@ -25,8 +25,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweepflow.flows.cli import main
-from sweepflow.flows.config import PipelineConfig, load_config_file, resolve_settings
+from sweepflow.flows.config import (
+    BUILTIN_EVALUATE_FN,
+    BUILTIN_MODEL_FN,
+    PipelineConfig,
+    load_config_file,
+    resolve_settings,
+)
 from sweepflow.flows.init_project import package_name, write_project
+from sweepflow.tasks.checks import PreflightError
 from sweepflow.tasks.datasets import DataConfig, DatasetConfigError, prepare_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -176,6 +183,35 @@ def test_each_project_mistake_is_one_sentence_exit_2_and_no_run(
     for word in words:
         assert word in err, f"{name}: {word!r} not in {err!r}"
     assert took < 60 and not flow_calls and not (home / "data").exists() and not (home / "mlflow.db").exists()
+
+
+def test_a_package_the_dask_workers_cannot_import_is_refused_before_any_download(cluster, tmp_path, monkeypatch):
+    """Installed where the flow runs only (here: on this process's path, not the workers'): the pre-flight asks one
+    worker to import the trial's functions and names the key, the worker and the fix."""
+    from sweepflow.flows.preflight import check_pipeline
+
+    package = tmp_path / "onlyhere_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text("def train_fn(config):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = resolve_settings(
+        PipelineConfig.model_validate(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "dask": {"scheduler_address": cluster.scheduler.address},
+                "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"},
+                "training": {"train_fn": "onlyhere_pkg.model:train_fn", "model_fn": BUILTIN_MODEL_FN},
+                "evaluation": {"evaluate_fn": BUILTIN_EVALUATE_FN},
+                "selection": {"metric": "val_loss", "mode": "min"},
+                "scheduler": {"type": "fifo"},
+            }
+        )
+    )
+    with pytest.raises(PreflightError, match=r"training.train_fn='onlyhere_pkg.model:train_fn': does not import on "
+                       r"the Dask worker tcp://.*No module named 'onlyhere_pkg'.*install your package on the workers"):
+        check_pipeline(cfg, imports=False)
+    assert not (tmp_path / "state" / "data").exists()
 
 
 # ---------------------------------------------------------------------------------------------- end to end
