@@ -282,8 +282,8 @@ def _check_own_data(cfg: PipelineConfig) -> None:
 
     data = cfg.data
     try:
-        own_source_versions(data)
-        header = read_header(data) if data.format in ("csv", "parquet") else None
+        versions = own_source_versions(data)
+        header = read_header(data, versions) if data.format in ("csv", "parquet") else None
     except DatasetError as exc:
         raise PreflightError(
             "data.source", data.source, str(exc), "check the path and its credentials"

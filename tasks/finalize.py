@@ -20,10 +20,10 @@ from prefect.cache_policies import NO_CACHE
 
 from sweepflow.tasks.finalize_on_worker import (
     evaluate_on_worker,
-    evaluate_own_on_worker,
+    evaluate_own_model,
     holds_registry,
     register_on_worker,
-    register_own_on_worker,
+    register_own_model,
 )
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.runs import RunTracker
@@ -54,7 +54,7 @@ def evaluate_best(
     ``evaluate_fn`` (``evaluation.evaluate_fn``), what it returns instead, as ``test_<name>``."""
     if evaluate_fn is not None:
         metrics = client.submit(
-            evaluate_own_on_worker,
+            evaluate_own_model,
             evaluate_fn,
             project_dir,
             checkpoint_path,
@@ -121,7 +121,7 @@ def register_best(
     }
     if model_fn is not None:  # the project's model (training.model_fn), from the checkpoint its train_fn wrote
         return client.submit(
-            register_own_on_worker,
+            register_own_model,
             model_fn,
             project_dir,
             checkpoint_path,

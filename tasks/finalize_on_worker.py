@@ -86,7 +86,7 @@ def _shown(target: str | Callable[..., Any]) -> str:
     return target if isinstance(target, str) else getattr(target, "__qualname__", repr(target))
 
 
-def evaluate_own_on_worker(
+def evaluate_own_model(
     evaluate_fn: str | Callable[..., Any],
     project_dir: str | None,
     checkpoint_path: str,
@@ -115,7 +115,7 @@ def evaluate_own_on_worker(
     return out
 
 
-def register_own_on_worker(
+def register_own_model(
     model_fn: str | Callable[..., Any],
     project_dir: str | None,
     checkpoint_path: str,

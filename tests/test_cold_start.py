@@ -40,7 +40,7 @@ def test_the_first_trial_on_a_cold_cluster_is_charged_only_its_own_time(prefect_
                         "epochs": 20,  # 20 x 50 ms of a busy core: a second of training
                         "base_config": {"epoch_s": 0.05},
                     },
-                    "scheduler": {"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 20},
+                    "scheduler": {"type": "fifo"},
                     "resources": {"ranks_per_trial": 2},
                 }
             )

@@ -182,7 +182,7 @@ def _fault_sweep(tmp_path, cluster, faults: list[str], **training):
                     "base_config": {"optimizer": "adam", "fault_dir": str(fault_dir)},
                     **training,
                 },
-                "scheduler": {"type": "fifo", "max_t": 3},
+                "scheduler": {"type": "fifo"},
                 "resources": {"ranks_per_trial": 2},
                 "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
             }

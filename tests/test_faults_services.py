@@ -126,7 +126,7 @@ def _pipeline_config(
                 "epochs": epochs,
                 "base_config": {"optimizer": "adam", "pace_s": pace_s},
             },
-            "scheduler": {"type": "fifo", "max_t": epochs},
+            "scheduler": {"type": "fifo"},
             "resources": {"ranks_per_trial": 1},
             "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
         }

@@ -528,7 +528,6 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             "training.base_config": json.dumps({"optimizer": "adam", "record_dir": str(record_dir), "hold_at": HOLD_AT}),
             "training.max_failures": "1",
             "scheduler.type": "fifo",
-            "scheduler.max_t": str(EPOCHS),
             "resources.ranks_per_trial": "2",
             "mlflow.experiment_name": "multihost",
             "mlflow.registered_model_name": "multihost-model",
@@ -721,7 +720,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
                     "epochs": 1,
                     "base_config": {"optimizer": "adam", "record_dir": str(deployed_dir), "hold_at": 0},
                 },
-                "scheduler": {"type": "fifo", "max_t": 1},
+                "scheduler": {"type": "fifo"},
                 "resources": {"ranks_per_trial": 2},
                 "evaluation": {"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
                 "mlflow": {

@@ -241,7 +241,7 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         mlflow_server,
         sweep={"search_space": {"lr": 1e-5, "batch_size": 64, "l1": 4, "l2": 4}, "num_samples": 1},
         training={"epochs": 1},
-        scheduler={"type": "fifo", "max_t": 1},
+        scheduler={"type": "fifo"},
         resources={"ranks_per_trial": 1},
     )
     second = training_pipeline(config=worse)
@@ -457,7 +457,7 @@ def test_the_time_budget_stops_the_running_trial_and_starts_no_other(prefect_har
         cluster,
         qualities=[1, 2, 3, 4],
         epochs=400,
-        scheduler={"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 400},
+        scheduler={"type": "fifo"},
         time_budget_s=1.0,
     )
     prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))

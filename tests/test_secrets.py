@@ -292,7 +292,7 @@ def test_no_secret_reaches_mlflow_prefect_logs_files_or_command_lines(
             "num_samples": 2,
         },
         "training": {"epochs": 1},
-        "scheduler": {"type": "fifo", "max_t": 1},
+        "scheduler": {"type": "fifo"},
         "resources": {"ranks_per_trial": 1},
         "mlflow": {"experiment_name": "secrets", "registered_model_name": "secrets-model"},
     }

@@ -86,7 +86,7 @@ def test_a_sweep_whose_server_fails_stops_in_seconds_saying_why(broken_server, p
                 "model_fn": "sweepflow.tasks.training.builtin:model_fn",
             },
             evaluation={"evaluate_fn": "sweepflow.tasks.training.builtin:evaluate_fn"},
-            scheduler={"type": "fifo", "max_t": 1},
+            scheduler={"type": "fifo"},
             resources={"ranks_per_trial": 1},
             mlflow={"experiment_name": f"broken-{uuid.uuid4().hex[:8]}"},
         )

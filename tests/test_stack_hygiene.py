@@ -517,7 +517,7 @@ def _params(hparams: dict, *, epochs: int, num_samples: int, data: dict | None =
     config = {
         "sweep": {"search_space": space, "num_samples": num_samples},
         "training": {"epochs": epochs},
-        "scheduler": {"type": "fifo", "max_t": epochs},
+        "scheduler": {"type": "fifo"},
         "resources": {"ranks_per_trial": 2},
         **({"data": data} if data is not None else {}),
     }

@@ -66,7 +66,7 @@ def test_system_metrics_reach_a_server_that_asks_for_credentials(
                         "train_fn": "pipeline_helpers:burning_quality",
                         "epochs": 24,
                     },
-                    "scheduler": {"type": "fifo", "metric": "val_loss", "mode": "min", "max_t": 24},
+                    "scheduler": {"type": "fifo"},
                     "resources": {"ranks_per_trial": 1},
                 }
             )

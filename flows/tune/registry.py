@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sweepflow.tasks.finalize_on_worker import evaluate_own_on_worker, register_own_on_worker
+from sweepflow.tasks.finalize_on_worker import evaluate_own_model, register_own_model
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tune.analysis import ResultGrid
@@ -58,7 +58,7 @@ def register_best(
     metric = metric or results.default_metric
     mode = mode or results.default_mode
     if evaluate_fn is not None:
-        metrics = evaluate_own_on_worker(evaluate_fn, None, best.checkpoint.path, data_path or "", None)
+        metrics = evaluate_own_model(evaluate_fn, None, best.checkpoint.path, data_path or "", None)
         tracker = RunTracker(tracking_uri, _experiment_name(tracking_uri, best.mlflow_run_id))
         for run_id in filter(None, (best.mlflow_run_id, results.info.get("parent_run_id"))):
             tracker.log_metrics(run_id, metrics, step=0)
@@ -73,7 +73,7 @@ def register_best(
             f"register_best: champion_metric={champion_metric!r} is not among the best trial's "
             f"{'test' if evaluate_fn else 'reported'} metrics {sorted(metrics)}; name one of them"
         )
-    registration = register_own_on_worker(
+    registration = register_own_model(
         model_fn,
         None,
         best.checkpoint.path,

@@ -87,10 +87,11 @@ def own_source_versions(cfg: DataConfig) -> dict[str, dict[str, str]]:
     return dict(sorted(files.items()))
 
 
-def read_header(cfg: DataConfig) -> list[str]:
-    """The column names of a csv/parquet source (its first table file), read without downloading it whole."""
+def read_header(cfg: DataConfig, versions: Mapping[str, Any] | None = None) -> list[str]:
+    """The column names of a csv/parquet source (its first table file), read without downloading it whole;
+    ``versions``: the source's listing (``own_source_versions``), when the caller has it."""
     fs, root = _fs(cfg)
-    versions = own_source_versions(cfg)
+    versions = versions if versions is not None else own_source_versions(cfg)
     tables = [name for name in versions if name.lower().endswith(f".{cfg.format}")] or list(versions)
     first = tables[0]
     path = join(root, first) if fs.isdir(root) else root
@@ -115,7 +116,8 @@ def _copy_version(cfg: DataConfig, versions: dict[str, dict[str, str]], cache: A
     version_dir = "v-" + _key(json.dumps(versions, sort_keys=True))
     base = f"raw/own/{cfg.label}-{_key(redact(cfg.source or ''))}/{version_dir}"
     source = cfg.source or ""
-    is_file = protocol(source) in ("http", "https") or not _fs(cfg)[0].isdir(_fs(cfg)[1])
+    fs, root = _fs(cfg)
+    is_file = protocol(source) in ("http", "https") or not fs.isdir(root)
     source_base = source.rstrip("/").rsplit("/", 1)[0] if is_file else source
     options = dict(cfg.storage_options or {})
     digests: dict[str, dict[str, str]] = {}
