@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 import threading
@@ -51,6 +50,7 @@ from sweepflow.tasks.sweep.resume import TAG_RESUMES, scheduler_keys
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
 from sweepflow.tasks.sweep.template import SweepTrial
+from sweepflow.tasks.sweep.trial_life import Step, TrialLife, reports_up_to
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
@@ -301,21 +301,19 @@ class _TrialRun:
         self, spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, slot: HeldSlot, logger: Any
     ) -> None:
         self.spec, self.rt, self.writer, self.slot, self.logger = spec, rt, writer, slot, logger
-        self.reached_max_t = (
-            False  # the scheduler stopped it at max_t: complete, not pruned (Ray: TERMINATED)
+        # What happens after each report, across the trial's groups (trial_life: pure, unit-tested); this class
+        # carries its steps out (MLflow, the slot, the logs, the next group).
+        self.life = TrialLife(
+            selection_metric=spec.template.selection_metric,
+            selection_mode=spec.template.selection_mode,
+            scheduler_metric=getattr(rt.scheduler, "metric", None),
+            max_reports=spec.template.max_reports,
         )
-        self.diverged: str | None = None  # why the trial was stopped as FAILED at a non-finite report
-        self.stop_reason: str | None = None  # why it stopped before max_t: ASHA, the time budget, an abort
-        # A resumed trial: the reports its checkpoint covers (this group's reports are numbered after them).
-        self.covered: list[dict[str, Any]] = []
-        self.best_so_far: float | None = None  # best finite value of the selection metric reported so far
-        self.resumed_reports = 0  # of ``covered``, the reports an interrupted sweep's run already had
         self.started = time.time()  # the scheduler's ``time_total_s`` counts from here (across groups)
         # PBT: the exploit this trial's group stopped for, what its earlier groups cost, and its configs over time.
         self.exploit: tuple[Exploit, StoredCheckpoint] | None = None
         self.earlier_groups: list[train.Result] = []
         self.config_history: list[dict[str, Any]] = []
-        self.paused = False  # its group stopped to wait for the scheduler's verdict (HyperBand), slot given back
         self.scheduler_told = False  # the scheduler heard of the trial's end (once, on every path)
         # System metrics from rank 0 (``on_side``): held until the run has a report of its own, numbered on from
         # the run's earlier ones (a resumed trial's) across the trial's groups.
@@ -354,22 +352,6 @@ class _TrialRun:
             self._log_system(sample)
         self.system_held.clear()
 
-    def _non_finite(self, metrics: dict[str, Any]) -> str | None:
-        """The first metric the sweep ranks by that is NaN or infinite in this report, described, or None."""
-        for name in (self.spec.template.selection_metric, getattr(self.rt.scheduler, "metric", None)):
-            value = metrics.get(name) if name else None
-            if isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value):
-                return f"{name}={value} at report {metrics['training_iteration']}"
-        return None
-
-    def _best_so_far(self, metrics: dict[str, Any]) -> dict[str, float]:
-        """``best_<metric>`` after this report: the trial's best value so far (non-finite values skipped)."""
-        value = metrics.get(self.spec.template.selection_metric)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            better = max if self.spec.template.selection_mode == "max" else min
-            self.best_so_far = float(value if self.best_so_far is None else better(self.best_so_far, value))
-        return {} if self.best_so_far is None else {f"best_{self.spec.template.selection_metric}": self.best_so_far}
-
     def on_report(self, metrics: dict[str, Any]) -> bool | Verdict:
         """Log the report; True stops the group at it (the scheduler's verdict, or the time budget). The sweep's
         observer hears of the report after the scheduler has decided on it (as Ray's callbacks do), and may ask
@@ -380,47 +362,36 @@ class _TrialRun:
         return stop
 
     def _take_report(self, metrics: dict[str, Any]) -> bool:
-        spec = self.spec
-        metrics["training_iteration"] += len(self.covered)
-        if metrics["training_iteration"] == len(self.covered) + 1:
+        spec, life = self.spec, self.life
+        if life.number(metrics):
             self._check_metrics(metrics)
         step = int(metrics.get("epoch", metrics["training_iteration"]))
         # The best value so far goes first: the runs table can sort trials by it while they train, and MLflow's
         # compare view opens its parallel-coordinates plot on the metric a run logged first.
-        self.writer.log({**self._best_so_far(metrics), **metrics}, step=step)
+        self.writer.log({**life.best(metrics), **metrics}, step=step)
         if not self.own_metrics:
             self._own_metrics_logged()
-        self.diverged = self._non_finite(metrics)
-        if self.diverged:  # the loss diverged: FAILED now, and never shown to the scheduler (no promotion)
-            self.logger.error("%s: stopping as failed: non-finite %s", spec.name, self.diverged)
-            self.slot.release()
-            return True
-        if self.rt.aborted:
-            self.logger.warning("%s: stopping at report %s (%s)", spec.name, step, self.rt.aborted)
-            self.stop_reason = self.rt.aborted
-            self.slot.release()
-            return True
-        decision = self.rt.scheduler.on_trial_result(spec.trial_id, self._as_scheduled(metrics))
-        max_t = spec.template.max_reports  # 0: no known end (a stop is then always early)
-        at_max_t = max_t > 0 and metrics["training_iteration"] >= max_t
-        if decision is Decision.STOP_ALL:
-            self.rt.end_early(f"the experiment's stopper ended it at {spec.name}'s report {step}")
-            self.reached_max_t = True  # this trial is complete
-        elif decision is Decision.DONE or (decision is Decision.STOP and at_max_t):
-            self.reached_max_t = True  # complete (max_t, or a stop criterion met), not pruned
-        elif decision is Decision.STOP or self.rt.out_of_time():
-            reason = self.rt.scheduler.stop_reason if decision is Decision.STOP else "time budget"
-            self.stop_reason = reason
-            self.logger.info("%s: stopping at report %s (%s)", spec.name, step, reason)
-        elif decision is Decision.EXPLOIT:
-            # The group stops here and the trial goes on from the donor's checkpoint: it keeps its slot.
+        next_step = life.screen(metrics, aborted=self.rt.aborted)
+        if next_step is None:
+            decision = self.rt.scheduler.on_trial_result(spec.trial_id, self._as_scheduled(metrics))
+            next_step = life.verdict(
+                metrics, decision, out_of_time=self.rt.out_of_time(), scheduler_reason=self.rt.scheduler.stop_reason
+            )
+        if next_step is Step.CONTINUE:
+            return False
+        if next_step is Step.EXPLOIT:  # the group stops and the trial goes on from the donor's: it keeps its slot
             return self._plan_exploit(metrics["training_iteration"])
-        elif decision is Decision.PAUSE:
+        if next_step is Step.DIVERGED:  # FAILED now, and never shown to the scheduler (no promotion)
+            self.logger.error("%s: stopping as failed: non-finite %s", spec.name, life.diverged)
+        elif next_step is Step.ABORTED:
+            self.logger.warning("%s: stopping at report %s (%s)", spec.name, step, life.stop_reason)
+        elif next_step is Step.STOP_ALL:
+            self.rt.end_early(f"the experiment's stopper ended it at {spec.name}'s report {step}")
+        elif next_step is Step.PRUNED:
+            self.logger.info("%s: stopping at report %s (%s)", spec.name, step, life.stop_reason)
+        elif next_step is Step.PAUSE:
             # It waits for the others (HyperBand's milestone) without holding workers: they may start meanwhile.
             self.logger.info("%s: paused at report %s until its bracket is decided", spec.name, step)
-            self.paused = True
-        else:
-            return False
         self.slot.release()  # the group only tears down from here: the next trial may start
         return True
 
@@ -468,13 +439,13 @@ class _TrialRun:
         """Wait for the paused trial's verdict. Stopped: False (the last group's result is the trial's). Going
         on: a slot again (ahead of trials not started), and the trial's latest checkpoint to continue from (None:
         it reported none, so it starts over)."""
-        self.paused = False
+        self.life.paused = False
         verdict = self.rt.scheduler.wait_to_resume(
             self.spec.trial_id, give_up=lambda: self.rt.aborted is not None or self.rt.out_of_time()
         )
         if verdict is not Decision.CONTINUE:
-            self.stop_reason = self.rt.aborted or self.rt.scheduler.stop_reason
-            self.logger.info("%s: stopped while paused (%s)", self.spec.name, self.stop_reason)
+            self.life.stop_reason = self.rt.aborted or self.rt.scheduler.stop_reason
+            self.logger.info("%s: stopped while paused (%s)", self.spec.name, self.life.stop_reason)
             return False
         self._keep_history(fit)
         self.slot = self.rt.slots.reacquire()
@@ -486,16 +457,12 @@ class _TrialRun:
                 "(tune.report(..., checkpoint=...)) to go on where it paused",
                 self.spec.name,
             )
-        self.logger.info("%s: goes on from report %d", self.spec.name, len(self.covered))
+        self.logger.info("%s: goes on from report %d", self.spec.name, len(self.life.covered))
         return latest[-1].checkpoint if latest else None
 
     def _keep_history(self, fit: train.Result) -> None:
         """A group of the trial ended and another follows: its reports join the ones kept, numbered on."""
-        offset = len(self.covered)
-        self.covered = [
-            *self.covered,
-            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
-        ]
+        self.life.keep_history(fit.metrics_history)
         self.earlier_groups.append(fit)
 
     def _continue_from_donor(self, storage: str, fit: train.Result) -> train.Checkpoint:
@@ -517,7 +484,7 @@ class _TrialRun:
             self.config_history.append({"iteration": 0, "config": spec.params})
         self.config_history.append(
             {
-                "iteration": len(self.covered),
+                "iteration": len(self.life.covered),
                 "donor": plan.donor,
                 "donor_checkpoint": source.index,
                 "score": plan.score,
@@ -532,8 +499,8 @@ class _TrialRun:
     def _record_exploit(self, donor: str, config: dict[str, Any]) -> None:
         """The exploit in the trial's MLflow run: a count and the latest as tags, the numeric hyperparameters as
         ``hparam/<name>`` metrics over the reports (MLflow charts them), the whole history as an artifact."""
-        iteration = len(self.covered)
-        last = self.covered[-1] if self.covered else {}
+        iteration = len(self.life.covered)
+        last = self.life.covered[-1] if self.life.covered else {}
         step = int(last.get("epoch", iteration))
         exploits = len(self.config_history) - 1
         before = flat_config(self.config_history[-2]["config"])
@@ -586,7 +553,7 @@ class _TrialRun:
             )
         rt.storages[spec.trial_id] = storage
         resume_from = self._resume_point(storage) if spec.resume is not None else None
-        self.resumed_reports = len(self.covered)
+        self.life.resumed_reports = len(self.life.covered)
         rt.progress.update(spec.trial_id)
         rt.notify("trial_started", spec, writer.run_id, storage)
         fit_started = time.perf_counter()
@@ -601,9 +568,9 @@ class _TrialRun:
                 self.end_in_scheduler(failed=True)
                 writer.finish(TrialStatus.FAILED.mlflow_status)
                 raise
-            if error is not None or rt.aborted or (self.exploit is None and not self.paused):
+            if error is not None or rt.aborted or (self.exploit is None and not self.life.paused):
                 break
-            if self.paused:
+            if self.life.paused:
                 resume_from = self._resume_after_pause(storage, fit)
                 if resume_from is False:
                     break  # its bracket stopped it
@@ -619,7 +586,8 @@ class _TrialRun:
         if proxied and os.path.isdir(os.path.join(storage, "checkpoints")):
             writer.log_artifacts(os.path.join(storage, "checkpoints"), "checkpoints")
         summary = result.summary_metrics(spec.template.selection_metric)
-        if self.best_so_far is not None and summary.get(f"best_{spec.template.selection_metric}") == self.best_so_far:
+        best_so_far = self.life.best_so_far
+        if best_so_far is not None and summary.get(f"best_{spec.template.selection_metric}") == best_so_far:
             del summary[f"best_{spec.template.selection_metric}"]  # logged with the report that reached it
         writer.log({**result.usage.metrics(), **summary}, step=max(result.epochs, 0))
         self._own_metrics_logged()  # a trial that never reported: its samples after its summary
@@ -654,18 +622,17 @@ class _TrialRun:
             self.logger.warning("%s: no committed checkpoint; it starts over", spec.name)
             return None
         latest = committed[-1]
-        self.covered = _reports_up_to(latest, list(resume.history))
-        if len(self.covered) > len(resume.history):
-            missing = self.covered[-1]
+        kept = self.life.resume(reports_up_to(latest.metrics, list(resume.history)))
+        if len(kept) > len(resume.history):
+            missing = kept[-1]
             self.writer.log(missing, step=int(missing.get("epoch", missing["training_iteration"])))
-        for report in self.covered:
-            self._best_so_far(report)
+        for report in kept:
             if all(name in report for name in scheduler_keys(self.rt.scheduler)):
                 self.rt.scheduler.on_trial_result(spec.trial_id, report)  # its verdicts were given before
         self.logger.info(
             "%s: continues from its checkpoint after report %d (%s)",
             spec.name,
-            len(self.covered),
+            len(kept),
             latest.checkpoint.path,
         )
         return latest.checkpoint
@@ -723,31 +690,22 @@ class _TrialRun:
         )
 
     def _result(self, fit: train.Result, error: BaseException | None) -> TrialResult:
-        spec = self.spec
-        if error is None and self.diverged:
+        spec, life = self.spec, self.life
+        if error is None and life.diverged:
             error = ValueError(
-                f"the training diverged: non-finite {self.diverged}; lower the learning rate or clip gradients"
+                f"the training diverged: non-finite {life.diverged}; lower the learning rate or clip gradients"
             )
-        if error is not None:
-            status = TrialStatus.FAILED
-        elif fit.stopped_early and not self.reached_max_t:
-            status = TrialStatus.STOPPED
-        else:
-            status = TrialStatus.COMPLETED
-        offset = len(self.covered)
-        history = [
-            *self.covered,
-            *({**m, "training_iteration": m["training_iteration"] + offset} for m in fit.metrics_history),
-        ]
+        status = life.status(failed=error is not None, stopped_early=fit.stopped_early)
+        history = life.history(fit.metrics_history)
         epochs = len(history)
-        trained = epochs - self.resumed_reports  # the reports this task's groups made
+        trained = epochs - life.resumed_reports  # the reports this task's groups made
         usage = ResourceUsage(
             ranks=spec.template.num_ranks,
             gpus_per_rank=spec.template.gpus_per_rank,
             group_seconds=fit.held_s,
             startup_seconds=fit.startup_s,  # a cold worker's first imports: not the trial's
             # What early stopping spared: the epochs up to max_t this trial did not train, at its own pace.
-            saved_epochs=max(spec.template.max_reports - epochs, 0) if status is TrialStatus.STOPPED else 0,
+            saved_epochs=life.saved_epochs(status, epochs),
             epoch_seconds=fit.train_time_s / trained if trained > 0 else 0.0,
         )
         return TrialResult.from_history(
@@ -766,29 +724,9 @@ class _TrialRun:
             rank0_worker=fit.rank0_worker,
             usage=usage,
             restarts=fit.num_failures if error is None else max(fit.num_failures - 1, 0),
-            stop_reason=self.stop_reason if status is TrialStatus.STOPPED else None,
+            stop_reason=life.stop_reason if status is TrialStatus.STOPPED else None,
             config_history=tuple(self.config_history),
         )
-
-
-def _reports_up_to(latest: StoredCheckpoint, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The reports a resumed trial keeps: those up to the one its latest checkpoint was reported with (found by
-    its metrics, which the checkpoint's marker holds). When that report is not in the history (the dead
-    process never wrote it), it is appended, numbered after the last."""
-    numeric = {
-        k: float(v)
-        for k, v in latest.metrics.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and k != "training_iteration"
-    }
-    for i in range(len(history) - 1, -1, -1):
-        report = history[i]
-        if numeric and all(
-            isinstance(report.get(k), int | float) and math.isclose(report[k], v, rel_tol=1e-9, abs_tol=1e-12)
-            for k, v in numeric.items()
-            if math.isfinite(v)
-        ):
-            return history[: i + 1]
-    return [*history, {**latest.metrics, "training_iteration": len(history) + 1}]
 
 
 def _over_groups(last: train.Result, earlier: list[train.Result]) -> train.Result:
