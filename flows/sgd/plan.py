@@ -244,10 +244,10 @@ def _check_tune_keys(config: dict[str, Any]) -> None:
 
 def _check_not_searched(config: dict[str, Any], keys: tuple[str, ...]) -> None:
     """The DDP group's shape is one per experiment: it cannot be a ``tune.grid_search`` or a distribution."""
-    from sweepflow.tune.search_space import Domain, _is_grid
+    from sweepflow.tune.search_space import Domain, is_grid
 
     for key in keys:
-        if _is_grid(config.get(key)) or isinstance(config.get(key), Domain):
+        if is_grid(config.get(key)) or isinstance(config.get(key), Domain):
             raise ValueError(
                 f'config["{key}"] is searched ({config[key]!r}), but every trial of one tune.run is a DDP group '
                 f'of the same shape: give config["{key}"] one value, and run one tune.run per value to compare'

@@ -25,7 +25,6 @@ from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
 from sweepflow.tasks.sweep.events import SweepObserver
-from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -376,11 +375,10 @@ def _checkpointed_for(scheduler: TrialScheduler, run: ClassTrainableRun) -> Clas
     """A class trainable under PBT or HyperBand is checkpointed by itself (Ray saves one when the scheduler asks;
     here it must already be there): every ``perturbation_interval`` steps for PBT (counted in steps), else every
     step; a frequency the user gave stays."""
-    interval = getattr(scheduler, "perturbation_interval", None)
-    if run.checkpoint_frequency or not (interval or isinstance(scheduler, HyperBandScheduler)):
+    every = scheduler.checkpoint_every()
+    if run.checkpoint_frequency or every is None:
         return run
-    per_step = interval and getattr(scheduler, "time_attr", None) == "training_iteration"
-    return replace(run, checkpoint_frequency=max(int(interval), 1) if per_step else 1)
+    return replace(run, checkpoint_frequency=every)
 
 
 def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, TPESampler
 from sweepflow.tasks.sweep.space import (
-    _RANDOM_DOMAINS,
+    RANDOM_DOMAINS,
     Choice,
     Constant,
     LogUniform,
@@ -33,7 +33,7 @@ from sweepflow.tasks.sweep.space import (
 )
 
 #: What a value drawn per trial is (``isinstance(value, Domain)``): every domain the helpers below return.
-Domain = _RANDOM_DOMAINS
+Domain = RANDOM_DOMAINS
 
 
 def choice(categories: Sequence[Any]) -> Choice:
@@ -104,22 +104,22 @@ def _check_range(name: str, lower: float, upper: float) -> None:
 Path = tuple[str, ...]
 
 
-def _leaves(config: Mapping[str, Any], prefix: Path = ()) -> Iterator[tuple[Path, Any]]:
+def config_leaves(config: Mapping[str, Any], prefix: Path = ()) -> Iterator[tuple[Path, Any]]:
     for key, value in config.items():
         if isinstance(value, Mapping) and "grid_search" not in value:
-            yield from _leaves(value, (*prefix, key))
+            yield from config_leaves(value, (*prefix, key))
         else:
             yield (*prefix, key), value
 
 
-def _set(config: dict[str, Any], path: Path, value: Any) -> None:
+def set_leaf(config: dict[str, Any], path: Path, value: Any) -> None:
     node = config
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
 
 
-def _is_grid(value: Any) -> bool:
+def is_grid(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {"grid_search"}
 
 
@@ -138,10 +138,10 @@ class VariantSampler(Sampler):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         self.param_space = dict(param_space)
-        leaves = list(_leaves(self.param_space))
-        self._grids = [(path, list(value["grid_search"])) for path, value in leaves if _is_grid(value)]
+        leaves = list(config_leaves(self.param_space))
+        self._grids = [(path, list(value["grid_search"])) for path, value in leaves if is_grid(value)]
         self._domains = [(path, value) for path, value in leaves if isinstance(value, Domain)]
-        self._constants = [(path, value) for path, value in leaves if not _is_grid(value) and not isinstance(value, Domain)]
+        self._constants = [(path, value) for path, value in leaves if not is_grid(value) and not isinstance(value, Domain)]
         self._combos = list(itertools.product(*(values for _, values in self._grids)))
         self.total = num_samples * len(self._combos)
         self._asked = 0
@@ -153,17 +153,17 @@ class VariantSampler(Sampler):
         combo = self._combos[self._asked % len(self._combos)]
         config: dict[str, Any] = {}
         for path, value in self._constants:
-            _set(config, path, value)
+            set_leaf(config, path, value)
         for (path, _), value in zip(self._grids, combo, strict=True):
-            _set(config, path, value)
+            set_leaf(config, path, value)
         # Unseeded, each trial's draws come from NumPy's global state (as in Ray: np.random.seed reproduces them).
         rng = self._seeded or np.random.default_rng(np.random.randint(2**32, dtype=np.uint64))
         functions = [(path, d) for path, d in self._domains if isinstance(d, SampleFrom)]
         for path, domain in self._domains:
             if not isinstance(domain, SampleFrom):
-                _set(config, path, domain.sample(rng))
+                set_leaf(config, path, domain.sample(rng))
         for path, domain in functions:  # dependent values last: they may read the others
-            _set(config, path, domain.sample(rng, SimpleNamespace(config=_to_nested_namespace(config))))
+            set_leaf(config, path, domain.sample(rng, SimpleNamespace(config=_to_nested_namespace(config))))
         self._asked += 1
         return self._asked - 1, _ordered_like(self.param_space, config)
 
@@ -188,10 +188,10 @@ class SearchSampler(Sampler):
         evaluated_rewards: Sequence[float] = (),
     ):
         params: list[tuple[str, Any]] = []
-        for path, value in _leaves(dict(param_space)):
-            if _is_grid(value) or isinstance(value, SampleFrom):
+        for path, value in config_leaves(dict(param_space)):
+            if is_grid(value) or isinstance(value, SampleFrom):
                 raise ValueError(
-                    f"search_alg cannot search {'/'.join(path)!r} ({'grid_search' if _is_grid(value) else 'sample_from'}): "
+                    f"search_alg cannot search {'/'.join(path)!r} ({'grid_search' if is_grid(value) else 'sample_from'}): "
                     "a search algorithm proposes values itself; use tune.choice/uniform/loguniform/randint instead"
                 )
             params.append(("/".join(path), value if isinstance(value, Domain) else Constant(value)))
@@ -233,14 +233,14 @@ class SearchSampler(Sampler):
         number, flat = self._tpe.ask()
         config: dict[str, Any] = {}
         for key, value in flat.items():
-            _set(config, tuple(key.split("/")), value)
+            set_leaf(config, tuple(key.split("/")), value)
         return number, config
 
     def ask_known(self, config: dict[str, Any]) -> int:
         """A resumed experiment's trial that already ran with ``config``, recorded as the search's next proposal."""
         if self._points:  # it was proposed in a point's turn: the point is spent (config holds its values)
             self._points.popleft()
-        return self._tpe.ask_known({"/".join(path): value for path, value in _leaves(config)})
+        return self._tpe.ask_known({"/".join(path): value for path, value in config_leaves(config)})
 
     def tell(self, number: int, value: float | None) -> None:
         self._tpe.tell(number, value)
@@ -279,7 +279,7 @@ def space_as_data(param_space: Mapping[str, Any]) -> dict[str, Any]:
             data[key] = {"type": "sample_from"}
         elif isinstance(value, Domain):
             data[key] = value.to_raw()
-        elif _is_grid(value):
+        elif is_grid(value):
             data[key] = {"type": "grid", "values": list(value["grid_search"])}
         elif not isinstance(value, Mapping):
             data[key] = value

@@ -16,7 +16,7 @@ from typing import Any
 
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted
 from sweepflow.tasks.sweep.schedulers import merge_search_properties
-from sweepflow.tasks.sweep.space import _plain
+from sweepflow.tasks.sweep.space import plain
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch, qualified_name
 from sweepflow.tune.search.repeater import TRIAL_INDEX, Repeater
@@ -24,10 +24,10 @@ from sweepflow.tune.search_space import (
     Domain,
     SearchSampler,
     VariantSampler,
-    _is_grid,
-    _leaves,
-    _set,
+    config_leaves,
     flat_point,
+    is_grid,
+    set_leaf,
     space_as_data,
 )
 
@@ -105,7 +105,7 @@ def plan(
         # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.
         metric, mode = merge_search_properties("OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode))
         searched_in_config = [
-            "/".join(p) for p, v in _leaves(dict(param_space)) if isinstance(v, Domain) or _is_grid(v)
+            "/".join(p) for p, v in config_leaves(dict(param_space)) if isinstance(v, Domain) or is_grid(v)
         ]
         if search_alg.space and searched_in_config:
             # As in Ray: only one of the two spaces could be searched; the other's domains would be dropped.
@@ -142,7 +142,7 @@ def plan(
             f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...) or "
             "sweepflow.tune.search.BasicVariantGenerator(...), optionally in a ConcurrencyLimiter or Repeater"
         )
-    varying = tuple("/".join(p) for p, v in _leaves(dict(space)) if isinstance(v, Domain) or _is_grid(v))
+    varying = tuple("/".join(p) for p, v in config_leaves(dict(space)) if isinstance(v, Domain) or is_grid(v))
     searched = varying
     if repeater is not None:
         sampler = RepeatSampler(sampler, repeat=repeater.repeat, set_index=repeater.set_index)
@@ -172,7 +172,7 @@ def _deep_merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, 
     merged = dict(base)
     for key, value in over.items():
         below = merged.get(key)
-        if isinstance(value, Mapping) and isinstance(below, Mapping) and not _is_grid(value) and not _is_grid(below):
+        if isinstance(value, Mapping) and isinstance(below, Mapping) and not is_grid(value) and not is_grid(below):
             merged[key] = _deep_merged(below, value)
         else:
             merged[key] = value
@@ -282,9 +282,9 @@ class DefineByRunSampler(Sampler):
         if problem is not None:
             self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
             raise ValueError(f"{which}: {problem}")
-        config: dict[str, Any] = _plain(self._constants)
+        config: dict[str, Any] = plain(self._constants)
         for key, value in {**params, **extra}.items():
-            _set(config, tuple(key.split("/")), _plain(value))
+            set_leaf(config, tuple(key.split("/")), plain(value))
         self.seen.extend(key for key in params if key not in self.seen)  # what is searched (not the constants)
         self._asked += 1
         return trial.number, config
@@ -341,7 +341,7 @@ class RepeatSampler(Sampler):
         number = self._asked
         self._asked += 1
         self._group_of[number] = inner_number
-        proposed = _plain(config)
+        proposed = plain(config)
         if self.set_index:
             proposed[TRIAL_INDEX] = index
         return number, proposed

@@ -98,6 +98,9 @@ class HyperBandScheduler(TrialScheduler):
         self._verdicts: dict[str, Decision] = {}  # paused trial -> CONTINUE / STOP once its bracket is decided
         self.num_stopped = 0
 
+    def checkpoint_every(self) -> int | None:
+        return 1  # a paused trial resumes from its latest checkpoint
+
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         own = (self.metric, self.mode)
         self.metric, self.mode = merge_search_properties("HyperBandScheduler", own, (metric, mode))

@@ -149,6 +149,12 @@ class PopulationBasedTraining(TrialScheduler):
         own = (self.metric, self.mode)
         self.metric, self.mode = merge_search_properties("PopulationBasedTraining", own, (metric, mode))
 
+    def checkpoint_every(self) -> int | None:
+        """Every perturbation interval when it counts reports, else every report."""
+        if self.time_attr == "training_iteration":
+            return max(int(self.perturbation_interval), 1)
+        return 1
+
     def check_room(self, *, trials: int, at_once: int) -> None:
         """Synchronous PBT holds every trial at each interval until all of them get there: they must all run at
         once."""

@@ -160,7 +160,7 @@ class TrialResult:
         """Rebuild a finished trial's result from its MLflow child run alone (``client``: an MlflowClient)."""
         run = client.get_run(run_id)
         tags, metrics = run.data.tags, run.data.metrics
-        history = _history_from_mlflow(client, run_id, run.data.metrics, metric)
+        history = history_from_mlflow(client, run_id, run.data.metrics, metric)
         usage = ResourceUsage(
             ranks=int(run.data.params.get("num_ranks", 0)),
             gpus_per_rank=float(run.data.params.get("gpus_per_rank", 0.0)),
@@ -244,7 +244,7 @@ def best_of(history: Sequence[Mapping[str, Any]], metric: str, mode: str) -> tup
     return (best[0], best[1]) if best else (None, None)
 
 
-def _history_from_mlflow(
+def history_from_mlflow(
     client: Any, run_id: str, latest: Mapping[str, float], metric: str
 ) -> list[dict[str, Any]]:
     """Per-step reports rebuilt from every metric's history (step = epoch), in step order."""

@@ -247,14 +247,14 @@ def _system_steps(run: Any) -> int:
 
 
 def _history(client: Any, run_id: str, latest: Mapping[str, float], metric: str) -> list[dict[str, Any]]:
-    from sweepflow.tasks.sweep.results import _history_from_mlflow
+    from sweepflow.tasks.sweep.results import history_from_mlflow
 
-    return _history_from_mlflow(client, run_id, latest, metric)
+    return history_from_mlflow(client, run_id, latest, metric)
 
 
 def scheduler_keys(scheduler: Any) -> list[str]:
     """What a report needs for the scheduler to judge it (ASHA: its metric and time attribute)."""
-    return [k for k in (getattr(scheduler, "metric", None), getattr(scheduler, "time_attr", None)) if k]
+    return [k for k in (scheduler.metric, scheduler.time_attr) if k]
 
 
 def replay(scheduler: Any, result: TrialResult) -> None:

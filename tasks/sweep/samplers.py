@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from sweepflow.tasks.sweep.space import (
-    _CONTINUOUS_DOMAINS,
+    CONTINUOUS_DOMAINS,
     Choice,
     Constant,
     Grid,
@@ -24,8 +24,8 @@ from sweepflow.tasks.sweep.space import (
     RandInt,
     SearchSpace,
     Uniform,
-    _plain,
     parse_space,
+    plain,
 )
 
 __all__ = [
@@ -143,9 +143,9 @@ class RandomSampler(_ListSampler):
                 config: dict[str, Any] = {}
                 for name, dom in self.space.params:
                     if isinstance(dom, Grid):
-                        config[name] = _plain(combo[name])
+                        config[name] = plain(combo[name])
                     elif isinstance(dom, Constant):
-                        config[name] = _plain(dom.value)
+                        config[name] = plain(dom.value)
                     else:
                         config[name] = dom.sample(self._rng)
                 configs.append(config)
@@ -166,7 +166,7 @@ class GridSampler(_ListSampler):
     ) -> None:
         super().__init__(num_samples)
         self.space = parse_space(space)
-        continuous = [name for name, dom in self.space.params if isinstance(dom, _CONTINUOUS_DOMAINS)]
+        continuous = [name for name, dom in self.space.params if isinstance(dom, CONTINUOUS_DOMAINS)]
         if continuous:
             raise ValueError(
                 f"grid sampler cannot enumerate continuous parameters {continuous}; "
@@ -194,7 +194,7 @@ class GridSampler(_ListSampler):
         configs = []
         for _ in range(num_samples):
             for combo in itertools.product(*(values for _, values in self._axes)):
-                configs.append({name: _plain(value) for name, value in zip(names, combo, strict=True)})
+                configs.append({name: plain(value) for name, value in zip(names, combo, strict=True)})
         return configs
 
 
@@ -278,15 +278,15 @@ class TPESampler(Sampler):
         for name, dom in self.space.params:
             value = trial.params.get(name)
             if isinstance(dom, Constant):
-                config[name] = _plain(dom.value)
+                config[name] = plain(dom.value)
             elif isinstance(dom, QRandInt):
                 config[name] = int(value) * dom.q
             elif isinstance(dom, Pow2):
                 config[name] = 2 ** int(value)
             elif isinstance(dom, Choice):
-                config[name] = _plain(dom.values[int(value)])
+                config[name] = plain(dom.values[int(value)])
             else:
-                config[name] = _plain(value)
+                config[name] = plain(value)
         return trial.number, config
 
     def ask_known(self, config: dict[str, Any]) -> int:
@@ -330,7 +330,7 @@ class TPESampler(Sampler):
             elif isinstance(dom, Pow2):
                 internal[name] = int(value).bit_length() - 1
             elif isinstance(dom, Choice):
-                matches = [i for i, v in enumerate(dom.values) if _plain(v) == value]
+                matches = [i for i, v in enumerate(dom.values) if plain(v) == value]
                 if not matches:
                     raise ValueError(f"{name}={value!r} is not one of the choices {dom.values}")
                 internal[name] = matches[0]

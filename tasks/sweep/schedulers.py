@@ -83,6 +83,10 @@ class TrialScheduler:
     max_t: int | None = None
     #: How a trial this scheduler stopped is labelled ("stopped early (<reason>) at epoch n").
     stop_reason = "scheduler"
+    #: What it compares trials by (None: nothing, as FIFO), and the reported counter it schedules on.
+    metric: str | None = None
+    mode: str | None = None
+    time_attr: str | None = None
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,6 +120,11 @@ class TrialScheduler:
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric and mode, for a scheduler built without them (as Ray's Tune passes them).
         Raises, naming the fix, when the scheduler needs them and neither it nor the experiment has them."""
+
+    def checkpoint_every(self) -> int | None:
+        """How often (in reports) a trial must save a checkpoint for this scheduler to work (PBT continues a trial
+        from another's, HyperBand resumes a paused one); None: it needs none."""
+        return None
 
     def check_room(self, *, trials: int, at_once: int) -> None:
         """Before any trial runs: raises ValueError, naming the settings to change, when this scheduler cannot

@@ -65,7 +65,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Return ``value`` as plain Python data (numpy scalars unwrapped, containers copied).
 
     Configs are serialised to JSON (Prefect parameters, MLflow params), and numpy scalars such as
@@ -76,9 +76,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return copy.deepcopy(value)
 
 
@@ -90,8 +90,8 @@ class Constant:
 
     def to_raw(self) -> Any:
         if isinstance(self.value, Mapping):
-            return {"type": "constant", "value": _plain(self.value)}
-        return _plain(self.value)
+            return {"type": "constant", "value": plain(self.value)}
+        return plain(self.value)
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,13 @@ class Choice:
     values: tuple[Any, ...]
 
     def sample(self, rng: np.random.Generator) -> Any:
-        return _plain(self.values[int(rng.integers(len(self.values)))])
+        return plain(self.values[int(rng.integers(len(self.values)))])
 
     def enumerate(self) -> list[Any]:
-        return [_plain(v) for v in self.values]
+        return [plain(v) for v in self.values]
 
     def to_raw(self) -> dict[str, Any]:
-        return {"type": "choice", "values": _plain(list(self.values))}
+        return {"type": "choice", "values": plain(list(self.values))}
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,10 @@ class Grid:
     values: tuple[Any, ...]
 
     def enumerate(self) -> list[Any]:
-        return [_plain(v) for v in self.values]
+        return [plain(v) for v in self.values]
 
     def to_raw(self) -> dict[str, Any]:
-        return {"type": "grid", "values": _plain(list(self.values))}
+        return {"type": "grid", "values": plain(list(self.values))}
 
 
 @dataclass(frozen=True)
@@ -275,8 +275,8 @@ Domain: TypeAlias = (
     Constant | Choice | Grid | Uniform | LogUniform | RandInt | QRandInt | Pow2 | QUniform | Normal | SampleFrom
 )
 
-_RANDOM_DOMAINS = (Choice, Uniform, LogUniform, RandInt, QRandInt, Pow2, QUniform, Normal, SampleFrom)
-_CONTINUOUS_DOMAINS = (Uniform, LogUniform, QUniform, Normal, SampleFrom)
+RANDOM_DOMAINS = (Choice, Uniform, LogUniform, RandInt, QRandInt, Pow2, QUniform, Normal, SampleFrom)
+CONTINUOUS_DOMAINS = (Uniform, LogUniform, QUniform, Normal, SampleFrom)
 
 
 @dataclass(frozen=True)
@@ -376,14 +376,14 @@ def _values_arg(name: str, kind: str, value: Any) -> tuple[Any, ...]:
         raise ValueError(
             f"{name}: {kind} needs a non-empty list under 'values', got {value!r}; e.g. {_EXAMPLES[kind]}"
         )
-    return tuple(_plain(v) for v in value)
+    return tuple(plain(v) for v in value)
 
 
 def parse_domain(name: str, raw: Any) -> Domain:
     """One parameter's spec (a constant, or a dict with a ``type`` key) as its domain; ``ValueError`` names
     ``name``, the problem and the fix."""
     if not isinstance(raw, Mapping):
-        return Constant(_plain(raw))
+        return Constant(plain(raw))
     if "type" not in raw:
         hint = ""
         if "grid_search" in raw:
@@ -414,7 +414,7 @@ def parse_domain(name: str, raw: Any) -> Domain:
         )
 
     if kind == "constant":
-        return Constant(_plain(raw["value"]))
+        return Constant(plain(raw["value"]))
     if kind == "choice":
         return Choice(_values_arg(name, kind, raw["values"]))
     if kind == "grid":

@@ -306,7 +306,7 @@ class _TrialRun:
         self.life = TrialLife(
             selection_metric=spec.template.selection_metric,
             selection_mode=spec.template.selection_mode,
-            scheduler_metric=getattr(rt.scheduler, "metric", None),
+            scheduler_metric=rt.scheduler.metric,
             max_reports=spec.template.max_reports,
         )
         self.started = time.time()  # the scheduler's ``time_total_s`` counts from here (across groups)
@@ -524,7 +524,7 @@ class _TrialRun:
     def _check_metrics(self, metrics: dict[str, Any]) -> None:
         wanted = {
             "the selection metric": self.spec.template.selection_metric,
-            "the scheduler's metric": getattr(self.rt.scheduler, "metric", None),
+            "the scheduler's metric": self.rt.scheduler.metric,
         }
         for role, name in wanted.items():
             if name and name not in metrics:
