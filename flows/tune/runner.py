@@ -207,7 +207,9 @@ def parent_params(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def resume_key(exp: Experiment) -> dict[str, Any]:
+def _experiment_key(exp: Experiment) -> dict[str, Any]:
+    """The settings a resumed Tune experiment must share with the interrupted one (as the pipeline's
+    ``sweep.resume.resume_key`` for a pipeline config)."""
     return json.loads(json.dumps({**parent_params(exp), "search_space": exp.search_space}, default=str))
 
 
@@ -222,7 +224,7 @@ def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
     found = latest_interrupted(
         client,
         mlflow_experiment and mlflow_experiment.experiment_id,
-        resume_key(exp),
+        _experiment_key(exp),
         finished_too=exp.resume == "restore",
     )
     if found is None and exp.resume == "required":
@@ -288,7 +290,7 @@ def _experiment_flow(
         tags={"sweepflow.kind": "tune"},
         settings={**params, "search_space": exp.search_space, "stop": repr(exp.stop), "max_failures": exp.max_failures},
         settings_file="tune_experiment.json",
-        resume_key=resume_key(exp),
+        resume_key=_experiment_key(exp),
         scratch_dir=scratch,
     )
     resume_from = info["resume_from"]
