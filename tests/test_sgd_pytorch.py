@@ -402,7 +402,7 @@ def test_pytorch_trainable_runs_under_tune_run(services, tmp_path):
 
     # One MLflow parent run; a child run per trial, with the train loss of every iteration (step = epoch).
     mlflow = MlflowClient(services["mlflow"])
-    parent = mlflow.get_run(analysis.info["parent_run_id"])
+    parent = mlflow.get_run(analysis.record.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.params["ranks_per_trial"] == "2"
     children = mlflow.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"

@@ -84,8 +84,8 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
     assert analysis.get_best_trial("loss", "min", "all").config["quality"] == 1.0
 
     # Recorded like the pipeline: an MLflow parent run with a child per trial, a Prefect flow run with task runs.
-    info = analysis.info
-    parent, children = _children(services["mlflow"], info["parent_run_id"])
+    info = analysis.record
+    parent, children = _children(services["mlflow"], info.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweepflow.kind"] == "tune"
     assert sorted(c.data.params["quality"] for c in children) == ["1.0", "4.0", "8.0"]
     by_quality = {c.data.params["quality"]: c for c in children}
@@ -354,7 +354,7 @@ def test_a_non_finite_loss_fails_its_trial_at_that_report_and_the_sweep_goes_on(
     assert "non-finite loss=nan at report 2" in diverged.error_msg
     assert [by_quality[q].status for q in (1.0, 2.0)] == ["TERMINATED", "TERMINATED"]
     assert analysis.get_best_trial("loss", "min", "last").config["quality"] == 1.0
-    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    _, children = _children(services["mlflow"], analysis.record.parent_run_id)
     run = next(c for c in children if c.data.params["quality"] == "0.0")
     assert run.info.status == "FAILED" and "diverged" in run.data.tags["sweepflow.error"]
 
@@ -421,7 +421,7 @@ def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment_and_the_process_fo
     assert sorted(by_x) == [1, 2]  # x=3 never started
     assert by_x[1].last_result["training_iteration"] == 3
     assert by_x[2].status == "TERMINATED" and by_x[2].last_result["score"] == 4  # complete at the report
-    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    _, children = _children(services["mlflow"], analysis.record.parent_run_id)
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
     assert _forks_cleanly()  # after tune.run, the third experiment in this process
 
@@ -481,7 +481,7 @@ def test_the_median_stopping_rule_stops_a_trial_behind_the_others(services):
     )
     by_x = {t.config["x"]: t for t in analysis.trials}
     assert [by_x[x].last_result["training_iteration"] for x in (3, 2, 1)] == [3, 3, 2]
-    _, children = _children(services["mlflow"], analysis.info["parent_run_id"])
+    _, children = _children(services["mlflow"], analysis.record.parent_run_id)
     stopped = next(c for c in children if c.data.params["x"] == "1")
     assert stopped.data.tags["sweepflow.outcome"] == "stopped early (median stopping rule) at epoch 2"
     # Prefect shows it too: a success named for how it ended, and the outcome in the run's description.
@@ -543,7 +543,7 @@ def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services
     open(os.path.join(marks, "go"), "w").close()
     grid = tune.Tuner.restore(path, trainable=blocking_trainable).fit()
     assert grid.experiment_path == path
-    assert grid.info["parent_run_id"] == killed_parent.info.run_id
+    assert grid.record.parent_run_id == killed_parent.info.run_id
     parent = client.get_run(killed_parent.info.run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweepflow.resumes"] == "1"
     with open(os.path.join(marks, "starts")) as f:

@@ -413,7 +413,7 @@ def _finished(status: TrialStatus, error: str | None = None) -> ExperimentAnalys
         trial_id="trial_0000", index=0, name="trial_0000", config={"a": 0.5}, status=status,
         last={"loss": 0.5, "training_iteration": 1}, error=error,
     )
-    return ExperimentAnalysis([result], metric="loss", mode="min", info={})
+    return ExperimentAnalysis([result], metric="loss", mode="min")
 
 
 def test_arguments_applied_after_the_run(capsys, caplog):

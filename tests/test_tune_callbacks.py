@@ -138,7 +138,7 @@ def test_callbacks_mlflow_logger_setup_mlflow_and_trial_names(services, tmp_path
     # MLflowLoggerCallback: the trials' own runs, in its experiment, with its tags: one parent, one run per trial.
     client = MlflowClient(services["mlflow"])
     experiment = client.get_experiment_by_name(mlflow_experiment)
-    assert experiment is not None and experiment.experiment_id == analysis.info["experiment_id"]
+    assert experiment is not None and experiment.experiment_id == analysis.record.experiment_id
     runs = client.search_runs([experiment.experiment_id])
     children = {r.data.tags["sweepflow.trial_id"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
     assert len(runs) == 4 and sorted(children) == sorted(names)
@@ -158,7 +158,7 @@ def test_callbacks_mlflow_logger_setup_mlflow_and_trial_names(services, tmp_path
     from prefect import get_client
 
     with get_client(sync_client=True) as prefect:
-        task_runs = final_task_runs(prefect, analysis.info["prefect_flow_run_id"], at_least=len(names))
+        task_runs = final_task_runs(prefect, analysis.record.prefect_flow_run_id, at_least=len(names))
     assert set(names.values()) <= {t.name for t in task_runs}  # the trials' task runs carry the names too
 
 

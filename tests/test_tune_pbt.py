@@ -157,12 +157,12 @@ def test_pbt_beats_random_search_at_the_same_budget_and_records_every_exploit(se
     exploited = [t for t in tuned.trials if len(t.result.config_history) > 1]
     assert exploited and pbt.num_perturbations >= sum(len(t.result.config_history) - 1 for t in exploited)
     client = MlflowClient(services["mlflow"])
-    report = {a.path for a in client.list_artifacts(tuned.info["parent_run_id"], "report")}
+    report = {a.path for a in client.list_artifacts(tuned.record.parent_run_id, "report")}
     assert "report/pbt.png" in report and not any(  # the lineage plot: only for PBT sweeps
-        a.path == "report/pbt.png" for a in client.list_artifacts(plain.info["parent_run_id"], "report")
+        a.path == "report/pbt.png" for a in client.list_artifacts(plain.record.parent_run_id, "report")
     )
     if os.environ.get("SWEEPFLOW_KEEP_REPORT"):  # to look at it: the whole page, as the report opens
-        client.download_artifacts(tuned.info["parent_run_id"], "report", os.environ["SWEEPFLOW_KEEP_REPORT"])
+        client.download_artifacts(tuned.record.parent_run_id, "report", os.environ["SWEEPFLOW_KEEP_REPORT"])
     for trial in exploited:
         history = trial.result.config_history
         assert history[0] == {"iteration": 0, "config": history[0]["config"]}

@@ -289,7 +289,7 @@ def test_tune_run_with_a_define_by_run_optuna_search(services):
         assert t.config["epochs"] == 2 and t.config["momentum"] == 0.9 and t.config["optimizer"] in ("sgd", "adam")
         assert t.last_result["loss"] == pytest.approx(2 * t.config["lr"])
     assert analysis.get_best_trial().config["lr"] == min(t.config["lr"] for t in trials)
-    parent = MlflowClient(services["mlflow"]).get_run(analysis.info["parent_run_id"])
+    parent = MlflowClient(services["mlflow"]).get_run(analysis.record.parent_run_id)
     assert "define-by-run" in parent.data.params["search"]
 
 
@@ -306,7 +306,7 @@ def test_tune_run_with_a_repeater(services):
     assert [t.config[TRIAL_INDEX] for t in trials] == [0, 1, 0, 1]
     assert trials[0].config["lr"] == trials[1].config["lr"] != trials[2].config["lr"] == trials[3].config["lr"]
     assert trials[1].last_result["loss"] == pytest.approx(trials[0].last_result["loss"] + 0.01)
-    parent = MlflowClient(services["mlflow"]).get_run(analysis.info["parent_run_id"])
+    parent = MlflowClient(services["mlflow"]).get_run(analysis.record.parent_run_id)
     assert "each config run 2x (Repeater)" in parent.data.params["search"]
 
 

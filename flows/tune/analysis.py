@@ -8,7 +8,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,6 +21,10 @@ _RAY_STATUS = {
     TrialStatus.FAILED: "ERROR",
     TrialStatus.NOT_STARTED: "PENDING",
 }
+
+
+if TYPE_CHECKING:
+    from sweepflow.tune.runner import ExperimentRecord
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,19 @@ class Trial:
 class ExperimentAnalysis:
     """What classic ``tune.run`` returns."""
 
-    def __init__(self, results: Sequence[TrialResult], *, metric: str | None, mode: str | None, info: dict[str, Any]):
+    def __init__(
+        self,
+        results: Sequence[TrialResult],
+        *,
+        metric: str | None,
+        mode: str | None,
+        record: ExperimentRecord | None = None,
+    ):
         self.trials = [Trial(r) for r in sorted(results, key=lambda r: r.index)]
         self.default_metric = metric
         self.default_mode = mode
-        self.info = info  # MLflow experiment and parent run, Prefect flow run
-        self.experiment_path = info.get("experiment_path")  # Ray's: where the experiment's files are
+        self.record = record  # where it ran and is recorded: MLflow experiment and parent run, Prefect flow run
+        self.experiment_path = record and record.experiment_path  # Ray's: where the experiment's files are
         self._results = results
 
     def _metric_mode(self, metric: str | None, mode: str | None) -> tuple[str, str]:
@@ -192,13 +203,20 @@ class Result:
 class ResultGrid:
     """What ``Tuner.fit()`` returns: one ``Result`` per trial, in trial order."""
 
-    def __init__(self, results: Sequence[TrialResult], *, metric: str | None, mode: str | None, info: dict[str, Any]):
+    def __init__(
+        self,
+        results: Sequence[TrialResult],
+        *,
+        metric: str | None,
+        mode: str | None,
+        record: ExperimentRecord | None = None,
+    ):
         self._trials = sorted(results, key=lambda r: r.index)
         self._results = [Result.of(r) for r in self._trials]
         self.default_metric = metric
         self.default_mode = mode
-        self.info = info
-        self.experiment_path = info.get("experiment_path")  # what Tuner.restore(path) takes
+        self.record = record  # where it ran and is recorded (sweepflow.tune.runner.ExperimentRecord)
+        self.experiment_path = record and record.experiment_path  # what Tuner.restore(path) takes
 
     def __len__(self) -> int:
         return len(self._results)

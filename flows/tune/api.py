@@ -101,8 +101,8 @@ def run(
         trial_dirname_creator=trial_dirname_creator,
         num_samples=num_samples,
     )
-    sweep, info = runner.run(experiment)
-    analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
+    sweep, record = runner.run(experiment)
+    analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
     return finish(
         analysis,
         searchers.shown(experiment.searched, experiment.sampler),
@@ -384,15 +384,15 @@ class Tuner:
             trial_dirname_creator=tc.trial_dirname_creator,
             num_samples=tc.num_samples,
         )
-        sweep, info = runner.run(experiment)
+        sweep, record = runner.run(experiment)
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
-            ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info),
+            ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record),
             searchers.shown(experiment.searched, experiment.sampler),
             verbose=rc.verbose,
             progress_reporter=rc.progress_reporter,
             raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
         )
-        return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, info=info)
+        return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
 
 
 def _experiment(

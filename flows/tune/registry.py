@@ -54,13 +54,15 @@ def register_best(
             "register_best: the best trial has no checkpoint (report one with tune.report(..., checkpoint=...)) "
             "or no MLflow run"
         )
-    tracking_uri = results.info["tracking_uri"]
+    if results.record is None:
+        raise ValueError("register_best needs the ResultGrid a Tuner.fit() or tune.run returned (it says where it is recorded)")
+    tracking_uri = results.record.tracking_uri
     metric = metric or results.default_metric
     mode = mode or results.default_mode
     if evaluate_fn is not None:
         metrics = evaluate_own_model(evaluate_fn, None, best.checkpoint.path, data_path or "", None)
         tracker = RunTracker(tracking_uri, _experiment_name(tracking_uri, best.mlflow_run_id))
-        for run_id in filter(None, (best.mlflow_run_id, results.info.get("parent_run_id"))):
+        for run_id in filter(None, (best.mlflow_run_id, results.record.parent_run_id)):
             tracker.log_metrics(run_id, metrics, step=0)
         champion_metric = champion_metric or "test_" + str(metric or "")
         champion_mode = champion_mode or mode or "max"

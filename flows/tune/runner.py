@@ -70,7 +70,6 @@ class Experiment:
     observer: SweepObserver | None = None
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else the tracking server sweepflow starts
     mlflow_experiment: str | None = None  # the MLflow experiment's name (None: the experiment's name)
-    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def mlflow_experiment_name(self) -> str:
@@ -115,10 +114,22 @@ class _StopCriteria(TrialScheduler):
         self.inner.on_trial_error(trial_id)
 
 
-_EXPERIMENTS: dict[str, Experiment] = {}
+@dataclass(frozen=True)
+class ExperimentRecord:
+    """Where an experiment runs and is recorded: decided at the entry point, before its flow run (the services,
+    the run it resumes, its path), then where its flow run recorded it."""
+
+    tracking_uri: str
+    scheduler_address: str | None
+    state_dir: str
+    experiment_path: str  # Ray's experiment path: what Tuner.restore(path) takes
+    resume_from: str | None = None  # the MLflow parent run of the interrupted run it resumes
+    experiment_id: str | None = None  # the MLflow experiment, once recorded
+    parent_run_id: str | None = None
+    prefect_flow_run_id: str | None = None
 
 
-def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
+def run(experiment: Experiment) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
     chosen = use_run_services(
@@ -133,30 +144,24 @@ def run(experiment: Experiment) -> tuple[SweepResult, dict[str, Any]]:
     path = experiment_path(experiment, settings.home)
     if experiment.restore_state is not None:
         save_restore_state(path, experiment.restore_state)
-    key = uuid.uuid4().hex
-    _EXPERIMENTS[key] = replace(
-        experiment,
-        info={
-            "tracking_uri": tracking_uri,
-            "scheduler_address": scheduler_address,
-            "state_dir": settings.home,
-            "resume_from": resume_from,
-            "experiment_path": path,
-        },
+    place = ExperimentRecord(
+        tracking_uri=tracking_uri,
+        scheduler_address=scheduler_address,
+        state_dir=settings.home,
+        experiment_path=path,
+        resume_from=resume_from,
     )
-    try:
-        flow_fn = _flow()  # imports prefect: after the services' settings are in the environment
-        return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
-            experiment_key=key,
-            trainable=experiment.trainable_name,
-            num_trials=experiment.sampler.total,
-            metric=experiment.metric,
-            mode=experiment.mode,
-            scheduler=repr(experiment.scheduler),
-            search=experiment.search,
-        )
-    finally:
-        _EXPERIMENTS.pop(key, None)
+    # The flow's parameters are what the Prefect UI shows of the experiment; the experiment itself (functions,
+    # schedulers, searchers) goes to the flow function directly, in this process.
+    flow_fn = _flow(lambda **shown: _experiment_flow(experiment, place, **shown))
+    return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
+        trainable=experiment.trainable_name,
+        num_trials=experiment.sampler.total,
+        metric=experiment.metric,
+        mode=experiment.mode,
+        scheduler=repr(experiment.scheduler),
+        search=experiment.search,
+    )
 
 
 RESTORE_STATE_FILE = "tuner.pkl"
@@ -241,31 +246,28 @@ def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
     return found
 
 
-_FLOW: Any = None
+def _flow(body: Callable[..., tuple[SweepResult, ExperimentRecord]]) -> Any:
+    """The ``tune-experiment`` flow running ``body`` (the experiment at hand) with what the UI shows as its
+    parameters."""
+    from prefect import flow
+
+    from sweepflow.tasks.compat import stop_flow_heartbeats_promptly
+
+    stop_flow_heartbeats_promptly()  # else each experiment's end waits up to 1 s for its heartbeat thread
+
+    def tune_experiment(
+        trainable: str, num_trials: int, metric: str | None, mode: str | None, scheduler: str, search: str
+    ) -> tuple[SweepResult, ExperimentRecord]:
+        """A Tune experiment: its trials as one DDP group each, one task run and one MLflow child run per trial."""
+        return body(
+            trainable=trainable, num_trials=num_trials, metric=metric, mode=mode, scheduler=scheduler, search=search
+        )
+
+    return flow(name="tune-experiment", log_prints=True)(tune_experiment)
 
 
-def _flow() -> Any:
-    global _FLOW
-    if _FLOW is None:
-        from prefect import flow
-
-        from sweepflow.tasks.compat import stop_flow_heartbeats_promptly
-
-        stop_flow_heartbeats_promptly()  # else each experiment's end waits up to 1 s for its heartbeat thread
-        _FLOW = flow(name="tune-experiment", log_prints=True)(_experiment_flow)
-    return _FLOW
-
-
-def _experiment_flow(
-    experiment_key: str,
-    trainable: str,
-    num_trials: int,
-    metric: str | None,
-    mode: str | None,
-    scheduler: str,
-    search: str,
-) -> tuple[SweepResult, dict[str, Any]]:
-    """A Tune experiment: its trials as one DDP group each, one task run and one MLflow child run per trial."""
+def _experiment_flow(exp: Experiment, place: ExperimentRecord, **shown: Any) -> tuple[SweepResult, ExperimentRecord]:
+    """The experiment's flow run (``shown``: its parameters as the UI shows them, all from ``exp``)."""
     from prefect import get_run_logger
     from prefect.runtime import flow_run
 
@@ -274,12 +276,10 @@ def _experiment_flow(
     from sweepflow.tasks.sweep.resume import load_prior_sweep
     from sweepflow.tasks.tracking.runs import RunTracker
 
-    exp = _EXPERIMENTS[experiment_key]
-    info = dict(exp.info)
     log = get_run_logger().info
-    tracking_uri = info["tracking_uri"]
+    tracking_uri = place.tracking_uri
     local_store = tracking_uri.startswith("sqlite:")
-    root = info["experiment_path"]
+    root = place.experiment_path
     log(f"Experiment path: {root} (Tuner.restore(path, trainable) picks the experiment up from here)")
     tracker = RunTracker(tracking_uri, exp.mlflow_experiment_name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
     params = parent_params(exp)
@@ -293,8 +293,8 @@ def _experiment_flow(
         resume_key=_experiment_key(exp),
         scratch_dir=scratch,
     )
-    resume_from = info["resume_from"]
-    with cluster_client(info["scheduler_address"], use_gpu=exp.template.use_gpu) as client:
+    resume_from = place.resume_from
+    with cluster_client(place.scheduler_address, use_gpu=exp.template.use_gpu) as client:
         placed, fits = _placement(client, exp.template, log=log)
         _whole_population_fits(exp, fits)
         with parent_run(tracker, spec, resume_from=resume_from) as parent:
@@ -353,12 +353,13 @@ def _experiment_flow(
             if best is not None:
                 tracker.set_tags(parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id})
                 leaderboard.publish(best_run_id=best.run_id)
-    info.update(
+    recorded = replace(
+        place,
         experiment_id=tracker.experiment_id,
         parent_run_id=parent,
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
-    return sweep, info
+    return sweep, recorded
 
 
 def _release_reused(client: Any, token: str, log: Callable[[str], None]) -> None:
