@@ -20,7 +20,7 @@ from sweepflow.tasks.sweep.samplers import (
     make_sampler,
 )
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.sweep.trial import _copy_latest
+from sweepflow.tasks.sweep.trial_groups import copy_latest
 
 SPACE = {
     "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
@@ -197,7 +197,7 @@ def test_an_exploit_copies_a_whole_checkpoint_while_the_donor_deletes_its_old_on
     thread.start()
     try:
         for _ in range(15):
-            copied, taken = _copy_latest(donor, recipient, donor.list_committed()[-1])
+            copied, taken = copy_latest(donor, recipient, donor.list_committed()[-1])
             with copied.as_directory() as directory:
                 names = set(os.listdir(directory)) - {MARKER}
                 contents = {open(os.path.join(directory, name)).read() for name in names}

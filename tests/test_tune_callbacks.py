@@ -195,12 +195,12 @@ def test_an_error_of_ours_inside_a_trial_fails_the_experiment_and_ends_its_run(s
     """Not a training failure but a bug of sweepflow's own, raised in a trial's task after it trained: the
     experiment fails with that error (it does not wait for ever on the trial's MLflow writer) and the trial's
     run ends FAILED."""
-    import sweepflow.tasks.sweep.trial as trial_module
+    import sweepflow.tasks.sweep.trial_groups as trial_groups
 
     def broken(self, fit, error):
         raise TypeError("an error of ours")
 
-    monkeypatch.setattr(trial_module._TrialRun, "_result", broken)
+    monkeypatch.setattr(trial_groups.TrialGroups, "_result", broken)
     tuner = tune.Tuner(
         quick_trainable,
         param_space={"q": tune.grid_search([1.0])},

@@ -1,7 +1,7 @@
 """A trial's life as a small state machine: given its reports and the scheduler's verdicts, what happens next.
 
-Pure: no Prefect, MLflow or Dask (``make lint`` checks it). ``sweepflow.tasks.sweep.trial`` is the adapter: it
-runs the DDP groups, writes MLflow, releases the trial's slot and logs, each as this machine decides. A trial
+Pure: no Prefect, MLflow or Dask (``make lint`` checks it). ``sweepflow.tasks.sweep.trial_groups`` is the
+adapter: it runs the DDP groups, writes MLflow, releases the trial's slot and logs, each as this machine decides. A trial
 may span several groups (a restart after a failure is the group's own business; a PBT exploit or a HyperBand
 pause ends a group and starts another), and a resumed trial continues an interrupted sweep's run: its reports
 are numbered across all of them (``training_iteration``), which is what schedulers and ``max_t`` count.
