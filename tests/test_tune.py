@@ -114,7 +114,7 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
     )
 
     with get_client(sync_client=True) as prefect:
-        flow_run = prefect.read_flow_run(info["prefect_flow_run_id"])
+        flow_run = prefect.read_flow_run(info.prefect_flow_run_id)
         assert flow_run.state.is_completed()
         task_runs = final_task_runs(prefect, flow_run.id, at_least=3)
         board = [

@@ -228,7 +228,7 @@ class TrialGroups:
             self.spec.name,
             plan.donor,
             iteration,
-            self.spec.template.selection_metric or "metric",
+            self.rt.scheduler.metric or "metric",  # what PBT ranked them by
             plan.donor_score,
             plan.score,
             plan.config,
