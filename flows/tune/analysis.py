@@ -109,8 +109,9 @@ class Trial:
         return f"Trial({self.trial_id}, {self.status})"
 
 
-class ExperimentAnalysis:
-    """What classic ``tune.run`` returns."""
+class _Experiment:
+    """What both Tune results carry: the trials in trial order, the experiment's metric and mode, and where it ran
+    and is recorded (MLflow experiment and parent run, Prefect flow run, Ray's experiment path)."""
 
     def __init__(
         self,
@@ -120,11 +121,19 @@ class ExperimentAnalysis:
         mode: str | None,
         record: ExperimentRecord | None = None,
     ):
-        self.trials = [Trial(r) for r in sorted(results, key=lambda r: r.index)]
+        self._trials = sorted(results, key=lambda r: r.index)
         self.default_metric = metric
         self.default_mode = mode
-        self.record = record  # where it ran and is recorded: MLflow experiment and parent run, Prefect flow run
-        self.experiment_path = record and record.experiment_path  # Ray's: where the experiment's files are
+        self.record = record
+        self.experiment_path = record and record.experiment_path  # what Tuner.restore(path) takes
+
+
+class ExperimentAnalysis(_Experiment):
+    """What classic ``tune.run`` returns."""
+
+    def __init__(self, results: Sequence[TrialResult], **kwargs: Any):
+        super().__init__(results, **kwargs)
+        self.trials = [Trial(r) for r in self._trials]
         self._results = results
 
     def _metric_mode(self, metric: str | None, mode: str | None) -> tuple[str, str]:
@@ -200,23 +209,12 @@ class Result:
         )
 
 
-class ResultGrid:
+class ResultGrid(_Experiment):
     """What ``Tuner.fit()`` returns: one ``Result`` per trial, in trial order."""
 
-    def __init__(
-        self,
-        results: Sequence[TrialResult],
-        *,
-        metric: str | None,
-        mode: str | None,
-        record: ExperimentRecord | None = None,
-    ):
-        self._trials = sorted(results, key=lambda r: r.index)
+    def __init__(self, results: Sequence[TrialResult], **kwargs: Any):
+        super().__init__(results, **kwargs)
         self._results = [Result.of(r) for r in self._trials]
-        self.default_metric = metric
-        self.default_mode = mode
-        self.record = record  # where it ran and is recorded (sweepflow.tune.runner.ExperimentRecord)
-        self.experiment_path = record and record.experiment_path  # what Tuner.restore(path) takes
 
     def __len__(self) -> int:
         return len(self._results)
