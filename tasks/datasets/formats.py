@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import DatasetSpec
+from .catalog import DatasetSpec
 from .errors import DatasetFormatError, DatasetSourceError
 
 __all__ = ["bundled_digits", "mnist_5k_path", "parse", "read_cifar10_tarball", "read_idx"]
