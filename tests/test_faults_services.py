@@ -171,7 +171,8 @@ def test_a_write_whose_answer_was_lost_is_read_back_not_written_twice(mlflow_ser
     retries off, so RunTracker's are the only ones)."""
     from mlflow.tracking import MlflowClient
 
-    from sweepflow.tasks.tracking.runs import RunTracker, RunWriter
+    from sweepflow.tasks.tracking.runs import RunTracker
+    from sweepflow.tasks.tracking.writers import RunWriter
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     experiment = f"faults-ambiguous-{uuid.uuid4().hex[:6]}"

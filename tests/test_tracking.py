@@ -11,7 +11,8 @@ import uuid
 import pytest
 from mlflow_server import sqlite_store
 
-from sweepflow.tasks.tracking.runs import RunTracker, RunWriter, direct_storage_uri, metric_batch
+from sweepflow.tasks.tracking.runs import RunTracker, direct_storage_uri, metric_batch
+from sweepflow.tasks.tracking.writers import RunWriter
 
 
 def test_run_writer_writes_everything_in_order_and_ends_the_run(mlflow_server):
@@ -128,7 +129,7 @@ def test_public_params_remove_credentials_and_storage_options():
 def test_run_writers_let_go_of_ended_writers_and_still_raise_their_errors(mlflow_server):
     """A sweep's writers: one that ended is dropped when the next is added (a long sweep would hold them all),
     and a failed one's error still reaches the sweep's join."""
-    from sweepflow.tasks.tracking.runs import RunWriters
+    from sweepflow.tasks.tracking.writers import RunWriters
 
     tracker = RunTracker(mlflow_server, f"writers-{uuid.uuid4().hex[:8]}")
     writers = RunWriters()

@@ -36,9 +36,7 @@ from sweepflow.tasks.sweep.trial_groups import (
 from sweepflow.tasks.tracking.links import (
     MlflowLinks,
 )
-from sweepflow.tasks.tracking.runs import (
-    RunWriter,
-)
+from sweepflow.tasks.tracking.writers import RunWriter
 from sweepflow.tasks.training.function import TrainFunction
 
 __all__ = ["MetricNotReported", "SweepRuntime", "final_state", "registered_runtime", "run_trial"]

@@ -45,10 +45,8 @@ from sweepflow.tasks.tracking.links import (
     prefect_task_run,
     prefect_ui_url,
 )
-from sweepflow.tasks.tracking.runs import (
-    RunWriter,
-    direct_storage_uri,
-)
+from sweepflow.tasks.tracking.runs import direct_storage_uri
+from sweepflow.tasks.tracking.writers import RunWriter
 from sweepflow.tasks.training.function import SystemMetrics, TrainFunction, TrialRun
 
 TAG_DIRNAME = "sweepflow.trial_dirname"  # its directory's name, when given one (trial_dirname_creator)
