@@ -64,7 +64,7 @@ def _state(obj: Any) -> Any:
     return {k: repr(v) for k, v in sorted(vars(obj).items()) if k != "_lock"}
 
 
-def _fingerprint(exp: runner.Experiment) -> dict[str, Any]:
+def _fingerprint(exp: runner.TuneRequest) -> dict[str, Any]:
     """Everything the experiment will do: its fields, its scheduler's state, and the first trials its sampler
     proposes when each trial's result is told back (what a search algorithm's settings change)."""
     proposals = []

@@ -192,7 +192,7 @@ class TuneConfig:
     reuse_actors: bool | None = None  # see _reuse_actors
 
 
-def _reuse_actors(reuse: bool | None, experiment: runner.Experiment) -> bool:
+def _reuse_actors(reuse: bool | None, experiment: runner.TuneRequest) -> bool:
     """Ray's ``reuse_actors``: a class trainable's object is offered to the next trial on its worker
     (``reset_config``; cleaned up when the experiment ends). Function trainables always run in reused worker
     processes here (what the flag saves in Ray), so for them it changes nothing; None is Ray's default (off for
@@ -419,7 +419,7 @@ def _experiment(
     checkpoint_at_end: bool | None = False,
     refuse_at_end_for_functions: bool = False,
     restoring: bool = False,
-) -> runner.Experiment:
+) -> runner.TuneRequest:
     """Every argument checked, and the trial template made, before any service starts or any trial runs."""
     # Ray's wrappers: a limiter lowers the experiment's concurrency; the variant generator is the default search.
     search_alg, repeater, max_concurrent_trials, seed = searchers.unwrap(search_alg, max_concurrent_trials, seed)
@@ -451,7 +451,7 @@ def _experiment(
     metric, mode = search.metric, search.mode
     sched = resolve_scheduler(scheduler)
     sched.set_search_properties(metric, mode)  # a scheduler left without a metric/mode fails here, with the fix
-    return runner.Experiment(
+    return runner.TuneRequest(
         template=template,
         trainable_name=trainable_name(trainable),
         sampler=search.sampler,

@@ -13,14 +13,14 @@ from sweepflow.tune.trial_names import trial_namers
 
 
 def with_hooks(
-    experiment: runner.Experiment,
+    experiment: runner.TuneRequest,
     *,
     where: str,
     callbacks: Any = None,
     trial_name_creator: Any = None,
     trial_dirname_creator: Any = None,
     num_samples: int,
-) -> runner.Experiment:
+) -> runner.TuneRequest:
     """``experiment`` with the script's hooks; each is checked here (``where``: "tune.run" or "RunConfig"), and
     a conflicting MLflow setting refused, before any work."""
     from sweepflow.flows.config import Settings

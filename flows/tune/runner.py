@@ -10,8 +10,8 @@ otherwise the background services that ``sweepflow run`` starts and reuses, unde
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import math
 import os
 import time
 import uuid
@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddp_runtime import CheckpointConfig
-from ddp_runtime.cluster import cluster_client, groups_that_fit
+from ddp_runtime.cluster import cluster_client
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
+from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
+from sweepflow.tasks.sweep.placement import place_trials
 from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -40,8 +42,9 @@ class TuneError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Experiment:
-    """Everything one ``tune.run`` / ``Tuner.fit`` runs, checked before any work."""
+class TuneRequest:
+    """What one ``tune.run`` / ``Tuner.fit`` asked for, checked before any work: lowered (``lowered``) to the one
+    ``Experiment`` the pipeline's settings are lowered to too, and run by the same lifecycle."""
 
     template: TrialTemplate  # what each trial runs (from the trainable); the runner adds the ranking and retention
     trainable_name: str  # Ray names experiments after it
@@ -129,7 +132,7 @@ class ExperimentRecord:
     prefect_flow_run_id: str | None = None
 
 
-def run(experiment: Experiment) -> tuple[SweepResult, ExperimentRecord]:
+def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
     chosen = use_run_services(
@@ -138,8 +141,12 @@ def run(experiment: Experiment) -> tuple[SweepResult, ExperimentRecord]:
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
         with cluster_client(scheduler_address) as client:
-            _, fits = _placement(client, experiment.template, log=None)
-        _whole_population_fits(experiment, fits)
+            _, fits = place_trials(
+                client, experiment.template, share_cores=True, asked_by=_asked_by(experiment.template)
+            )
+        experiment.scheduler.check_room(
+            trials=experiment.sampler.total, at_once=min(experiment.max_concurrent_trials or fits, fits)
+        )
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     path = experiment_path(experiment, settings.home)
     if experiment.restore_state is not None:
@@ -167,7 +174,7 @@ def run(experiment: Experiment) -> tuple[SweepResult, ExperimentRecord]:
 RESTORE_STATE_FILE = "tuner.pkl"
 
 
-def experiment_path(exp: Experiment, home: str) -> str:
+def experiment_path(exp: TuneRequest, home: str) -> str:
     """Where the experiment keeps its files (staging, local artifacts, the Tuner's settings): Ray's experiment
     path, which ``Tuner.restore(path)`` takes."""
     return os.path.join(exp.storage_path or os.path.join(home, "tune"), exp.name)
@@ -197,7 +204,7 @@ def load_restore_state(path: str) -> bytes | None:
         return f.read()
 
 
-def parent_params(exp: Experiment) -> dict[str, Any]:
+def parent_params(exp: TuneRequest) -> dict[str, Any]:
     """The experiment's parent-run params: what its runs are compared by, and (with its search space) what a
     resumed run must share with the interrupted one."""
     return {
@@ -212,13 +219,13 @@ def parent_params(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def _experiment_key(exp: Experiment) -> dict[str, Any]:
+def _experiment_key(exp: TuneRequest) -> dict[str, Any]:
     """The settings a resumed Tune experiment must share with the interrupted one (as the pipeline's
     ``sweep.resume.resume_key`` for a pipeline config)."""
     return json.loads(json.dumps({**parent_params(exp), "search_space": exp.search_space}, default=str))
 
 
-def _interrupted_run(tracking_uri: str, exp: Experiment) -> str | None:
+def _interrupted_run(tracking_uri: str, exp: TuneRequest) -> str | None:
     """The interrupted run of this experiment (same name, same settings) to resume; checked before any work."""
     from mlflow.tracking import MlflowClient
 
@@ -266,100 +273,99 @@ def _flow(body: Callable[..., tuple[SweepResult, ExperimentRecord]]) -> Any:
     return flow(name="tune-experiment", log_prints=True)(tune_experiment)
 
 
-def _experiment_flow(exp: Experiment, place: ExperimentRecord, **shown: Any) -> tuple[SweepResult, ExperimentRecord]:
-    """The experiment's flow run (``shown``: its parameters as the UI shows them, all from ``exp``)."""
+def _experiment_flow(exp: TuneRequest, place: ExperimentRecord, **shown: Any) -> tuple[SweepResult, ExperimentRecord]:
+    """The experiment's flow run (``shown``: its parameters as the UI shows them, all from ``exp``): the request
+    lowered to the one ``Experiment`` both faces run, run by the one lifecycle."""
     from prefect import get_run_logger
     from prefect.runtime import flow_run
 
-    from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
-    from sweepflow.tasks.sweep.driver import Sweep
-    from sweepflow.tasks.sweep.resume import load_prior_sweep
-    from sweepflow.tasks.tracking.runs import RunTracker
+    from sweepflow.flows.experiment import run_experiment
 
     log = get_run_logger().info
-    tracking_uri = place.tracking_uri
-    local_store = tracking_uri.startswith("sqlite:")
-    root = place.experiment_path
-    log(f"Experiment path: {root} (Tuner.restore(path, trainable) picks the experiment up from here)")
-    tracker = RunTracker(tracking_uri, exp.mlflow_experiment_name, artifact_root=os.path.join(root, "mlartifacts") if local_store else None)
-    params = parent_params(exp)
-    scratch = os.path.join(root, "tmp")
-    spec = ParentRun(
-        name=flow_run.get_name() or exp.name,
-        params=params,
-        tags={"sweepflow.kind": "tune"},
-        settings={**params, "search_space": exp.search_space, "stop": repr(exp.stop), "max_failures": exp.max_failures},
-        settings_file="tune_experiment.json",
-        resume_key=_experiment_key(exp),
-        scratch_dir=scratch,
-    )
-    resume_from = place.resume_from
-    with cluster_client(place.scheduler_address, use_gpu=exp.template.use_gpu) as client:
-        placed, fits = _placement(client, exp.template, log=log)
-        _whole_population_fits(exp, fits)
-        with parent_run(tracker, spec, resume_from=resume_from) as parent:
-            prior = None
-            if resume_from:
-                prior = load_prior_sweep(
-                    tracker, parent, metric=exp.metric or "", mode=exp.mode or "max", errored=exp.errored
-                )
-                restarted = sum(1 for t in prior.interrupted if t.restart)
-                log(
-                    f"resuming experiment run {parent}: {len(prior.ended)} trial(s) ended (read back), "
-                    f"{len(prior.interrupted) - restarted} continue from their checkpoints, {restarted} failed "
-                    "one(s) start over"
-                )
-            with _shared_parameters(client, placed) as shared, contextlib.ExitStack() as stack:
-                ends_at = exp.scheduler.max_t or max_reports(exp.stop)
-                if isinstance(shared.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
-                    shared = replace(shared, train_fn=_checkpointed_for(exp.scheduler, shared.train_fn.ending_at(ends_at)))
-                    if exp.reuse_actors:
-                        shared = replace(shared, train_fn=replace(shared.train_fn, reuse_token=uuid.uuid4().hex))
-                        stack.callback(_release_reused, client, shared.train_fn.reuse_token, log)
-                sweep = Sweep(
-                    sampler=exp.sampler,
-                    template=replace(
-                        shared,
-                        selection_metric=exp.metric,
-                        selection_mode=exp.mode or "max",
-                        max_reports=ends_at,
-                        varying_names=exp.varying_names,
-                        max_failures=exp.max_failures,
-                        **_retention(exp.checkpoint_config),
-                    ),
-                    cluster=client,
-                    tracker=tracker,
-                    parent_run_id=parent,
-                    scheduler=_StopCriteria(exp.scheduler, exp.stop) if exp.stop else exp.scheduler,
-                    concurrency=min(exp.max_concurrent_trials or fits, fits),
-                    staging_dir=os.path.join(root, "staging"),
-                    time_budget_s=exp.time_budget_s,
-                    prior=prior,
-                    fail_fast=bool(exp.fail_fast),
-                    log=log,
-                    observer=exp.observer,
-                ).run()
-            # Recorded as a pipeline run's sweep is: leaderboard (MLflow + Prefect, with links), report, totals.
-            record = SweepRecord(
-                metric=exp.metric,
-                mode=exp.mode or "max",
-                search_space=exp.search_space,
-                title=f"Tune experiment {exp.name}",
-                tracking_uri=tracking_uri,
-                scratch_dir=scratch,
-            )
-            _, leaderboard = record_sweep(sweep, tracker, parent, record)
-            best = sweep.best() if exp.metric else None
-            if best is not None:
-                tracker.set_tags(parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id})
-                leaderboard.publish(best_run_id=best.run_id)
+    log(f"Experiment path: {place.experiment_path} (Tuner.restore(path, trainable) picks the experiment up from here)")
+    run = run_experiment(lowered(exp, place, run_name=flow_run.get_name() or exp.name), log=log)
     recorded = replace(
         place,
-        experiment_id=tracker.experiment_id,
-        parent_run_id=parent,
+        experiment_id=run.experiment_id,
+        parent_run_id=run.parent_run_id,
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
-    return sweep, recorded
+    return run.sweep, recorded
+
+
+def lowered(exp: TuneRequest, place: ExperimentRecord, *, run_name: str) -> sweep_experiment.Experiment:
+    """The Tune request as the one ``Experiment`` both faces run: its stop rules folded into the scheduler, its
+    ranking and retention into the trial template, recorded as a Tune run under ``place``."""
+    ends_at = exp.scheduler.max_t or max_reports(exp.stop)
+    reuse_token = None
+    template = exp.template
+    if isinstance(template.train_fn, ClassTrainableRun):  # checkpoint_at_end: the step trials end on
+        run = _checkpointed_for(exp.scheduler, template.train_fn.ending_at(ends_at))
+        if exp.reuse_actors:
+            reuse_token = uuid.uuid4().hex
+            run = replace(run, reuse_token=reuse_token)
+        template = replace(template, train_fn=run)
+    template = replace(
+        template,
+        selection_metric=exp.metric,
+        selection_mode=exp.mode or "max",
+        max_reports=ends_at,
+        varying_names=exp.varying_names,
+        max_failures=exp.max_failures,
+        **_retention(exp.checkpoint_config),
+    )
+    params = parent_params(exp)
+    root = place.experiment_path
+    return sweep_experiment.Experiment(
+        name=exp.name,
+        sampler=exp.sampler,
+        scheduler=_StopCriteria(exp.scheduler, exp.stop) if exp.stop else exp.scheduler,
+        template=template,
+        search_space=exp.search_space,
+        search_label=exp.search,
+        placement=sweep_experiment.Placement(
+            scheduler_address=place.scheduler_address,
+            use_gpu=exp.template.use_gpu,
+            share_cores=True,
+            asked_by=_asked_by(exp.template),
+        ),
+        recording=sweep_experiment.Recording(
+            tracking_uri=place.tracking_uri,
+            experiment_name=exp.mlflow_experiment_name,
+            run_name=run_name,
+            kind="tune",
+            params=params,
+            settings={
+                **params,
+                "search_space": exp.search_space,
+                "stop": repr(exp.stop),
+                "max_failures": exp.max_failures,
+            },
+            settings_file="tune_experiment.json",
+            resume_key=_experiment_key(exp),
+            title=f"Tune experiment {exp.name}",
+            artifact_root=os.path.join(root, "mlartifacts") if place.tracking_uri.startswith("sqlite:") else None,
+        ),
+        root_dir=root,
+        max_concurrent_trials=exp.max_concurrent_trials,
+        time_budget_s=exp.time_budget_s,
+        fail_fast=bool(exp.fail_fast),
+        resume=sweep_experiment.Resume(place.resume_from, errored=exp.errored) if place.resume_from else None,
+        observer=exp.observer,
+        on_cluster=functools.partial(_on_cluster, reuse_token=reuse_token),
+    )
+
+
+@contextlib.contextmanager
+def _on_cluster(
+    client: Any, template: TrialTemplate, log: Callable[[str], None], *, reuse_token: str | None
+) -> Iterator[TrialTemplate]:
+    """Around the sweep: ``tune.with_parameters`` objects on every worker once; with ``reuse_actors``, the
+    trainable objects the workers kept cleaned up at the end."""
+    with _shared_parameters(client, template) as shared, contextlib.ExitStack() as stack:
+        if reuse_token is not None:
+            stack.callback(_release_reused, client, reuse_token, log)
+        yield shared
 
 
 def _release_reused(client: Any, token: str, log: Callable[[str], None]) -> None:
@@ -368,10 +374,6 @@ def _release_reused(client: Any, token: str, log: Callable[[str], None]) -> None
 
     released = sum(client.run(release_idle, token).values())
     log(f"reuse_actors: {released} trainable object(s) kept on the workers cleaned up")
-
-
-def _whole_population_fits(exp: Experiment, fits: int) -> None:
-    exp.scheduler.check_room(trials=exp.sampler.total, at_once=min(exp.max_concurrent_trials or fits, fits))
 
 
 def _checkpointed_for(scheduler: TrialScheduler, run: ClassTrainableRun) -> ClassTrainableRun:
@@ -395,55 +397,9 @@ def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:
     }
 
 
-def _placement(client: Any, template: TrialTemplate, *, log: Callable[[str], None] | None) -> tuple[TrialTemplate, int]:
-    """The template with its resources as this cluster grants them, and how many trials run at once; raises,
-    naming the setting to change, when none fits."""
-    template, shared_cores = _share_cores(client, template)
-    if shared_cores is not None and log is not None:
-        log(
-            f"each trial asks {template.threads_per_rank} CPUs per rank, more than one Dask worker here declares: "
-            f"as Ray does on one machine, its ranks use {template.threads_per_rank} threads and {shared_cores} "
-            "trial(s) run at once, so the host's cores are shared, not oversubscribed"
-        )
-    resources = _dask_resources(client, template)
-    fits = _fits(client, template, resources)
-    return replace(template, resources_per_rank=resources), min(fits, shared_cores or fits)
-
-
-def _share_cores(client: Any, template: TrialTemplate) -> tuple[TrialTemplate, int | None]:
-    """Ray fits a trial that asks more CPUs than one Dask worker declares when the machine has them (a trial
-    asking {"cpu": 2} runs on a 2-core laptop, one at a time): when every worker is on one host and their CPUs
-    add up to a trial's, each rank reserves one worker's CPUs, runs ``asked`` torch threads, and the trials
-    running at once are capped by the host's CPUs (the cap returned; None when nothing was changed). Across hosts
-    a rank cannot use another host's cores, so such a trial is refused by ``_fits`` with the fix."""
-    asked = template.resources_per_rank.get("CPU", 0.0)
-    workers = list(client.scheduler_info()["workers"].values())
-    cpus = [float((w.get("resources") or {}).get("CPU", 0.0)) for w in workers]
-    if not asked or not cpus or max(cpus) >= asked or len({w.get("host") for w in workers}) != 1:
-        return template, None
-    at_once = int(sum(cpus) // (asked * template.num_ranks))
-    if at_once < 1 or template.num_ranks > len(workers):
-        return template, None  # the host has not the cores: refused by _fits
-    granted = {**template.resources_per_rank, "CPU": max(cpus)}
-    return replace(template, resources_per_rank=granted, threads_per_rank=max(1, math.ceil(asked))), at_once
-
-
-def _dask_resources(client: Any, template: TrialTemplate) -> dict[str, float]:
-    """The template's per-rank resources as this cluster can grant them: GPU always; CPU only when the workers
-    declare it (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
-    declared = {name for w in client.scheduler_info()["workers"].values() for name in (w.get("resources") or {})}
-    return {name: v for name, v in template.resources_per_rank.items() if name != "CPU" or "CPU" in declared}
-
-
-def _fits(client: Any, template: TrialTemplate, resources: dict[str, float]) -> int:
-    """How many trials run at once; raises, naming the setting to change, when none fits."""
-    import ddp_runtime as train
-
-    scaling = train.ScalingConfig(
-        num_workers=template.num_ranks, use_gpu=template.use_gpu, resources_per_worker=resources or None
-    )
+def _asked_by(template: TrialTemplate) -> str:
     asked = {name.lower(): v for name, v in template.resources_per_rank.items()}
-    return groups_that_fit(client, scaling, what=f"resources_per_trial / the trainable's resources {asked}")
+    return f"resources_per_trial / the trainable's resources {asked}"
 
 
 @contextlib.contextmanager

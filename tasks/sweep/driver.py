@@ -33,7 +33,7 @@ from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.sweep.trial import SweepRuntime, registered_runtime, run_trial
+from sweepflow.tasks.sweep.trial import SweepRuntime, run_trial
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import TrainFunction
 
@@ -109,14 +109,14 @@ class Sweep:
             observer=self.observer,
         )
         started = time.perf_counter()
-        with contextlib.ExitStack() as cleanup, registered_runtime(runtime) as runtime_id:
+        with contextlib.ExitStack() as cleanup:
             cleanup.callback(runtime.writers.join)  # raises if a trial's results did not reach MLflow
             cleanup.callback(runtime.progress.close)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:
                 startup_s = self._start_up_workers()
                 runtime.notify("sweep_started", self.sampler.total)
-                trials, not_started = self._run_trials(runtime, runtime_id, in_flight)
+                trials, not_started = self._run_trials(runtime, in_flight)
             except BaseException as exc:
                 # A trial's mistake that every trial would repeat (or an interrupt): the running trials stop at
                 # their next report, the queued ones start nothing, and the sweep ends with the first error.
@@ -176,7 +176,7 @@ class Sweep:
         return line
 
     def _run_trials(
-        self, runtime: SweepRuntime, runtime_id: str, in_flight: dict[Any, tuple[int, float]]
+        self, runtime: SweepRuntime, in_flight: dict[Any, tuple[int, float]]
     ) -> tuple[list[TrialResult], int]:
         # The loop wakes when a trial's task ends (its future) and when a trial gives its slot back.
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -214,7 +214,7 @@ class Sweep:
                     # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
                     # object identity: a shared int or string is enough) and draw dependency arrows between
                     # independent trials.
-                    future = run_trial.submit(quote(spec), quote(runtime_id))
+                    future = run_trial.submit(quote(spec), quote(runtime))
                 except BaseException:
                     runtime.take_grant(spec.index)[0].release()
                     self.scheduler.on_trial_error(spec.trial_id)

@@ -1,14 +1,11 @@
-"""What the trials of one sweep share in the flow's process (``SweepRuntime``), and its registry for the duration
-of the sweep: live objects (the Dask client, the scheduler, the tracker) are not Prefect task parameters, so the
-``train-trial`` task receives the runtime's id."""
+"""What the trials of one sweep share in the flow's process (``SweepRuntime``): the Dask client, the scheduler,
+the tracker. The ``train-trial`` task receives it as a parameter Prefect neither inspects nor caches (``quote``,
+``NO_CACHE``): trials run in the flow's process, on Prefect's thread pool."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,21 +91,3 @@ class SweepRuntime:
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
-
-
-_RUNTIMES: dict[str, SweepRuntime] = {}
-
-
-@contextlib.contextmanager
-def registered_runtime(runtime: SweepRuntime) -> Iterator[str]:
-    runtime_id = uuid.uuid4().hex
-    _RUNTIMES[runtime_id] = runtime
-    try:
-        yield runtime_id
-    finally:
-        _RUNTIMES.pop(runtime_id, None)
-
-
-def runtime(runtime_id: str) -> SweepRuntime:
-    """The runtime ``registered_runtime`` gave ``runtime_id``."""
-    return _RUNTIMES[runtime_id]

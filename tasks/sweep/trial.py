@@ -3,8 +3,8 @@
 
 The sweep takes a slot for the trial, then submits the task; the task opens the trial's MLflow child run, lets
 ``TrialGroups`` train it, and ends with a Prefect state saying how the trial ended. Live objects (the Dask client,
-the scheduler, the tracker) are not task parameters: the task receives the id of the sweep's ``SweepRuntime``
-(``runtime.py``).
+the scheduler, the tracker) travel as the sweep's ``SweepRuntime`` (``runtime.py``), a parameter Prefect neither
+inspects nor caches.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sweepflow.tasks.sweep.results import (
     TrialStatus,
 )
 from sweepflow.tasks.sweep.resume import TAG_RESUMES
-from sweepflow.tasks.sweep.runtime import SweepRuntime, registered_runtime, runtime
+from sweepflow.tasks.sweep.runtime import SweepRuntime
 from sweepflow.tasks.sweep.template import SweepTrial
 from sweepflow.tasks.sweep.trial_groups import (
     TAG_DIRNAME,
@@ -39,7 +39,7 @@ from sweepflow.tasks.tracking.links import (
 from sweepflow.tasks.tracking.writers import RunWriter
 from sweepflow.tasks.training.function import TrainFunction
 
-__all__ = ["MetricNotReported", "SweepRuntime", "final_state", "registered_runtime", "run_trial"]
+__all__ = ["MetricNotReported", "SweepRuntime", "final_state", "run_trial"]
 
 TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot before its run started
 
@@ -51,12 +51,11 @@ def _task_run_name(parameters: dict[str, Any]) -> str:
 
 
 @task(name="train-trial", cache_policy=NO_CACHE, retries=0, task_run_name=_task_run_name)
-def run_trial(spec: SweepTrial, runtime_id: str) -> TrialResult:
+def run_trial(spec: SweepTrial, rt: SweepRuntime) -> TrialResult:
     """Train one trial as a DDP group; returns its result (status, metrics, best checkpoint, MLflow run, cost).
 
     The sweep submits a trial once it has taken a slot for it, so this task run, and the MLflow run it opens,
     start when the trial can train; its wait for the slot is the run's ``sweepflow.queued_s`` tag."""
-    rt = runtime(runtime_id)
     slot, queued_s = rt.take_grant(spec.index)
     try:
         if rt.aborted:

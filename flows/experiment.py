@@ -1,0 +1,275 @@
+"""The one lifecycle of an experiment, run inside either entry flow (``training-pipeline``, ``tune-experiment``):
+
+    cluster -> placement (a trial that cannot fit is refused) -> MLflow parent run (new, or the interrupted one
+    reopened) -> the sweep -> its record (leaderboard, report, totals) -> the best trial named -> evaluated and
+    registered when asked -> the views published
+
+Each step is a library object or task from ``sweepflow.tasks``; this module pairs the set-up and tear-down of
+the experiment's resources (the Dask client, the parent run) and times the stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_runtime.cluster import cluster_client
+from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best
+from sweepflow.tasks.recording import LeaderboardArtifact, ParentRun, SweepRecord, parent_run, record_sweep
+from sweepflow.tasks.sweep.driver import Sweep
+from sweepflow.tasks.sweep.experiment import Experiment, Finalize
+from sweepflow.tasks.sweep.placement import place_trials
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult
+from sweepflow.tasks.sweep.resume import PriorSweep, load_prior_sweep
+from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.tracking.runs import RunTracker
+
+
+@dataclass(frozen=True)
+class ExperimentRun:
+    """What an experiment's run produced, and where it is recorded."""
+
+    sweep: SweepResult
+    experiment_id: str
+    parent_run_id: str
+    best: TrialResult | None  # None: no trial reported the metric (or the experiment ranks by none)
+    board: Any  # the leaderboard (a DataFrame, best first)
+    report_url: str | None
+    views: dict[str, str | None]  # the MLflow views the flow run's artifact links, by label
+    timings: dict[str, float]  # seconds per stage
+    evaluation: dict[str, Any] | None = None  # Finalize: the test-set metrics
+    registration: dict[str, Any] | None = None  # Finalize: the registered model version
+
+
+class EvaluationMismatch(ValueError):
+    """The evaluation did not report the metric that decides the champion: nothing is registered."""
+
+
+class NoBestTrial(RuntimeError):
+    """No trial reported the selection metric: there is nothing to evaluate or register."""
+
+
+def tracker_for(exp: Experiment) -> RunTracker:
+    rec = exp.recording
+    return RunTracker(rec.tracking_uri, rec.experiment_name, artifact_root=rec.artifact_root)
+
+
+def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> ExperimentRun:
+    """Run ``exp`` from its cluster to its published record; see the module's docstring. ``log``: the flow
+    run's logger."""
+    stages = StageTimer()
+    tracker = tracker_for(exp)
+    with cluster_client(
+        exp.placement.scheduler_address,
+        use_gpu=exp.placement.use_gpu,
+        n_workers=exp.placement.n_workers,
+        preload=list(exp.placement.preload) or None,
+    ) as client:
+        stages.lap("dask_start_s")
+        template, at_once = place(exp, client, log=log)  # before the parent run: a refusal leaves none behind
+        with parent_run(tracker, parent_spec(exp), resume_from=exp.resume and exp.resume.parent_run_id) as parent:
+            log(f"MLflow parent run {parent}" + (f" ({exp.recording.resume_hint.format(parent=parent)})" if exp.recording.resume_hint else ""))
+            stages.lap("mlflow_setup_s")
+            prior = prior_sweep(tracker, parent, exp, log=log) if exp.resume else None
+            with on_cluster(exp, client, template, log=log) as template:  # e.g. objects every worker holds once
+                sweep = sweep_on(exp, client, tracker, parent, template, at_once, prior=prior, log=log).run()
+            stages.lap("sweep_s")
+            board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp))
+            stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
+            best = name_best(sweep, tracker, parent, exp)
+            if exp.finalize is None:
+                views = leaderboard.publish(best_run_id=best.run_id) if best is not None else {}
+                return ExperimentRun(
+                    sweep, tracker.experiment_id, parent, best, board, leaderboard.report_url, views, stages.timings
+                )
+            if best is None:
+                raise NoBestTrial(
+                    f"no trial reported {exp.metric} ({len(sweep.failed)} of {len(sweep.trials)} failed); see the "
+                    "MLflow child runs' sweepflow.error tags"
+                )
+            evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
+            mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
+            views = publish(leaderboard, best, registration)
+            stages.lap("publish_s")  # the winner's tags, the report with the registered version
+    return ExperimentRun(
+        sweep,
+        tracker.experiment_id,
+        parent,
+        best,
+        board,
+        leaderboard.report_url,
+        views,
+        stages.timings,
+        evaluation=evaluation,
+        registration=registration,
+    )
+
+
+def place(exp: Experiment, client: Any, *, log: Callable[[str], None]) -> tuple[TrialTemplate, int]:
+    """The experiment's template placed on ``client``'s cluster, and how many trials run at once; refused at
+    once, naming the setting, when the cluster can never hold one trial (or a synchronous population)."""
+    template, fits = place_trials(
+        client, exp.template, share_cores=exp.placement.share_cores, asked_by=exp.placement.asked_by, log=log
+    )
+    at_once = min(exp.max_concurrent_trials or fits, fits)
+    exp.scheduler.check_room(trials=exp.sampler.total, at_once=at_once)
+    log(
+        f"sweep: {exp.sampler.total} trials ({exp.search_label} search), {min(at_once, exp.sampler.total)} at a "
+        f"time (cluster fits {fits}), {template.num_ranks} rank(s) each"
+    )
+    return template, at_once
+
+
+def on_cluster(
+    exp: Experiment, client: Any, template: TrialTemplate, *, log: Callable[[str], None]
+) -> contextlib.AbstractContextManager[TrialTemplate]:
+    """What the experiment's face prepares on the cluster around its sweep; the template the trials run."""
+    if exp.on_cluster is None:
+        return contextlib.nullcontext(template)
+    return exp.on_cluster(client, template, log)
+
+
+def sweep_on(
+    exp: Experiment,
+    client: Any,
+    tracker: RunTracker,
+    parent_run_id: str,
+    template: TrialTemplate,
+    at_once: int,
+    *,
+    prior: PriorSweep | None = None,
+    log: Callable[[str], None] = print,
+) -> Sweep:
+    """The experiment's ``Sweep``: ``template``'s trials on ``client``'s cluster, ``at_once`` at a time, nested
+    under the parent run (``prior``: the trials of the interrupted sweep it resumes)."""
+    return Sweep(
+        sampler=exp.sampler,
+        template=template,
+        cluster=client,
+        tracker=tracker,
+        parent_run_id=parent_run_id,
+        scheduler=exp.scheduler,
+        concurrency=at_once,
+        staging_dir=os.path.join(exp.root_dir, "staging"),
+        time_budget_s=exp.time_budget_s,
+        artifacts_destination=exp.recording.artifacts_destination,
+        prior=prior,
+        fail_fast=exp.fail_fast,
+        log=log,
+        observer=exp.observer,
+    )
+
+
+def parent_spec(exp: Experiment) -> ParentRun:
+    rec = exp.recording
+    return ParentRun(
+        name=rec.run_name,
+        params=dict(rec.params),
+        tags={"sweepflow.kind": rec.kind, **rec.tags},
+        settings=dict(rec.settings),
+        settings_file=rec.settings_file,
+        resume_key=dict(rec.resume_key),
+        scratch_dir=os.path.join(exp.root_dir, "tmp"),
+        same_on_resume=dict(rec.same_on_resume),
+        artifacts_destination=rec.artifacts_destination,
+    )
+
+
+def sweep_record(exp: Experiment) -> SweepRecord:
+    return SweepRecord(
+        metric=exp.metric,
+        mode=exp.mode,
+        search_space=exp.search_space,
+        title=exp.recording.title,
+        tracking_uri=exp.recording.tracking_uri,
+        scratch_dir=os.path.join(exp.root_dir, "tmp"),
+    )
+
+
+def prior_sweep(tracker: RunTracker, parent: str, exp: Experiment, *, log: Callable[[str], None]) -> PriorSweep:
+    """The trials of the interrupted sweep this run resumes."""
+    assert exp.resume is not None
+    prior = load_prior_sweep(tracker, parent, metric=exp.metric or "", mode=exp.mode, errored=exp.resume.errored)
+    restarted = sum(1 for t in prior.interrupted if t.restart)
+    log(
+        f"resuming {exp.recording.kind} run {parent}: {len(prior.ended)} trial(s) ended (read back), "
+        f"{len(prior.interrupted) - restarted} continue from their checkpoints"
+        + (f", {restarted} failed one(s) start over" if restarted else "")
+    )
+    return prior
+
+
+def name_best(sweep: SweepResult, tracker: RunTracker, parent: str, exp: Experiment) -> TrialResult | None:
+    """The sweep's best trial, named on the parent run (None when the experiment ranks by no metric, or no
+    trial reported it)."""
+    best = sweep.best() if exp.metric else None
+    if best is not None:
+        tracker.set_tags(parent, {"sweepflow.best_trial": best.trial_id, "sweepflow.best_run_id": best.run_id})
+    return best
+
+
+def finalize(
+    stage: Finalize, best: TrialResult, tracker: RunTracker, parent: str, client: Any, stages: StageTimer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The best trial's best checkpoint evaluated on the test split (metrics on the parent and the trial's
+    run), then registered: its test metric decides whether it becomes the champion."""
+    evaluation = evaluate_best(
+        best.best_checkpoint,
+        stage.data_path,
+        tracker,
+        [parent, best.run_id],
+        client,
+        evaluate_fn=stage.evaluate_fn,
+        project_dir=stage.project_dir,
+    )
+    check_champion_metric(stage, evaluation["metrics"])
+    stages.lap("evaluate_s")
+    registration = register_best(
+        best.best_checkpoint,
+        stage.data_path,
+        client=client,
+        tracking_uri=tracker.tracking_uri,
+        run_id=best.run_id,  # the version's source run is the trial that trained it
+        registered_model_name=stage.registered_model_name,
+        metric_name=stage.champion_metric,
+        metric_value=evaluation["metrics"][stage.champion_metric],
+        higher_is_better=stage.champion_mode == "max",
+        tags={"sweepflow.best_trial": best.trial_id, "sweepflow.data_checksum": stage.data_checksum},
+        model_fn=stage.model_fn,
+        project_dir=stage.project_dir,
+    )
+    stages.lap("register_s")
+    return evaluation, registration
+
+
+def check_champion_metric(stage: Finalize, metrics: dict[str, float]) -> None:
+    """Before registering: the champion metric is one the evaluation reported."""
+    if stage.champion_metric not in metrics:
+        raise EvaluationMismatch(
+            f"selection.champion_metric={stage.champion_metric!r} is not among the evaluation's metrics "
+            f"{sorted(metrics)}: name one of them (what evaluate_fn returns, prefixed test_); nothing was "
+            "registered, the trials are in MLflow"
+        )
+
+
+def publish(
+    leaderboard: LeaderboardArtifact, best: TrialResult, registration: dict[str, Any]
+) -> dict[str, str | None]:
+    return leaderboard.publish(best_run_id=best.run_id, registered=(registration["name"], registration["version"]))
+
+
+class StageTimer:
+    """Seconds per stage: each ``lap`` closes the stage that ended now."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._mark, 3)
+        self._mark = now

@@ -1,0 +1,73 @@
+"""How an experiment's trials fit on a Dask cluster: the resources each rank reserves as this cluster grants them,
+and how many trials run at once; a trial the cluster can never hold is refused, naming the setting to change."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ddp_runtime.cluster import groups_that_fit
+from ddp_runtime.config import ScalingConfig
+from sweepflow.tasks.sweep.template import TrialTemplate
+
+
+def place_trials(
+    client: Any,
+    template: TrialTemplate,
+    *,
+    share_cores: bool,
+    asked_by: str,
+    log: Callable[[str], None] | None = None,
+) -> tuple[TrialTemplate, int]:
+    """The template with its per-rank resources as this cluster grants them, and how many trials fit at once.
+
+    ``share_cores`` (the Tune face, as Ray on one machine): a trial asking more CPUs than one worker declares
+    runs with that many threads per rank and fewer trials at once, and a CPU ask on workers that declare no CPU
+    resource is a thread count, not a reservation; without it the resources are reserved as asked."""
+    if not share_cores:
+        return template, _fits(client, template, template.resources_per_rank, asked_by)
+    template, shared_cores = _share_cores(client, template)
+    if shared_cores is not None and log is not None:
+        log(
+            f"each trial asks {template.threads_per_rank} CPUs per rank, more than one Dask worker here declares: "
+            f"as Ray does on one machine, its ranks use {template.threads_per_rank} threads and {shared_cores} "
+            "trial(s) run at once, so the host's cores are shared, not oversubscribed"
+        )
+    resources = _declared_resources(client, template)
+    fits = _fits(client, template, resources, asked_by)
+    return replace(template, resources_per_rank=resources), min(fits, shared_cores or fits)
+
+
+def _share_cores(client: Any, template: TrialTemplate) -> tuple[TrialTemplate, int | None]:
+    """Ray fits a trial that asks more CPUs than one Dask worker declares when the machine has them (a trial
+    asking {"cpu": 2} runs on a 2-core laptop, one at a time): when every worker is on one host and their CPUs
+    add up to a trial's, each rank reserves one worker's CPUs, runs ``asked`` torch threads, and the trials
+    running at once are capped by the host's CPUs (the cap returned; None when nothing was changed). Across hosts
+    a rank cannot use another host's cores, so such a trial is refused by ``_fits`` with the fix."""
+    asked = template.resources_per_rank.get("CPU", 0.0)
+    workers = list(client.scheduler_info()["workers"].values())
+    cpus = [float((w.get("resources") or {}).get("CPU", 0.0)) for w in workers]
+    if not asked or not cpus or max(cpus) >= asked or len({w.get("host") for w in workers}) != 1:
+        return template, None
+    at_once = int(sum(cpus) // (asked * template.num_ranks))
+    if at_once < 1 or template.num_ranks > len(workers):
+        return template, None  # the host has not the cores: refused by _fits
+    granted = {**template.resources_per_rank, "CPU": max(cpus)}
+    return replace(template, resources_per_rank=granted, threads_per_rank=max(1, math.ceil(asked))), at_once
+
+
+def _declared_resources(client: Any, template: TrialTemplate) -> dict[str, float]:
+    """The template's per-rank resources as this cluster can grant them: GPU always; CPU only when the workers
+    declare it (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
+    declared = {name for w in client.scheduler_info()["workers"].values() for name in (w.get("resources") or {})}
+    return {name: v for name, v in template.resources_per_rank.items() if name != "CPU" or "CPU" in declared}
+
+
+def _fits(client: Any, template: TrialTemplate, resources: dict[str, float], asked_by: str) -> int:
+    """How many trials run at once; raises, naming ``asked_by``, when none fits."""
+    scaling = ScalingConfig(
+        num_workers=template.num_ranks, use_gpu=template.use_gpu, resources_per_worker=dict(resources) or None
+    )
+    return groups_that_fit(client, scaling, what=asked_by)
