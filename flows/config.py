@@ -11,24 +11,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from sweepflow.flows.scheduler_settings import (
+    SCHEDULER_SECTIONS,
+    SCHEDULER_TYPES,
+    AshaSettings,
+    SchedulerSettings,
+)
+from sweepflow.flows.section import Section as _Section
 from sweepflow.tasks.datasets import DataConfig, DataCredentials
 from sweepflow.tasks.datasets.uris import redact
-from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
-from sweepflow.tasks.sweep.pbt import PopulationBasedTraining, mutations_from_spec
-from sweepflow.tasks.sweep.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.tracking.credentials import split_tracking_credentials
 
@@ -53,9 +53,6 @@ BUILTIN_EVALUATE_FN = "sweepflow.tasks.training.builtin:evaluate_fn"
 SETTINGS_ENV = ("SWEEPFLOW_HOME", "SWEEPFLOW_STORAGE", "MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS")
 
 
-class _Section(BaseModel):
-    # hide_input_in_errors: a rejected section is not echoed back (it may hold URIs with credentials)
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 #: Which dataset, from where, and how it is split: the data library's own config (frozen pydantic, extra
@@ -95,148 +92,6 @@ class SweepSettings(_Section):
                 '{"type": "choice", "values": [...]}, or use sampler="random"'
             )
         return self
-
-
-class _Scheduled(_Section):
-    """What every early-stopping scheduler reads: the reported metric it compares trials by, and its direction.
-    Trials report once per epoch; the schedulers count reports (Ray's ``time_attr="training_iteration"``)."""
-
-    metric: str = Field("val_loss", description="A metric the training function reports every epoch")
-    mode: Literal["min", "max"] = "min"
-
-    def max_reports(self, epochs: int) -> int:
-        """Reports a trial makes at most: the epochs unless the scheduler caps them."""
-        return epochs
-
-    def build(self) -> TrialScheduler:  # pragma: no cover - every scheduler section overrides it
-        raise NotImplementedError
-
-    @model_validator(mode="after")
-    def _valid(self) -> _Scheduled:
-        try:  # the scheduler's own checks (Ray's argument rules), before any trial runs
-            self.build()
-        except TypeError as exc:  # pydantic reports ValueErrors only
-            raise ValueError(str(exc)) from None
-        return self
-
-
-class FifoSettings(_Section):
-    """No early stopping: every trial trains all its epochs (Ray's ``FIFOScheduler``)."""
-
-    type: Literal["fifo"] = "fifo"
-
-    metric: ClassVar[None] = None
-
-    def max_reports(self, epochs: int) -> int:
-        return epochs
-
-    def build(self) -> TrialScheduler:
-        return FIFOScheduler()
-
-
-class AshaSettings(_Scheduled):
-    """Asynchronous successive halving (Ray's ``ASHAScheduler``): at each rung (grace_period x
-    reduction_factor^k reports) a trial continues only if it is in the top 1/reduction_factor so far."""
-
-    type: Literal["asha"] = "asha"
-    max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
-    grace_period: int = Field(1, ge=1, description="Reports before a trial can be stopped")
-    reduction_factor: float = Field(2, gt=1)
-
-    def max_reports(self, epochs: int) -> int:
-        return self.max_t
-
-    def build(self) -> TrialScheduler:
-        return ASHAScheduler(
-            metric=self.metric, mode=self.mode, max_t=self.max_t,
-            grace_period=self.grace_period, reduction_factor=self.reduction_factor,
-        )
-
-
-class HyperBandSettings(_Scheduled):
-    """Synchronous HyperBand (Ray's ``HyperBandScheduler``): trials fill brackets; at each milestone a bracket
-    pauses its trials, keeps the best 1/reduction_factor and resumes them from their checkpoints. The training
-    function must resume from ``get_checkpoint()``."""
-
-    type: Literal["hyperband"] = "hyperband"
-    max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
-    reduction_factor: float = Field(3, gt=1)
-
-    def max_reports(self, epochs: int) -> int:
-        return self.max_t
-
-    def build(self) -> TrialScheduler:
-        return HyperBandScheduler(
-            metric=self.metric, mode=self.mode, max_t=self.max_t, reduction_factor=self.reduction_factor
-        )
-
-
-class MedianStoppingSettings(_Scheduled):
-    """The median stopping rule (Ray's ``MedianStoppingRule``): after grace_period reports, a trial whose best
-    metric is worse than the median of the other trials' running means at the same report is stopped."""
-
-    type: Literal["median_stopping"] = "median_stopping"
-    grace_period: int = Field(1, ge=0, description="Reports before a trial can be stopped")
-    min_samples_required: int = Field(3, ge=1, description="Other trials needed at a report to compare with")
-
-    def build(self) -> TrialScheduler:
-        return MedianStoppingRule(
-            metric=self.metric, mode=self.mode, grace_period=self.grace_period,
-            min_samples_required=self.min_samples_required,
-        )
-
-
-class PbtSettings(_Scheduled):
-    """Population based training (Ray's ``PopulationBasedTraining``): every perturbation_interval reports, a
-    trial in the bottom quantile copies a top trial's checkpoint and config, then perturbs hyperparam_mutations.
-    The training function must resume from ``get_checkpoint()`` (the built-in one does)."""
-
-    type: Literal["pbt"] = "pbt"
-    perturbation_interval: int = Field(2, ge=1, description="Reports between perturbations")
-    burn_in_period: int = Field(0, ge=0, description="Reports before the first perturbation")
-    hyperparam_mutations: dict[str, Any] = Field(
-        description="name -> a list of values or a search-space spec ({type: loguniform, low:, high:}), or a "
-        "dict of those for a nested config; resampled or perturbed (x perturbation_factors) on exploit",
-    )
-    quantile_fraction: float = Field(0.25, ge=0, le=0.5)
-    resample_probability: float = Field(0.25, ge=0, le=1)
-    perturbation_factors: tuple[float, ...] = (1.2, 0.8)
-    synch: bool = Field(False, description="Perturb all trials together once each reached the interval")
-
-    def build(self) -> TrialScheduler:
-        return PopulationBasedTraining(
-            time_attr="training_iteration", metric=self.metric, mode=self.mode,
-            perturbation_interval=self.perturbation_interval, burn_in_period=self.burn_in_period,
-            hyperparam_mutations=mutations_from_spec(self.hyperparam_mutations),
-            quantile_fraction=self.quantile_fraction, resample_probability=self.resample_probability,
-            perturbation_factors=self.perturbation_factors, synch=self.synch,
-        )
-
-
-def _scheduler_type(value: Any) -> str:
-    # No `type` key means ASHA, the default (a file may set only its metric and max_t).
-    found = value.get("type", "asha") if isinstance(value, Mapping) else getattr(value, "type", "asha")
-    return found if found in SCHEDULER_TYPES else "unknown"
-
-
-#: The early-stopping schedulers a pipeline names by ``scheduler.type``: the Tune face's classes
-#: (sweepflow.tune.schedulers), built from these typed sections.
-SCHEDULER_TYPES = ("asha", "fifo", "hyperband", "median_stopping", "pbt")
-
-_SCHEDULER_SECTIONS = {
-    "asha": AshaSettings, "fifo": FifoSettings, "hyperband": HyperBandSettings,
-    "median_stopping": MedianStoppingSettings, "pbt": PbtSettings,
-}
-
-SchedulerSettings = Annotated[
-    Annotated[AshaSettings, Tag("asha")]
-    | Annotated[FifoSettings, Tag("fifo")]
-    | Annotated[HyperBandSettings, Tag("hyperband")]
-    | Annotated[MedianStoppingSettings, Tag("median_stopping")]
-    | Annotated[PbtSettings, Tag("pbt")],
-    Discriminator(_scheduler_type, custom_error_type="scheduler_type",
-                  custom_error_message=f"scheduler.type must be one of {', '.join(SCHEDULER_TYPES)}"),
-]
 
 
 class TrainingSettings(_Section):
@@ -618,7 +473,7 @@ def config_problem(error: Mapping[str, Any]) -> str:
     if len(parts) >= 2 and parts[0] == "scheduler" and parts[1] in SCHEDULER_TYPES:
         kind = parts.pop(1)
         if error["type"] == "extra_forbidden":
-            reason = f"not a setting of scheduler.type={kind!r} ({_SCHEDULER_SECTIONS[kind].__doc__.split(':')[0]})"
+            reason = f"not a setting of scheduler.type={kind!r} ({SCHEDULER_SECTIONS[kind].__doc__.split(':')[0]})"
     field = ".".join(parts)
     return f"{field}: {reason}" if field else reason
 
