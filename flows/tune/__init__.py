@@ -9,6 +9,23 @@ with a child run per trial; each trial trains as a DDP group on the Dask cluster
 
 The names a trainable uses on the workers (``report``, ``checkpoint_dir``, ``get_checkpoint``, the search space
 helpers) load without Prefect or MLflow; the rest loads on first use.
+
+Map of the Ray faces (``flows/tune``, ``flows/air``, ``flows/sgd``), in two kinds of files:
+
+* **sweepflow's code behind Ray's API** -- what a script's calls become, lowered to the one experiment
+  (``sweepflow.tasks.sweep.experiment``) that the pipeline runs too: ``api`` (``tune.run``, ``Tuner``),
+  ``runner`` (the request, its lowering, the ``tune-experiment`` flow), ``trainable`` / ``class_trainable``
+  (what a trial runs), ``searchers`` + ``search/optuna``, ``search/concurrency``, ``search/repeater`` (the
+  search), ``stopper``, ``callback`` + ``hooks`` (a script's callbacks), ``trial_names``, ``session`` (what a
+  trainable calls on a rank), ``shared`` (``with_parameters`` on the workers), ``analysis`` (the results),
+  ``reporter``, ``registry`` (``register_best``); ``air/integrations/mlflow``; ``sgd/plan``, ``sgd/pytorch``,
+  ``sgd/replica``, ``sgd/state`` (Ray SGD's trainer on ddp_runtime).
+* **Ray's names only** -- a module path or constant a Ray script imports, holding nothing of its own: either it
+  re-exports one of the above (``schedulers/__init__``, ``search/__init__``, ``search_space`` helpers,
+  ``result``, ``logger``, ``utils``, ``air/__init__``, ``sgd/torch``, ``sgd/integration/torch``) or it refuses
+  a name that is not built with the reason and what to use (``not_built`` holds every refusal;
+  ``schedulers/pb2``, ``schedulers/hb_bohb``, ``search/{ax,bayesopt,bohb,hyperopt,nevergrad}``,
+  ``utils/mock_trainable`` are three-line modules pointing at it).
 """
 
 from __future__ import annotations
