@@ -161,8 +161,9 @@ class PopulationBasedTraining(TrialScheduler):
         if self.synch and at_once < trials:
             raise ValueError(
                 f"PopulationBasedTraining(synch=True) waits for all {trials} trials at every interval, but only "
-                f"{at_once} can run at once here (the cluster's room or max_concurrent_trials): lower num_samples "
-                f"to {at_once}, give the cluster more workers, or use synch=False"
+                f"{at_once} can run at once here (the cluster's room or max_concurrent_trials): make the search "
+                f"propose at most {at_once} trials (num_samples x the grid's combinations), give the cluster more "
+                "workers, or use synch=False"
             )
 
     # --------------------------------------------------------------------------- configs
