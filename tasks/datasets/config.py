@@ -89,6 +89,10 @@ def _checked_options(field_name: str, options: Any) -> dict[str, Any]:
         ) from exc
 
 
+#: Where a dataset's source may be: what the download reads, checks before work (preflight) and tests serve.
+SOURCE_SCHEMES = frozenset({"http", "https", "s3", "file"})
+
+
 def _remote_cache_dir(cache_dir: str, scheme: str) -> str:
     """A remote ``cache_dir`` checked (writable, shared, no credentials) and without a trailing slash."""
     if scheme not in fsspec.available_protocols():
@@ -287,7 +291,7 @@ class DataConfig(BaseModel):
         scheme = protocol(source)
         if scheme is None:
             return os.path.abspath(os.path.expanduser(source))
-        if scheme not in fsspec.available_protocols():
+        if scheme not in SOURCE_SCHEMES:  # e.g. ftp://: fsspec has it, but the download and its checks do not
             raise DatasetConfigError(
                 f"DataConfig.source: unsupported scheme {scheme!r} in {redact(source)!r}; use https://..., "
                 "http://..., s3://bucket/prefix, file:///dir or a local directory"
