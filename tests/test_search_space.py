@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sweepflow.tasks.sweep.samplers import GridSampler, RandomSampler, generate_trials
+from sweepflow.tasks.sweep.samplers import GridSampler, RandomSampler, SamplerExhausted, generate_trials
 from sweepflow.tasks.sweep.space import (
     Choice,
     Constant,
@@ -355,18 +355,139 @@ def test_tpe_refuses_domains_it_cannot_model_by_name():
         TPESampler({"noise": {"type": "randn", "mean": 0, "sd": 1}}, mode="min")
 
 
-def test_tune_variant_sampler_is_reproducible_by_seed_or_by_numpy_global_state():
+# ------------------------------------------------------------------ one random x grid sampler for both spaces
+
+
+def _ask_all(sampler: RandomSampler) -> list[dict]:
+    return [sampler.ask()[1] for _ in range(sampler.total)]
+
+
+def _tune_space():
     from sweepflow import tune
-    from sweepflow.tune.search_space import VariantSampler
 
-    space = {"lr": tune.loguniform(1e-4, 1e-1), "nested": {"b": tune.choice([1, 2, 3])}}
+    return {
+        "lr": tune.loguniform(1e-4, 1e-1),
+        "model": {
+            "width": tune.grid_search([16, 32]),
+            "kind": "mlp",
+            "depth": tune.choice([1, 2, 3]),
+            # Ray's CIFAR tutorial's sample_from draws from NumPy's global state and returns a NumPy integer.
+            "units": tune.sample_from(lambda spec: 2 ** np.random.randint(2, 9)),
+            "total": tune.sample_from(lambda spec: spec.config.model.width * spec.config.model.depth),
+        },
+        "twice_lr": tune.sample_from(lambda spec: spec.config.lr * 2),
+        "opt": tune.grid_search(["sgd", "adam", "adamw"]),
+        "layers": [64, 32],
+    }
 
-    def draws(seed=None):
-        sampler = VariantSampler(space, 5, seed=seed)
-        return [sampler.ask()[1] for _ in range(5)]
 
-    assert draws(seed=1) == draws(seed=1) != draws(seed=2)
-    np.random.seed(7)
-    first = draws()
-    np.random.seed(7)
-    assert draws() == first  # as in Ray: seeding NumPy's global state reproduces an unseeded sweep
+def test_is_grid_recognises_both_spellings_and_parse_param_space_makes_them_one():
+    from sweepflow import tune
+    from sweepflow.tasks.sweep.space import ParamSpace, grid_values, is_grid, parse_param_space
+
+    assert is_grid(tune.grid_search([1, 2])) and is_grid(Grid((1, 2)))
+    assert not is_grid({"grid_search": [1], "x": 2}) and not is_grid(Choice((1, 2))) and not is_grid([1, 2])
+    assert grid_values(tune.grid_search([1, 2])) == grid_values(Grid((1, 2))) == [1, 2]
+    parsed = parse_param_space({"a": {"b": tune.grid_search([1, 2]), "c": Grid((3, 4))}, "d": 5, "e": tune.choice([1])})
+    assert parsed == ParamSpace(
+        ((("a", "b"), Grid((1, 2))), (("a", "c"), Grid((3, 4))), (("d",), Constant(5)), (("e",), Choice((1,))))
+    )
+    assert parse_space({"g": {"type": "grid", "values": [1, 2]}}).leaves == ((("g",), Grid((1, 2))),)
+
+
+def test_random_sampler_resolves_a_nested_tune_space_as_ray_does():
+    from sweepflow.tasks.sweep.space import parse_param_space
+
+    sampler = RandomSampler(parse_param_space(_tune_space()), seed=3, num_samples=2)
+    assert sampler.total == 2 * 2 * 3  # num_samples passes over the grids' product
+    configs = _ask_all(sampler)
+    with pytest.raises(SamplerExhausted):
+        sampler.ask()
+    # The grids cycle, the last one written fastest, in each of the num_samples passes.
+    combos = [(c["model"]["width"], c["opt"]) for c in configs]
+    assert combos == [(w, o) for w in (16, 32) for o in ("sgd", "adam", "adamw")] * 2
+    for c in configs:
+        assert list(c) == ["lr", "model", "twice_lr", "opt", "layers"]  # as the space is written, functions too
+        assert list(c["model"]) == ["width", "kind", "depth", "units", "total"]
+        assert c["model"]["kind"] == "mlp" and c["layers"] == [64, 32]
+        assert c["model"]["total"] == c["model"]["width"] * c["model"]["depth"]  # sample_from reads the others
+        assert c["twice_lr"] == c["lr"] * 2
+        assert c["model"]["units"] in {2**e for e in range(2, 9)} and type(c["model"]["units"]) is int  # plain
+        json.dumps(c)
+    configs[0]["layers"].append(0)
+    assert configs[1]["layers"] == [64, 32]  # each trial has its own copy of a constant
+    assert len({c["lr"] for c in configs}) == len(configs)  # drawn per trial
+
+
+def test_random_sampler_is_one_generator_for_the_data_and_the_tune_spellings():
+    from sweepflow import tune
+    from sweepflow.tasks.sweep.space import parse_param_space
+
+    data = {
+        "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
+        "bs": {"type": "grid", "values": [16, 32]},
+        "depth": {"type": "randint", "low": 1, "high": 4},
+        "opt": {"type": "grid", "values": ["sgd", "adam"]},
+        "name": "run",
+    }
+    written = {
+        "lr": tune.loguniform(1e-4, 1e-1),
+        "bs": tune.grid_search([16, 32]),
+        "depth": tune.randint(1, 4),
+        "opt": Grid(("sgd", "adam")),  # the canonical grid works in a param_space too
+        "name": "run",
+    }
+    from_data = RandomSampler(data, seed=11, num_samples=3)
+    from_tune = RandomSampler(parse_param_space(written), seed=11, num_samples=3)
+    assert from_data.total == from_tune.total == 12
+    assert _ask_all(from_data) == _ask_all(from_tune) == generate_trials(data, num_samples=3, seed=11)
+
+
+def test_random_sampler_seeded_is_deterministic_and_generate_continues_the_sequence():
+    from sweepflow.tasks.sweep.space import parse_param_space
+
+    def sampler(space, seed, num_samples=1):
+        np.random.seed(0)  # the tune space's "units" function draws from NumPy's global state, as in Ray's tutorial
+        return RandomSampler(space, seed=seed, num_samples=num_samples)
+
+    for space in (CIFAR_SPACE, parse_param_space(_tune_space())):
+        s = sampler(space, 7)
+        first, second = s.generate(2), s.generate(2)
+        assert first != second
+        assert sampler(space, 7).generate(4) == first + second
+        assert _ask_all(sampler(space, 7, num_samples=4)) == first + second  # ask: the same sequence
+        assert sampler(space, 8).generate(4) != first + second
+    # A seeded sampler's draws do not touch NumPy's global state (a space's sample_from functions may).
+    np.random.seed(0)
+    RandomSampler(CIFAR_SPACE, seed=7).generate(3)
+    assert np.random.randint(2**31) == np.random.RandomState(0).randint(2**31)
+
+
+def test_random_sampler_unseeded_draws_from_numpy_global_state_as_ray():
+    from sweepflow.tasks.sweep.space import parse_param_space
+
+    def draws(space):
+        sampler = RandomSampler(space, num_samples=3)
+        out = []
+        for _ in range(sampler.total):  # drawn when asked: the script's own draws in between count
+            out.append(sampler.ask()[1])
+            out.append(float(np.random.rand()))
+        return out
+
+    for space in (CIFAR_SPACE, parse_param_space(_tune_space())):
+        np.random.seed(7)
+        first = draws(space)
+        np.random.seed(7)
+        assert draws(space) == first  # seeding NumPy's global state reproduces an unseeded sweep
+        np.random.seed(8)
+        assert draws(space) != first
+
+
+def test_random_sampler_with_an_empty_grid_proposes_nothing():
+    from sweepflow import tune
+    from sweepflow.tasks.sweep.space import parse_param_space
+
+    sampler = RandomSampler(parse_param_space({"x": tune.grid_search([]), "y": 1}), seed=0, num_samples=3)
+    assert sampler.total == 0 and sampler.generate(2) == []
+    with pytest.raises(SamplerExhausted):
+        sampler.ask()

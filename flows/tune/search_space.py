@@ -1,5 +1,7 @@
 """Ray Tune's search space helpers (``tune.choice``, ``loguniform``, ``grid_search``, ``sample_from`` ...) and the
-sampler that resolves a ``param_space`` into trial configs the way Ray's ``BasicVariantGenerator`` does.
+sampler that searches a ``param_space`` with a ``search_alg`` (``SearchSampler``). Without one, a ``param_space`` is
+resolved into trial configs the way Ray's ``BasicVariantGenerator`` does by the sweep's own ``RandomSampler``
+(``sweepflow.tasks.sweep.samplers``, on ``parse_param_space``).
 
 The helpers return the sweep's own domains (``sweepflow.tasks.sweep.space``): one vocabulary for a script's
 ``tune.run`` and a deployment's ``search_space`` data (``tune.loguniform(1e-4, 1e-1)`` is the domain that
@@ -9,15 +11,11 @@ already resolved for the trial (``spec.config.other_param``), as in Ray.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import SimpleNamespace
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, TPESampler
+from sweepflow.tasks.sweep.samplers import Sampler, TPESampler
 from sweepflow.tasks.sweep.space import (
     RANDOM_DOMAINS,
     Choice,
@@ -30,6 +28,10 @@ from sweepflow.tasks.sweep.space import (
     SampleFrom,
     SearchSpace,
     Uniform,
+    config_leaves,
+    grid_values,
+    is_grid,
+    set_leaf,
 )
 
 #: What a value drawn per trial is (``isinstance(value, Domain)``): every domain the helpers below return.
@@ -99,73 +101,7 @@ def _check_range(name: str, lower: float, upper: float) -> None:
         raise ValueError(f"tune.{name}(lower, upper) needs lower < upper, got {lower}, {upper}")
 
 
-# ---------------------------------------------------------------------------------------- resolving configs
-
-Path = tuple[str, ...]
-
-
-def config_leaves(config: Mapping[str, Any], prefix: Path = ()) -> Iterator[tuple[Path, Any]]:
-    for key, value in config.items():
-        if isinstance(value, Mapping) and "grid_search" not in value:
-            yield from config_leaves(value, (*prefix, key))
-        else:
-            yield (*prefix, key), value
-
-
-def set_leaf(config: dict[str, Any], path: Path, value: Any) -> None:
-    node = config
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
-
-
-def is_grid(value: Any) -> bool:
-    return isinstance(value, Mapping) and set(value) == {"grid_search"}
-
-
-def _to_nested_namespace(config: Mapping[str, Any]) -> Any:
-    return SimpleNamespace(**{k: _to_nested_namespace(v) if isinstance(v, Mapping) else v for k, v in config.items()})
-
-
-class VariantSampler(Sampler):
-    """Ray's ``BasicVariantGenerator``: ``num_samples`` passes over the cross product of the ``grid_search``
-    values; in each config the random domains are drawn, then the ``sample_from`` functions are evaluated
-    (they see the rest of the trial's config). With ``seed`` the domains draw from their own seeded state (the
-    same configs every time); without, from NumPy's global state, as Ray's do (``np.random.seed`` then
-    reproduces them). ``sample_from`` functions draw from wherever they like."""
-
-    def __init__(self, param_space: Mapping[str, Any], num_samples: int, seed: int | None = None) -> None:
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-        self.param_space = dict(param_space)
-        leaves = list(config_leaves(self.param_space))
-        self._grids = [(path, list(value["grid_search"])) for path, value in leaves if is_grid(value)]
-        self._domains = [(path, value) for path, value in leaves if isinstance(value, Domain)]
-        self._constants = [(path, value) for path, value in leaves if not is_grid(value) and not isinstance(value, Domain)]
-        self._combos = list(itertools.product(*(values for _, values in self._grids)))
-        self.total = num_samples * len(self._combos)
-        self._asked = 0
-        self._seeded = None if seed is None else np.random.default_rng(seed)
-
-    def ask(self) -> tuple[int, dict[str, Any]]:
-        if self._asked >= self.total:
-            raise SamplerExhausted(f"all {self.total} trials were proposed")
-        combo = self._combos[self._asked % len(self._combos)]
-        config: dict[str, Any] = {}
-        for path, value in self._constants:
-            set_leaf(config, path, value)
-        for (path, _), value in zip(self._grids, combo, strict=True):
-            set_leaf(config, path, value)
-        # Unseeded, each trial's draws come from NumPy's global state (as in Ray: np.random.seed reproduces them).
-        rng = self._seeded or np.random.default_rng(np.random.randint(2**32, dtype=np.uint64))
-        functions = [(path, d) for path, d in self._domains if isinstance(d, SampleFrom)]
-        for path, domain in self._domains:
-            if not isinstance(domain, SampleFrom):
-                set_leaf(config, path, domain.sample(rng))
-        for path, domain in functions:  # dependent values last: they may read the others
-            set_leaf(config, path, domain.sample(rng, SimpleNamespace(config=_to_nested_namespace(config))))
-        self._asked += 1
-        return self._asked - 1, _ordered_like(self.param_space, config)
+# ---------------------------------------------------------------------------------------- searching configs
 
 
 class SearchSampler(Sampler):
@@ -259,16 +195,6 @@ def flat_point(point: Mapping[str, Any], names: set[str] | None = None, prefix: 
     return flat
 
 
-def _ordered_like(space: Mapping[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with its keys in the order the space gives them (as the user wrote the space)."""
-    out: dict[str, Any] = {}
-    for key, value in space.items():
-        if key in config:
-            nested = isinstance(value, Mapping) and "grid_search" not in value
-            out[key] = _ordered_like(value, config[key]) if nested else config[key]
-    return out
-
-
 def space_as_data(param_space: Mapping[str, Any]) -> dict[str, Any]:
     """The top level of a ``param_space`` in the sweep's data form (what the sweep report draws its axes from):
     domains as their data, ``grid_search`` as a grid, ``sample_from`` by its kind (a function has no bounds),
@@ -280,7 +206,7 @@ def space_as_data(param_space: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, Domain):
             data[key] = value.to_raw()
         elif is_grid(value):
-            data[key] = {"type": "grid", "values": list(value["grid_search"])}
+            data[key] = {"type": "grid", "values": grid_values(value)}
         elif not isinstance(value, Mapping):
             data[key] = value
     return data

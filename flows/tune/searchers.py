@@ -2,8 +2,9 @@
 ``BasicVariantGenerator``) to the sweep's ``Sampler``, and what the experiment records about its search.
 
 The searcher objects only hold settings (``sweepflow.tune.search``); each experiment gets fresh samplers here:
-``SearchSampler`` (a space of ``tune.*`` domains, on the sweep's ``TPESampler``), ``DefineByRunSampler`` (a
-define-by-run function on an Optuna study's ask/tell) and ``RepeatSampler`` (``Repeater``).
+the sweep's ``RandomSampler`` (no ``search_alg``, or ``BasicVariantGenerator``: random search crossed with the
+grids), ``SearchSampler`` (a space of ``tune.*`` domains, on the sweep's ``TPESampler``), ``DefineByRunSampler``
+(a define-by-run function on an Optuna study's ask/tell) and ``RepeatSampler`` (``Repeater``).
 """
 
 from __future__ import annotations
@@ -14,22 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted
+from sweepflow.tasks.sweep.samplers import RandomSampler, Sampler, SamplerExhausted
 from sweepflow.tasks.sweep.schedulers import merge_search_properties
-from sweepflow.tasks.sweep.space import plain
+from sweepflow.tasks.sweep.space import config_leaves, is_grid, parse_param_space, plain, set_leaf
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch, qualified_name
 from sweepflow.tune.search.repeater import TRIAL_INDEX, Repeater
-from sweepflow.tune.search_space import (
-    Domain,
-    SearchSampler,
-    VariantSampler,
-    config_leaves,
-    flat_point,
-    is_grid,
-    set_leaf,
-    space_as_data,
-)
+from sweepflow.tune.search_space import Domain, SearchSampler, flat_point, space_as_data
 
 
 @dataclass(frozen=True)
@@ -99,7 +91,7 @@ def plan(
     space: Mapping[str, Any] = param_space
     sampler: Sampler
     if search_alg is None:
-        sampler = VariantSampler(param_space, configs, seed=seed)
+        sampler = RandomSampler(parse_param_space(param_space), seed=seed, num_samples=configs)
         label = "random"
     elif isinstance(search_alg, OptunaSearch):
         # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.

@@ -9,6 +9,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,13 +20,17 @@ from sweepflow.tasks.sweep.space import (
     Constant,
     Grid,
     LogUniform,
+    ParamSpace,
+    Path,
     Pow2,
     QRandInt,
     RandInt,
+    SampleFrom,
     SearchSpace,
     Uniform,
     parse_space,
     plain,
+    set_leaf,
 )
 
 __all__ = [
@@ -51,8 +56,8 @@ class SamplerExhausted(Exception):
 
 class Sampler(ABC):
     """Where a sweep's trial configs come from, one at a time: ``ask()`` the next trial's config, ``tell()`` it
-    that trial's result. Random and grid samplers draw their whole list up front (reproducible from the seed)
-    and ignore results; TPE proposes each config from the results told so far.
+    that trial's result. Random and grid samplers ignore results (the random sampler's sequence is reproducible
+    from its seed); TPE proposes each config from the results told so far.
 
     ``total`` is how many trials the sampler proposes; the ``number`` ``ask`` returns identifies the trial to
     ``tell`` (trials finish out of order).
@@ -69,8 +74,8 @@ class Sampler(ABC):
 
     def ask_known(self, config: dict[str, Any]) -> int:
         """The next trial is ``config``, which a resumed sweep's trial already ran with; returns its number
-        for ``tell``. List samplers regenerate the same list from the seed, so this is the config they would
-        propose; TPE records it as its next proposal."""
+        for ``tell``. Random (seeded) and grid samplers propose the same sequence again, so this is the config they
+        would propose; TPE records it as its next proposal."""
         number, _ = self.ask()
         return number
 
@@ -109,47 +114,83 @@ def _check_num_samples(num_samples: int) -> None:
         raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
 
 
-class RandomSampler(_ListSampler):
-    """Random search with Ray Tune's grid semantics.
+class RandomSampler(Sampler):
+    """Random search crossed with grids, as Ray Tune's ``BasicVariantGenerator``: the sampler of the pipeline's
+    ``sampler="random"`` and of ``tune.run``/``Tuner`` without a ``search_alg``.
 
-    ``generate(num_samples)`` returns ``num_samples`` passes over the cartesian product of the grid
-    params; in every config the random params (choice, uniform, ...) are drawn independently. So a
-    space with grids of 2 and 3 values and ``num_samples=4`` gives 4 * 2 * 3 = 24 configs, as
-    ``tune.run(num_samples=4)`` would. The draws come from one ``numpy.random.Generator`` seeded
-    with ``seed``: the same space and seed always give the same sequence of configs.
+    ``space``: a sweep's search space (data, or parsed: ``SearchSpace``), or a Ray Tune ``param_space`` parsed by
+    ``parse_param_space`` (nested dicts, ``{"grid_search": [...]}``, ``tune.sample_from``). Both come down to
+    ``(path, domain)`` leaves, every grid a ``Grid``.
+
+    The trials are ``num_samples`` passes over the cartesian product of the grids (so grids of 2 and 3 values and
+    ``num_samples=4`` give 4 * 2 * 3 = 24 trials, as ``tune.run(num_samples=4)`` would). In each config, made when
+    asked: the random domains are drawn in the space's order, then the ``sample_from`` functions are called in
+    order with ``spec.config`` (nested namespaces) holding the values resolved so far; the config's keys are in
+    the space's order, its values plain Python (copies). With ``seed`` every draw comes from one
+    ``numpy.random.Generator`` seeded with it (the same space and seed always give the same sequence); without,
+    each config's draws come from NumPy's global state, as Ray's do (``np.random.seed`` reproduces them).
+    ``sample_from`` functions draw from wherever they like.
     """
 
     def __init__(
-        self, space: Mapping[str, Any] | SearchSpace, seed: int | None = None, *, num_samples: int = 1
+        self, space: Mapping[str, Any] | SearchSpace | ParamSpace, seed: int | None = None, *, num_samples: int = 1
     ) -> None:
-        super().__init__(num_samples)
-        self.space = parse_space(space)
+        _check_num_samples(num_samples)
+        self.space = space if isinstance(space, ParamSpace) else parse_space(space)
         self.seed = seed
-        self._rng = np.random.default_rng(seed)
-
-    def _grid_combinations(self) -> list[dict[str, Any]]:
-        grids = [(name, dom) for name, dom in self.space.params if isinstance(dom, Grid)]
-        names = [name for name, _ in grids]
-        return [
-            dict(zip(names, combo, strict=True)) for combo in itertools.product(*(d.values for _, d in grids))
+        self._seeded = None if seed is None else np.random.default_rng(seed)
+        leaves = self.space.leaves
+        self._paths = [path for path, _ in leaves]
+        self._values = [(path, dom) for path, dom in leaves if not isinstance(dom, SampleFrom)]
+        self._functions = [(path, dom) for path, dom in leaves if isinstance(dom, SampleFrom)]
+        grids = [(path, dom) for path, dom in leaves if isinstance(dom, Grid)]
+        self._combos = [
+            dict(zip((path for path, _ in grids), combo, strict=True))
+            for combo in itertools.product(*(dom.values for _, dom in grids))
         ]
+        self.total = num_samples * len(self._combos)
+        self._asked = 0
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        if self._asked >= self.total:
+            raise SamplerExhausted(f"all {self.total} trials were proposed")
+        config = self._config(self._combos[self._asked % len(self._combos)])
+        self._asked += 1
+        return self._asked - 1, config
 
     def generate(self, num_samples: int) -> list[dict[str, Any]]:
+        """``num_samples`` passes over the grids' combinations, continuing this sampler's draws (``ask``'s count
+        is left alone)."""
         _check_num_samples(num_samples)
-        combos = self._grid_combinations()
-        configs: list[dict[str, Any]] = []
-        for _ in range(num_samples):
-            for combo in combos:
-                config: dict[str, Any] = {}
-                for name, dom in self.space.params:
-                    if isinstance(dom, Grid):
-                        config[name] = plain(combo[name])
-                    elif isinstance(dom, Constant):
-                        config[name] = plain(dom.value)
-                    else:
-                        config[name] = dom.sample(self._rng)
-                configs.append(config)
-        return configs
+        return [self._config(combo) for _ in range(num_samples) for combo in self._combos]
+
+    def _config(self, combo: dict[Path, Any]) -> dict[str, Any]:
+        # Unseeded, each config's draws come from NumPy's global state (as in Ray: np.random.seed reproduces them).
+        rng = self._seeded or np.random.default_rng(np.random.randint(2**32, dtype=np.uint64))
+        resolved: dict[Path, Any] = {}
+        config: dict[str, Any] = {}
+        for path, dom in self._values:  # in the space's order: the random domains draw in that order
+            if isinstance(dom, Grid):
+                resolved[path] = plain(combo[path])
+            elif isinstance(dom, Constant):
+                resolved[path] = plain(dom.value)
+            else:
+                resolved[path] = dom.sample(rng)
+            set_leaf(config, path, resolved[path])
+        if not self._functions:
+            return config
+        for path, dom in self._functions:  # dependent values last: they may read the others
+            resolved[path] = plain(dom.sample(rng, SimpleNamespace(config=_namespace(config))))
+            set_leaf(config, path, resolved[path])
+        ordered: dict[str, Any] = {}  # the functions' values in their places
+        for path in self._paths:
+            set_leaf(ordered, path, resolved[path])
+        return ordered
+
+
+def _namespace(config: Mapping[str, Any]) -> SimpleNamespace:
+    """A config as ``sample_from``'s ``spec.config``: nested namespaces (``spec.config.model.width``)."""
+    return SimpleNamespace(**{k: _namespace(v) if isinstance(v, Mapping) else v for k, v in config.items()})
 
 
 class GridSampler(_ListSampler):

@@ -25,6 +25,11 @@ These domains are also what ``sweepflow.tune``'s ``tune.choice``/``uniform``/``l
 ``qrandint``/``quniform``/``randn`` return, so a script's space and a deployment's space are one vocabulary. Only
 ``tune.sample_from`` (:class:`SampleFrom`, a Python function) has no data form.
 
+Grids: the canonical grid is the :class:`Grid` domain (what ``{"type": "grid", "values": [...]}`` parses to).
+Ray's spelling ``{"grid_search": [...]}`` (what ``tune.grid_search`` returns) is accepted only in a Ray Tune
+``param_space`` (:func:`parse_param_space`), where it becomes a ``Grid`` too; :func:`is_grid` recognises both.
+A Tune ``param_space`` may nest dicts: its parameters are then named by paths (``("model", "lr")``).
+
 This module deliberately imports nothing heavier than numpy, so that it can be used (and tested)
 without Prefect, MLflow, torch or Dask.
 """
@@ -34,7 +39,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -47,6 +52,8 @@ __all__ = [
     "Grid",
     "LogUniform",
     "Normal",
+    "ParamSpace",
+    "Path",
     "Pow2",
     "QRandInt",
     "QUniform",
@@ -54,9 +61,14 @@ __all__ = [
     "SampleFrom",
     "SearchSpace",
     "Uniform",
+    "config_leaves",
     "describe_trial",
+    "grid_values",
+    "is_grid",
     "parse_domain",
+    "parse_param_space",
     "parse_space",
+    "set_leaf",
 ]
 
 
@@ -316,6 +328,68 @@ class SearchSpace:
     def to_dict(self) -> dict[str, Any]:
         """The raw (JSON-able) form; ``parse_space(space.to_dict()) == space``."""
         return {name: dom.to_raw() for name, dom in self.params}
+
+    @property
+    def leaves(self) -> tuple[tuple[Path, Domain], ...]:
+        """The parameters as ``(path, domain)``, as a :class:`ParamSpace` gives them: each name is a path of one key."""
+        return tuple(((name,), dom) for name, dom in self.params)
+
+
+# --------------------------------------------------------------------------------------------------
+# Nested configs: a Ray Tune param_space
+# --------------------------------------------------------------------------------------------------
+
+Path: TypeAlias = tuple[str, ...]
+
+
+def is_grid(value: Any) -> bool:
+    """A grid, in either spelling: a :class:`Grid` domain (canonical) or Ray's ``{"grid_search": [...]}``."""
+    return isinstance(value, Grid) or (isinstance(value, Mapping) and set(value) == {"grid_search"})
+
+
+def grid_values(value: Any) -> list[Any]:
+    """The values of a grid (either spelling, see :func:`is_grid`)."""
+    return list(value.values) if isinstance(value, Grid) else list(value["grid_search"])
+
+
+def config_leaves(config: Mapping[str, Any], prefix: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """A nested config's leaves, ``(path, value)``, in the order written: nested dicts are opened (a dict that
+    holds ``"grid_search"`` is a leaf); an empty nested dict has no leaves."""
+    for key, value in config.items():
+        if isinstance(value, Mapping) and "grid_search" not in value:
+            yield from config_leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def set_leaf(config: dict[str, Any], path: Path, value: Any) -> None:
+    """``config[path[0]]...[path[-1]] = value``, making the nested dicts on the way."""
+    node = config
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+@dataclass(frozen=True)
+class ParamSpace:
+    """A Ray Tune ``param_space`` (nested dicts of ``tune.*`` domains, grids and plain values) as its leaves,
+    ``(path, domain)`` in the order written: the form the random sampler draws from, as ``SearchSpace.leaves``."""
+
+    leaves: tuple[tuple[Path, Domain], ...]
+
+
+def parse_param_space(param_space: Mapping[str, Any]) -> ParamSpace:
+    """A Ray Tune ``param_space`` normalised: a grid in either spelling becomes a :class:`Grid`, a domain stays
+    itself, any other value is a :class:`Constant` (passed to every trial as it is, copied)."""
+    leaves: list[tuple[Path, Domain]] = []
+    for path, value in config_leaves(param_space):
+        if isinstance(value, Grid | Constant) or isinstance(value, RANDOM_DOMAINS):
+            leaves.append((path, value))
+        elif is_grid(value):
+            leaves.append((path, Grid(tuple(grid_values(value)))))
+        else:
+            leaves.append((path, Constant(value)))
+    return ParamSpace(tuple(leaves))
 
 
 # --------------------------------------------------------------------------------------------------
