@@ -540,8 +540,21 @@ def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services
     path = printed.group(1)
     assert tune.Tuner.can_restore(path) and not tune.Tuner.can_restore(str(tmp_path))
 
+    # Read back without running anything (Ray's Tuner.get_results): the two ended trials, and the third as its
+    # dead process left it, one report in, pending.
+    seen = tune.Tuner.restore(path, trainable=blocking_trainable).get_results()
+    assert seen.record.parent_run_id == killed_parent.info.run_id and len(seen) == 3 and seen.num_terminated == 2
+    assert sorted(len(r.metrics_dataframe) for r in seen) == [1, 3, 3]  # reports so far
+    assert next(r for r in seen if r.config["quality"] == 1).metrics["loss"] == pytest.approx(1 / 3)
+    assert next(r for r in seen if r.config["quality"] == 3).error is None
+    assert client.get_run(killed_parent.info.run_id).info.status == "RUNNING"  # nothing changed
+    with open(os.path.join(marks, "starts")) as f:
+        assert f.read().split() == ["1:0", "2:0", "3:0"]
+
     open(os.path.join(marks, "go"), "w").close()
-    grid = tune.Tuner.restore(path, trainable=blocking_trainable).fit()
+    tuner = tune.Tuner.restore(path, trainable=blocking_trainable)
+    grid = tuner.fit()
+    assert tuner.get_results() is grid
     assert grid.experiment_path == path
     assert grid.record.parent_run_id == killed_parent.info.run_id
     parent = client.get_run(killed_parent.info.run_id)

@@ -20,6 +20,7 @@ _RAY_STATUS = {
     TrialStatus.STOPPED: "TERMINATED",  # Ray shows early-stopped trials as TERMINATED too
     TrialStatus.FAILED: "ERROR",
     TrialStatus.NOT_STARTED: "PENDING",
+    TrialStatus.INTERRUPTED: "PENDING",  # its experiment's process died while it ran: a restore continues it
 }
 
 
@@ -235,7 +236,7 @@ class ResultGrid(_Experiment):
 
     @property
     def num_terminated(self) -> int:
-        return sum(1 for r in self._trials if r.status is not TrialStatus.FAILED)
+        return sum(1 for r in self._trials if _RAY_STATUS[r.status] == "TERMINATED")
 
     def get_best_result(
         self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True

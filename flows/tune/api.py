@@ -234,6 +234,7 @@ class Tuner:
         self.tune_config = tune_config or TuneConfig()
         self.run_config = run_config or RunConfig()
         self._errored: str | None = None  # set by restore(): what becomes of the experiment's failed trials
+        self._results: ResultGrid | None = None  # what fit() returned
 
     @classmethod
     def restore(
@@ -336,7 +337,18 @@ class Tuner:
             )
             return None
 
-    def fit(self) -> ResultGrid:
+    def get_results(self) -> ResultGrid:
+        """The experiment's results without running anything: what ``fit()`` returned, or, for a Tuner that has not
+        fit (``Tuner.restore(path)``), its newest run read back from MLflow -- the ended trials as they ended, the
+        ones its process left running (status ``PENDING``) with their reports so far."""
+        if self._results is not None:
+            return self._results
+        experiment = self._request()
+        trials, record = runner.results_of(experiment)
+        return ResultGrid(trials, metric=experiment.metric, mode=experiment.mode, record=record)
+
+    def _request(self) -> runner.TuneRequest:
+        """What ``fit()`` runs, every argument checked."""
         tc, rc = self.tune_config, self.run_config
         if not isinstance(rc, RunConfig):
             raise TypeError(f"run_config={rc!r}: use sweepflow.tune.RunConfig (it is ddp_runtime.RunConfig)")
@@ -376,7 +388,7 @@ class Tuner:
             restore_state=self._state(experiment.name),
             reuse_actors=_reuse_actors(tc.reuse_actors, experiment),
         )
-        experiment = with_hooks(
+        return with_hooks(
             experiment,
             where="RunConfig",
             callbacks=rc.callbacks,
@@ -384,6 +396,10 @@ class Tuner:
             trial_dirname_creator=tc.trial_dirname_creator,
             num_samples=tc.num_samples,
         )
+
+    def fit(self) -> ResultGrid:
+        rc = self.run_config
+        experiment = self._request()
         sweep, record = runner.run(experiment)
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
             ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record),
@@ -392,7 +408,8 @@ class Tuner:
             progress_reporter=rc.progress_reporter,
             raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
         )
-        return ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
+        self._results = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
+        return self._results
 
 
 def _experiment(

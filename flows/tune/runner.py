@@ -27,7 +27,7 @@ from sweepflow.flows.run_services import use_run_services
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.placement import place_trials
-from sweepflow.tasks.sweep.results import SweepResult
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
@@ -169,6 +169,41 @@ def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
         scheduler=repr(experiment.scheduler),
         search=experiment.search,
     )
+
+
+def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRecord]:
+    """The trials of the experiment's newest run (same name, same settings) as MLflow holds them, read without
+    running or changing anything (``Tuner.get_results``), and where it is recorded."""
+    from mlflow.tracking import MlflowClient
+
+    from sweepflow.tasks.sweep.resume import newest_run, read_trials
+
+    settings = Settings.from_env()
+    chosen = use_run_services(
+        settings, settings.home, tracking_uri=experiment.tracking_uri, use_gpu=experiment.template.use_gpu
+    )
+    client = MlflowClient(chosen.tracking_uri)
+    mlflow_experiment = client.get_experiment_by_name(experiment.mlflow_experiment_name)
+    experiment_id = mlflow_experiment and mlflow_experiment.experiment_id
+    parent = newest_run(client, experiment_id, _experiment_key(experiment))
+    if parent is None:
+        raise ValueError(
+            f"Tuner.get_results: experiment {experiment.name!r} has no run with these settings in the MLflow "
+            "tracking server this process uses: fit() it first, or point MLFLOW_TRACKING_URI (and SWEEPFLOW_HOME) "
+            "at the services it ran on"
+        )
+    trials = read_trials(
+        client, experiment_id, parent, metric=experiment.metric or "", mode=experiment.mode or "max"
+    )
+    record = ExperimentRecord(
+        tracking_uri=chosen.tracking_uri,
+        scheduler_address=chosen.scheduler_address,
+        state_dir=settings.home,
+        experiment_path=experiment_path(experiment, settings.home),
+        experiment_id=experiment_id,
+        parent_run_id=parent,
+    )
+    return trials, record
 
 
 RESTORE_STATE_FILE = "tuner.pkl"

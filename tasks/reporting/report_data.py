@@ -38,6 +38,7 @@ STATUS_WORDS = {
     TrialStatus.STOPPED: "stopped early",
     TrialStatus.FAILED: "failed",
     TrialStatus.NOT_STARTED: "not started",
+    TrialStatus.INTERRUPTED: "interrupted",
 }
 NO_VALUE_COLOR = "#8c959f"  # a trial without a value of the metric, when colours say the value
 

@@ -45,6 +45,8 @@ class TrialStatus(StrEnum):
     STOPPED = "STOPPED"  # stopped early: the scheduler (ASHA) pruned it, or the sweep's time budget ran out
     FAILED = "FAILED"  # its training failed (after any group restarts)
     NOT_STARTED = "NOT_STARTED"  # queued, then the time budget ran out before it got a slot
+    # read back, never written: the experiment's process died while the trial ran (a resume continues it)
+    INTERRUPTED = "INTERRUPTED"
 
     @property
     def mlflow_status(self) -> str:

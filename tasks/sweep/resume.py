@@ -24,9 +24,11 @@ from typing import Any
 from sweepflow.tasks.sweep.results import (
     TAG_CONFIG,
     TAG_STATUS,
+    TAG_TRIAL_ID,
     TAG_TRIAL_INDEX,
     TrialResult,
     TrialStatus,
+    history_from_mlflow,
 )
 from sweepflow.tasks.tracking.runs import PARENT_TAG, RunTracker
 
@@ -192,6 +194,51 @@ def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None
 #: checkpoint in the same run, or start them over in a new run (``Tuner.restore``'s resume_/restart_errored).
 ERRORED_KEEP, ERRORED_RESUME, ERRORED_RESTART = "keep", "resume", "restart"
 TAG_RESTARTED = "sweepflow.restarted"  # on a failed trial's run that a restore started over in a new run
+
+
+def newest_run(client: Any, experiment_id: str | None, key: Mapping[str, Any]) -> str | None:
+    """The newest sweep parent run of the experiment with these settings (``key``), ended or not; None if none."""
+    if experiment_id is None:
+        return None
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    return parents[0].info.run_id if parents else None
+
+
+def read_trials(client: Any, experiment_id: str, parent_run_id: str, *, metric: str, mode: str) -> list[TrialResult]:
+    """The trials of a sweep as MLflow holds them, changing nothing (``load_prior_sweep`` is the resume's
+    read, which closes what a dead process left open): the ended ones as they ended, the ones its process left
+    running as ``INTERRUPTED`` with their reports so far. In trial order; a failed attempt a restore started
+    over is left out (the trial's newer run counts)."""
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=50000
+    )
+    trials: dict[int, TrialResult] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags = run.data.tags
+        if TAG_TRIAL_INDEX not in tags or TAG_RESTARTED in tags:
+            continue
+        if TAG_STATUS in tags:
+            result = TrialResult.from_mlflow(client, run.info.run_id, metric=metric, mode=mode)
+        else:
+            result = TrialResult.from_history(
+                history_from_mlflow(client, run.info.run_id, run.data.metrics, metric),
+                metric=metric,
+                mode=mode,
+                trial_id=tags[TAG_TRIAL_ID],
+                index=int(tags[TAG_TRIAL_INDEX]),
+                name=tags.get("sweepflow.trial_name", run.info.run_name),
+                config=json.loads(tags.get(TAG_CONFIG, "{}")),
+                status=TrialStatus.INTERRUPTED,
+                run_id=run.info.run_id,
+            )
+        trials[int(tags[TAG_TRIAL_INDEX])] = result
+    return [trials[i] for i in sorted(trials)]
 
 
 def load_prior_sweep(
