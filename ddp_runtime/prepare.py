@@ -18,6 +18,29 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 
+def enable_reproducibility(seed: int = 0) -> None:
+    """Make this rank's training reproducible (Ray's ``ray.train.torch.enable_reproducibility``): seed Python's,
+    NumPy's and torch's generators, make torch use deterministic algorithms (an op without one raises), and turn
+    off cuDNN's autotuner. Call it first in the training function, on every rank. Slower: for debugging and
+    comparisons. A ``DataLoader`` with workers still needs its own ``worker_init_fn``/``generator`` seeded."""
+    import os
+    import random
+
+    import numpy as np
+    import torch
+
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"enable_reproducibility(seed=...) takes an integer, got {seed!r}")
+    # Deterministic cuBLAS needs a fixed workspace (CUDA >= 10.2); set before the first cuBLAS call.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
 def get_device() -> torch.device:
     """The rank's device: its worker's GPU with use_gpu, else the CPU."""
     return get_context().get_device()

@@ -6,7 +6,7 @@ The driver's ``TorchTrainer`` lives in ``trainer`` (one group attempt at a time:
 training function calls on its rank live in ``prepare``. Importing this module does not import torch.
 """
 
-from ddp_runtime.prepare import get_device, prepare_data_loader, prepare_model
+from ddp_runtime.prepare import enable_reproducibility, get_device, prepare_data_loader, prepare_model
 from ddp_runtime.trainer import ReportCallback, TorchTrainer, Verdict, default_storage_path
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "TorchTrainer",
     "Verdict",
     "default_storage_path",
+    "enable_reproducibility",
     "get_device",
     "prepare_data_loader",
     "prepare_model",
