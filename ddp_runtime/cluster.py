@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -82,6 +84,15 @@ def _client_of(cluster: Any) -> Iterator[Client]:
             client.close()
     finally:
         cluster.close()
+
+
+def gpu_count() -> int:
+    """GPUs on this host, as ``nvidia-smi -L`` lists them (0 without the NVIDIA driver); torch is not imported."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 @contextlib.contextmanager

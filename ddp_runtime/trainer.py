@@ -20,9 +20,10 @@ from typing import Any
 
 from distributed import Client, default_client
 
+from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime._group import GroupRun, ReportCallback, Verdict
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
-from ddp_runtime.cluster import local_cluster
+from ddp_runtime.cluster import gpu_count, local_cluster
 from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
 from ddp_runtime.result import Result, TrainingFailedError
 
@@ -113,6 +114,13 @@ class TorchTrainer:
         except ValueError:
             pass  # no client in this process: start a local cluster sized for this group
         resources = {k: float(v) for k, v in self.scaling_config.worker_resources.items()}
+        # Before any worker starts: without a GPU its ranks would fail on CUDA, and the workers restart.
+        if resources.get("GPU") and not gpu_count():
+            raise InsufficientResourcesError(
+                f"ScalingConfig(use_gpu=True) asks {resources['GPU']:g} GPU per worker, but this machine has no GPU "
+                "(nvidia-smi lists none) and no Dask cluster is connected: set use_gpu=False to train on CPUs, or "
+                "pass client= (or connect a Client first) to a cluster whose workers have GPUs"
+            )
         with local_cluster(n_workers=self.scaling_config.num_workers, resources=resources) as client:
             yield client
 

@@ -179,19 +179,19 @@ def _check_cluster(cfg: PipelineConfig) -> None:
             client.close()
         _check_room(cfg, fits)
         return
-    from sweepflow.services.stack import gpu_count
+    from ddp_runtime.cluster import gpu_count
 
     cores = os.cpu_count() or 1
     n_workers = cfg.dask.n_workers or cores
+    gpus = gpu_count() if resources.use_gpu else 0  # asked once: nvidia-smi takes a while
     check_local_resources(
         ranks_per_trial=resources.ranks_per_trial,
         n_workers=n_workers,
         gpus_per_rank=resources.gpus_per_rank,
-        gpus=gpu_count() if resources.use_gpu else 0,
+        gpus=gpus,
         cpus_per_rank=resources.cpus_per_rank,
         cpus_per_worker=float(max(1, cores // n_workers)),
     )
-    gpus = gpu_count() if resources.gpus_per_rank else 0
     slots = int(gpus / resources.gpus_per_rank) if resources.gpus_per_rank else n_workers
     _check_room(cfg, max(1, slots // resources.ranks_per_trial))
 

@@ -44,8 +44,6 @@ import json
 import os
 import secrets
 import shlex
-import shutil
-import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -172,15 +170,6 @@ def default_state_dir(home: str, stack_dir: str | None = None) -> str:
     """``stack_dir`` ($SWEEPFLOW_STACK_DIR, which stack.env sets), else ``<home>/stack``; both are the caller's
     settings, read once at the entry point."""
     return os.path.abspath(os.path.expanduser(stack_dir or os.path.join(home, "stack")))
-
-
-def gpu_count() -> int:
-    """GPUs on this host, as ``nvidia-smi -L`` lists them (0 without the NVIDIA driver)."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def _credentials(state_dir: str) -> tuple[str, str]:
@@ -524,6 +513,8 @@ def up(
     _write_env(state_dir, env)
 
     identity_url = scheduler_http(state_dir, "/json/identity.json")
+    from ddp_runtime.cluster import gpu_count  # here: importing distributed is not free
+
     gpus = gpu_count()
     n_workers = gpus or workers
     specs = [
