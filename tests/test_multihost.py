@@ -389,6 +389,20 @@ def _host_of(address: str) -> str:
 @pytest.mark.s3
 @pytest.mark.mlflow_server
 @pytest.mark.prefect
+def _stop_worker(worker: subprocess.Popen) -> None:
+    """Prefect's worker (ours to stop: the test started it in its own session): SIGTERM, then, if it has not
+    ended within 60 s (a loaded machine), SIGKILL to its whole session (it may have a flow-run child)."""
+    if worker.poll() is not None:
+        return
+    worker.terminate()
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+
+
 def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(request, tmp_path):
     """`sweepflow run` against the namespace cluster (DASK_SCHEDULER_ADDRESS), 2 ranks per trial, max_failures=1,
     S3 storage: the ranks train on two hosts over the veth addresses; after epoch 2 (checkpoint on the S3 host)
@@ -705,7 +719,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        stack.callback(lambda: worker.poll() is None and (worker.terminate(), worker.wait(30)))
+        stack.callback(_stop_worker, worker)
         deployed_dir = tmp_path / "deployed-records"
         deployed_dir.mkdir()
         params = {
