@@ -158,6 +158,17 @@ def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str
     return "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
+def _parent_runs(client: Any, experiment_id: str, key: Mapping[str, Any]) -> list[Any]:
+    """The experiment's sweep parent runs with these settings (``key``), newest first (at most 20)."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    return [r for r in runs if PARENT_TAG not in r.data.tags]
+
+
 def latest_interrupted(
     client: Any, experiment_id: str | None, key: Mapping[str, Any], *, finished_too: bool = False
 ) -> str | None:
@@ -166,13 +177,7 @@ def latest_interrupted(
     (``Tuner.restore`` of an experiment that ended reads its trials back). ``client``: an MlflowClient."""
     if experiment_id is None:
         return None
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=20,
-    )
-    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    parents = _parent_runs(client, experiment_id, key)
     unfinished = [r for r in parents if r.info.status != "FINISHED"]
     if unfinished:
         return unfinished[0].info.run_id
@@ -198,15 +203,7 @@ TAG_RESTARTED = "sweepflow.restarted"  # on a failed trial's run that a restore 
 
 def newest_run(client: Any, experiment_id: str | None, key: Mapping[str, Any]) -> str | None:
     """The newest sweep parent run of the experiment with these settings (``key``), ended or not; None if none."""
-    if experiment_id is None:
-        return None
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=20,
-    )
-    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    parents = _parent_runs(client, experiment_id, key) if experiment_id is not None else []
     return parents[0].info.run_id if parents else None
 
 
