@@ -18,9 +18,9 @@ from sweepflow.tasks.sweep.space import (
     RandInt,
     SearchSpace,
     Uniform,
-    describe_trial,
     parse_space,
 )
+from sweepflow.tasks.sweep.naming import describe_trial
 
 # The Ray Tune CIFAR tutorial's space, written as data (plus a grid and a few extras).
 CIFAR_SPACE = {

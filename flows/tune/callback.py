@@ -332,7 +332,7 @@ class TuneCallbacks(SweepObserver):
 
 def experiment_tag(index: int, config: Mapping[str, Any], varying_names: Sequence[str]) -> str:
     """Ray's ``Trial.experiment_tag``: the trial's number and its searched values, e.g. ``"3_lr=0.01,width=8"``."""
-    from sweepflow.tasks.sweep.space import describe_trial
+    from sweepflow.tasks.sweep.naming import describe_trial
 
     shown = [name for name in varying_names if name in config]
     return f"{index}_{describe_trial(config, shown)}" if shown else str(index)

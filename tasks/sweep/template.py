@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sweepflow.tasks.sweep.space import describe_trial
+from sweepflow.tasks.sweep.naming import describe_trial
 
 if TYPE_CHECKING:
     from sweepflow.tasks.sweep.resume import ResumeFrom

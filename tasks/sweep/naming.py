@@ -1,0 +1,49 @@
+"""A trial's short readable name from its sampled values (``l1=64,l2=16,lr=3.2e-03``): Prefect task-run and MLflow
+run names, where a human scans a list of trials."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def _format_float(value: float, precision: int) -> str:
+    if value == 0:
+        return "0"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) < 1e-2 or abs(value) >= 1e5:
+        return f"{value:.{precision - 1}e}"
+    # Round to `precision` significant digits but print positionally (120, not 1.2e+02).
+    text = repr(float(f"{value:.{precision}g}"))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _format_value(value: Any, precision: int) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, float | np.floating):
+        return _format_float(float(value), precision)
+    if isinstance(value, list | tuple):
+        return "x".join(_format_value(v, precision) for v in value)
+    return str(value)
+
+
+def describe_trial(
+    config: Mapping[str, Any], keys: Iterable[str] | None = None, *, precision: int = 2
+) -> str:
+    """A short readable name for a trial, e.g. ``"l1=64,l2=16,lr=3.2e-03,batch_size=8"``.
+
+    Meant for Prefect task-run names and MLflow run names, where a human scans a list of trials:
+    small or large floats get ``precision`` significant digits in e-notation, others are printed
+    positionally; lists print as ``64x32``. Pass ``keys`` (e.g. ``space.varying_names``) to leave
+    out constants. Names are not guaranteed unique (rounding), so prefix a trial index if needed.
+    """
+    selected = list(config) if keys is None else list(keys)
+    missing = [k for k in selected if k not in config]
+    if missing:
+        raise ValueError(f"describe_trial: keys {missing} are not in the config (its keys: {list(config)})")
+    return ",".join(f"{k}={_format_value(config[k], precision)}" for k in selected)
