@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from sweepflow.tasks.sweep.naming import describe_trial
 from sweepflow.tasks.sweep.samplers import GridSampler, RandomSampler, SamplerExhausted, generate_trials
 from sweepflow.tasks.sweep.space import (
     Choice,
@@ -20,7 +21,6 @@ from sweepflow.tasks.sweep.space import (
     Uniform,
     parse_space,
 )
-from sweepflow.tasks.sweep.naming import describe_trial
 
 # The Ray Tune CIFAR tutorial's space, written as data (plus a grid and a few extras).
 CIFAR_SPACE = {
