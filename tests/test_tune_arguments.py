@@ -436,3 +436,27 @@ def test_arguments_applied_after_the_run(capsys, caplog):
     with pytest.raises(runner.TuneError, match="trial_0000.*boom"):
         api.finish(failed, (), verbose=0, progress_reporter=None, raise_on_failed_trial=True)
     assert api.finish(failed, (), verbose=0, progress_reporter=None, raise_on_failed_trial=False) is failed
+
+
+def test_the_lowered_experiment_keeps_the_request_and_its_stop_rules_keep_the_schedulers_room_check(monkeypatch):
+    """A script's request lowered to the one ``Experiment`` the pipeline runs too: the same sampler, the stop rules
+    folded into the scheduler (which still refuses a synchronous population that cannot run at once), the trial
+    template ranked by the metric, recorded as a Tune run under the experiment's path."""
+    from sweepflow.tune.schedulers import PopulationBasedTraining
+
+    planned = catching_plans(monkeypatch)
+    pbt = PopulationBasedTraining(time_attr="training_iteration", hyperparam_mutations={"a": [0.1, 0.2]}, synch=True)
+    request = planned(lambda: tune.run(trainable, **{**RUN, "stop": {"training_iteration": 3}}, scheduler=pbt))
+    place = runner.ExperimentRecord(
+        tracking_uri="sqlite:////nowhere/mlflow.db", scheduler_address=None, state_dir="/nowhere",
+        experiment_path="/nowhere/tune/probe", resume_from="parent0",
+    )
+    exp = runner.lowered(request, place, run_name="probe-run")
+    assert exp.sampler is request.sampler and exp.search_space == request.search_space
+    assert (exp.metric, exp.mode, exp.template.max_reports) == ("loss", "min", 3)
+    assert exp.placement.share_cores and exp.recording.kind == "tune" and exp.recording.run_name == "probe-run"
+    assert exp.root_dir == "/nowhere/tune/probe" and exp.recording.artifact_root == "/nowhere/tune/probe/mlartifacts"
+    assert exp.resume is not None and exp.resume.parent_run_id == "parent0" and exp.finalize is None
+    with pytest.raises(ValueError, match="waits for all 4 trials"):
+        exp.scheduler.check_room(trials=4, at_once=2)
+    exp.scheduler.check_room(trials=4, at_once=4)

@@ -87,6 +87,9 @@ class _StopCriteria(TrialScheduler):
         self.inner, self.stop = inner, stop
         self.stop_reason = inner.stop_reason
 
+    def check_room(self, *, trials: int, at_once: int) -> None:
+        self.inner.check_room(trials=trials, at_once=at_once)
+
     def on_trial_add(self, trial_id: str) -> None:
         self.inner.on_trial_add(trial_id)
 
