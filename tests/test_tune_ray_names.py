@@ -121,3 +121,19 @@ def test_tuner_restore_of_a_path_without_an_experiment_says_which_path_to_give(t
     assert tune.Tuner.can_restore(str(tmp_path)) is False
     with pytest.raises(ValueError, match="Experiment path"):
         tune.Tuner.restore(str(tmp_path), trainable=print)
+
+
+def test_my_trainable_class_climbs_to_its_height_and_continues_from_its_checkpoint(tmp_path):
+    """Ray's examples' test trainable: ``height * tanh(step / width)``, its step count in its checkpoint."""
+    import math
+
+    from sweepflow.tune.utils.mock_trainable import MyTrainableClass
+
+    trainable = MyTrainableClass({"width": 2, "height": 10})
+    rewards = [trainable.train()["episode_reward_mean"] for _ in range(3)]
+    assert rewards == pytest.approx([10 * math.tanh(step / 2) for step in (1, 2, 3)])
+    assert rewards == sorted(rewards) and rewards[-1] < 10
+    trainable.save(str(tmp_path))
+    again = MyTrainableClass({"width": 2, "height": 10})
+    again.restore(str(tmp_path))
+    assert again.train()["episode_reward_mean"] == pytest.approx(10 * math.tanh(4 / 2))

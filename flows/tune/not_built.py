@@ -85,11 +85,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "diagnose_serialization": "is not built; call cloudpickle.dumps(trainable) in your script to see what "
         "cannot be sent to the Dask workers",
     },
-    "sweepflow.tune.utils.mock_trainable": {
-        "MyTrainableClass": "Ray's example trainable is not shipped; use your own sweepflow.tune.Trainable "
-        "subclass (a copy of Ray's ray/tune/utils/mock_trainable.py next to your script works with its import "
-        "changed to from sweepflow.tune import Trainable)",
-    },
     "sweepflow.air": {
         "session": "ray.air.session is Ray 2.0-2.6's trainable API; call sweepflow.tune.report(...) and "
         "sweepflow.tune.get_checkpoint() (in a TorchTrainer's function: ddp_runtime.report / get_context)",
