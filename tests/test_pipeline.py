@@ -37,7 +37,7 @@ def _config(tmp_path, cluster, tracking_uri, **sections) -> PipelineConfig:
 
 
 def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
-    prefect_harness, mlflow_server, cluster, tmp_path
+    prefect_harness, mlflow_server, cluster, tmp_path, caplog
 ):
     good = _config(
         tmp_path,
@@ -56,8 +56,14 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         scheduler={"max_t": 8, "grace_period": 2, "reduction_factor": 2},
         resources={"ranks_per_trial": 2},
     )
-    summary = training_pipeline(config=good)
+    with caplog.at_level("INFO"):
+        summary = training_pipeline(config=good)
     client = MlflowClient(mlflow_server)
+    # The progress line's last "best" is the best trial's best value, as the summary names it (not a last value).
+    progress = [r.getMessage() for r in caplog.records if "| best val_accuracy=" in r.getMessage()]
+    assert progress, [r.getMessage() for r in caplog.records][-20:]
+    best = summary["best_trial"]
+    assert progress[-1].endswith(f"best val_accuracy={best['best']:.4f} ({best['trial_id']})"), progress[-1]
 
     # The registered model is good and holds both aliases.
     assert summary["test_metrics"]["test_accuracy"] >= 0.90

@@ -406,7 +406,9 @@ class TrialGroups:
             and result.stop_reason == self.rt.aborted
         )
         writer.finish("KILLED" if aborted else result.status.mlflow_status)
-        rt.progress.update(spec.trial_id, metrics=fit.metrics, status=result.status)
+        # The trial's best value, not its last: the progress line's "best" is the value the summary will name.
+        best = {spec.template.selection_metric: result.best} if result.best is not None else fit.metrics
+        rt.progress.update(spec.trial_id, metrics=best, status=result.status)
         phases = {
             "group_overhead": round(fit_s - fit.train_time_s, 4),  # reserve, launch, rendezvous, teardown
             "mlflow_end": round(
