@@ -81,17 +81,23 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp))
             stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
             best = name_best(sweep, tracker, parent, exp)
+            best_run_id = best.run_id if best is not None else None
             if exp.finalize is None:
-                views = leaderboard.publish(best_run_id=best.run_id) if best is not None else {}
+                views = leaderboard.publish(best_run_id=best_run_id)  # once: one version in the flow run
                 return ExperimentRun(
                     sweep, tracker.experiment_id, parent, best, board, leaderboard.report_url, views, stages.timings
                 )
             if best is None:
+                leaderboard.publish()
                 raise NoBestTrial(
                     f"no trial reported {exp.metric} ({len(sweep.failed)} of {len(sweep.trials)} failed); see the "
                     "MLflow child runs' sweepflow.error tags"
                 )
-            evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
+            try:
+                evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
+            except BaseException:
+                leaderboard.publish(best_run_id=best.run_id)  # the trials are recorded; nothing was registered
+                raise
             mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
             views = publish(leaderboard, best, registration)
             stages.lap("publish_s")  # the winner's tags, the report with the registered version

@@ -165,9 +165,9 @@ class SweepRecord:
 
 
 def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: SweepRecord) -> tuple[Any, LeaderboardArtifact]:
-    """The leaderboard (CSV artifact on the parent run, markdown artifact in Prefect, published here), the
-    sweep report, the sweep's resource totals and best value as parent-run metrics, and its failed trials as a
-    tag. Returns the leaderboard and its Prefect artifact (to publish again once the best trial is known)."""
+    """The leaderboard (CSV artifact on the parent run; the markdown artifact in Prefect is returned, to publish
+    once, when the best trial and any registered version are known), the sweep report, the sweep's resource
+    totals and best value as parent-run metrics, and its failed trials as a tag."""
     board = sweep.leaderboard()
     os.makedirs(record.scratch_dir, exist_ok=True)
     board_path = os.path.join(record.scratch_dir, f"leaderboard-{parent}.csv")
@@ -199,7 +199,6 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
         metric=record.metric,
         mode=record.mode,
     )
-    artifact.publish()
     if artifact.report_url:  # the parent run's description links the report, a page of its own
         tracker.set_tags(
             parent,
