@@ -263,7 +263,10 @@ def train_image_classifier(config: dict[str, Any]) -> None:
         # Every rank must call report (it is the group's barrier); only rank 0's checkpoint is persisted,
         # so the other ranks skip writing one.
         if is_rank0:
-            with tempfile.TemporaryDirectory(prefix="sweepflow-train-") as ckpt_dir:
+            # In the trial's directory on this worker (its Dask scratch space), not /tmp: a worker killed between
+            # writing and reporting leaves it where Dask clears dead workers' spaces, not in /tmp for ever.
+            scratch = ddp_runtime.get_context().get_trial_dir()
+            with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=scratch) as ckpt_dir:
                 _write_checkpoint(ckpt_dir, bare_model, optimizer, {**checkpoint_meta, "epoch": epoch})
                 ddp_runtime.report(metrics, checkpoint=ddp_runtime.Checkpoint.from_directory(ckpt_dir))
         else:
