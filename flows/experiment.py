@@ -124,7 +124,7 @@ def place(exp: Experiment, client: Any, *, log: Callable[[str], None]) -> tuple[
     at_once = min(exp.max_concurrent_trials or fits, fits)
     exp.scheduler.check_room(trials=exp.sampler.total, at_once=at_once)
     log(
-        f"sweep: {exp.sampler.total} trials ({exp.search_label} search), {min(at_once, exp.sampler.total)} at a "
+        f"sweep: {exp.sampler.total} trials ({exp.search_label}), {min(at_once, exp.sampler.total)} at a "
         f"time (cluster fits {fits}), {template.num_ranks} rank(s) each"
     )
     return template, at_once

@@ -128,7 +128,7 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
         scheduler=cfg.scheduler.build(),
         template=template,
         search_space=cfg.sweep.search_space,
-        search_label=cfg.sweep.sampler,
+        search_label=f"{cfg.sweep.sampler} sampler",
         placement=Placement(
             scheduler_address=cfg.dask.scheduler_address,
             use_gpu=cfg.resources.use_gpu,

@@ -31,7 +31,7 @@ def test_the_pipeline_lowers_to_an_experiment_that_evaluates_and_registers(tmp_p
     )
     exp = experiment_for(cfg, _prepared(tmp_path), resume_from="parent0")
     assert isinstance(exp, Experiment) and isinstance(exp.scheduler, ASHAScheduler)
-    assert exp.sampler.total == 3 and exp.search_label == "random"
+    assert exp.sampler.total == 3 and exp.search_label == "random sampler"
     assert (exp.metric, exp.mode, exp.template.max_reports) == ("val_accuracy", "max", 3)
     assert exp.template.train_loop_config["data_path"] == str(tmp_path / "prepared")
     assert (exp.max_concurrent_trials, exp.time_budget_s, exp.fail_fast) == (2, 60, False)

@@ -360,7 +360,7 @@ def lowered(exp: TuneRequest, place: ExperimentRecord, *, run_name: str) -> swee
         scheduler=_StopCriteria(exp.scheduler, exp.stop) if exp.stop else exp.scheduler,
         template=template,
         search_space=exp.search_space,
-        search_label=exp.search,
+        search_label=f"{exp.search} search",
         placement=sweep_experiment.Placement(
             scheduler_address=place.scheduler_address,
             use_gpu=exp.template.use_gpu,

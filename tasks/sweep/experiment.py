@@ -94,7 +94,7 @@ class Experiment:
     search_space: Mapping[str, Any]  # as data (the report's axes)
     placement: Placement
     recording: Recording
-    search_label: str  # how the search is named in logs and the parent run ("random", "grid", "tpe", ...)
+    search_label: str  # how the search is named in the sweep's log line ("tpe sampler", "random search", ...)
     root_dir: str  # local files on their way somewhere: staging/ (checkpoints), tmp/ (artifacts)
     max_concurrent_trials: int | None = None  # None: as many as the cluster fits
     time_budget_s: float | None = None  # running trials stop once it is spent; none starts
