@@ -98,6 +98,18 @@ class Checkpoint:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """A checkpoint of the files in ``path``, as Ray's ``Checkpoint.from_directory``: the directory is
+        referenced, not copied.
+
+        ``report(metrics, checkpoint=...)`` copies it into the run's storage; until then, leave it in place.
+
+        Args:
+            path: a local directory, or a URL an fsspec filesystem opens (``s3://bucket/dir``; not checked
+                here).
+
+        Raises:
+            FileNotFoundError: a local ``path`` that is not a directory.
+        """
         path = os.fspath(path)
         if "://" not in path and not os.path.isdir(path):
             raise FileNotFoundError(
@@ -107,10 +119,12 @@ class Checkpoint:
 
     @property
     def filesystem(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem ``path`` is on (Ray gives a ``pyarrow.fs.FileSystem``; here it is fsspec's)."""
         return _filesystem(self.path, self.storage_options)[0]
 
     @property
     def is_local(self) -> bool:
+        """Whether the checkpoint is on this machine's disk (no download needed to read it)."""
         return _is_local(self.filesystem)
 
     def to_directory(self, path: str | None = None) -> str:
@@ -303,6 +317,9 @@ class RunStorage:
         return self.fs.exists(f"{_filesystem(stored.checkpoint.path, self.storage_options)[1]}/{MARKER}")
 
     def delete(self, stored: StoredCheckpoint) -> None:
+        """Delete a stored checkpoint: its commit marker first, so a crash halfway leaves it uncommitted
+        (ignored), never half-read.
+        """
         path = _filesystem(stored.checkpoint.path, self.storage_options)[1]
         # Remove the marker first so a crash mid-delete leaves an uncommitted (ignored) directory.
         self.fs.rm_file(f"{path}/{MARKER}")

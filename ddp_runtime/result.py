@@ -39,6 +39,31 @@ class RankHangError(RankError):
 
 @dataclass
 class Result:
+    """What ``TorchTrainer.fit()`` returns (Ray's ``ray.train.Result``), plus what the run cost.
+
+    Differs from Ray: the reports are a list (``metrics_history``) rather than ``metrics_dataframe``;
+    ``fit()`` returns only on success (``error`` is None), and on failure raises ``TrainingFailedError``,
+    whose ``result`` holds the last attempt's error.
+
+    Attributes:
+        metrics: rank 0's last report; None when it reported nothing.
+        metrics_history: every report of rank 0, over all attempts, in order.
+        checkpoint: the latest committed checkpoint; None when none was reported.
+        best_checkpoints: (checkpoint, metrics reported with it) for every kept checkpoint, best first by
+            ``CheckpointConfig.checkpoint_score_attribute`` (else oldest first).
+        path: the run's directory, ``storage_path/name``.
+        error: the error that ended training (set only in ``TrainingFailedError.result``).
+        stopped_early: ``on_report`` stopped the group before the function returned.
+        num_failures: how many attempts failed (each restart from the latest checkpoint follows one).
+        attempts_errors: each failed attempt's error, in order.
+        train_time_s: seconds rank 0 spent inside the training function (all attempts).
+        held_s: seconds the group held its workers (all attempts), less ``startup_s``.
+        startup_s: seconds the group waited for its workers' one-time start-up.
+        started_at: when rank 0 of the last attempt entered the training function (epoch seconds).
+        ended_at: when it left it.
+        rank0_worker: the Dask worker rank 0 of the last attempt ran on.
+    """
+
     metrics: dict[str, Any] | None
     metrics_history: list[dict[str, Any]]
     checkpoint: Checkpoint | None

@@ -41,27 +41,39 @@ class TrainContext:
     trial_dir: str
 
     def get_world_rank(self) -> int:
+        """This rank's index in the group, 0 to world size - 1 (rank 0 reports and checkpoints)."""
         return self.world_rank
 
     def get_world_size(self) -> int:
+        """How many ranks the group has (``ScalingConfig.num_workers``)."""
         return self.world_size
 
     def get_local_rank(self) -> int:
+        """This rank's index among the group's ranks on its machine."""
         return self.local_rank
 
     def get_local_world_size(self) -> int:
+        """How many of the group's ranks run on this rank's machine."""
         return self.local_world_size
 
     def get_node_rank(self) -> int:
+        """The index of this rank's machine among the group's machines."""
         return self.node_rank
 
     def get_device(self) -> torch.device:
+        """The ``torch.device`` this rank trains on (its GPU, or the CPU)."""
         return self.device
 
     def get_experiment_name(self) -> str:
+        """The run's name (``RunConfig.name``; a Tune trial's run name)."""
         return self.experiment_name
 
     def get_trial_dir(self) -> str:
+        """This run's scratch directory on the rank's worker (Ray's trial directory), which the function runs
+        in.
+
+        It goes away with the worker: what must outlive the run goes in a checkpoint.
+        """
         return self.trial_dir
 
 
@@ -96,6 +108,11 @@ def _current() -> _Session:
 
 
 def get_context() -> TrainContext:
+    """The calling rank's ``TrainContext`` (Ray's ``ray.train.get_context()``).
+
+    Raises:
+        RuntimeError: called outside a training function that ``TorchTrainer.fit()`` runs.
+    """
     return _current().context
 
 

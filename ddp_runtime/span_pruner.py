@@ -44,6 +44,9 @@ class FinishedSpanPruner(SchedulerPlugin):
         self._callback: PeriodicCallback | None = None
 
     async def start(self, scheduler: Any) -> None:
+        """Called by the scheduler: make heartbeats tolerate forgotten spans, then prune every ``interval_s``
+        seconds.
+        """
         self._scheduler = scheduler
         extension = scheduler.extensions.get("spans")
         if extension is not None:
@@ -53,6 +56,7 @@ class FinishedSpanPruner(SchedulerPlugin):
             self._callback.start()
 
     async def close(self) -> None:
+        """Called by the scheduler as it closes: stop the periodic pruning."""
         if self._callback is not None:
             self._callback.stop()
 

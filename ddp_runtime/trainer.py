@@ -96,6 +96,21 @@ class TorchTrainer:
     # ----------------------------------------------------------------------------------------------- driver
 
     def fit(self) -> Result:
+        """Train: run the group until its function returns, restarting it from the latest checkpoint on
+        failure (Ray's ``TorchTrainer.fit``).
+
+        Without ``client`` and with no current Dask client, a local cluster of ``num_workers`` workers is
+        started for this call and closed after it.
+
+        Returns:
+            The run's ``Result``: the last metrics, every report, the latest and kept checkpoints.
+
+        Raises:
+            TrainingFailedError: the group failed more than ``FailureConfig.max_failures`` times (-1: never
+                gives up).
+            InsufficientResourcesError: the cluster cannot hold the group (e.g. ``use_gpu=True`` on a machine
+                without a GPU and no cluster connected).
+        """
         with self._client() as client:
             result = self._fit(client)
         if self.run_config.verbose:  # RunConfig(verbose=0): nothing but warnings

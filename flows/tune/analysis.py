@@ -148,40 +148,77 @@ class ExperimentAnalysis(_Experiment):
     def get_best_trial(
         self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True
     ) -> Trial | None:
+        """The trial with the best ``metric`` (Ray's ``ExperimentAnalysis.get_best_trial``).
+
+        Failed trials and non-finite values (NaN, inf) are always left out, so ``filter_nan_and_inf`` is
+        accepted and changes nothing.
+
+        Args:
+            metric: the reported metric to rank by; default: ``tune.run``'s ``metric``.
+            mode: ``"min"`` or ``"max"``; default: ``tune.run``'s ``mode``.
+            scope: which of each trial's reports count: ``"last"``, ``"all"`` (its best), ``"avg"``,
+                ``"last-5-avg"`` or ``"last-10-avg"`` (any ``"last-<n>-avg"``).
+            filter_nan_and_inf: accepted for Ray's signature; ignored.
+
+        Returns:
+            The best ``Trial``, or None when no trial reported a finite ``metric``.
+
+        Raises:
+            ValueError: no metric or mode here nor in ``tune.run``, or an unknown ``mode`` or ``scope``.
+        """
         metric, mode = self._metric_mode(metric, mode)
         best = _best(self._results, metric, mode, scope)
         return next((t for t in self.trials if best is not None and t.trial_id == best.trial_id), None)
 
     def get_best_config(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> dict | None:
+        """The config of ``get_best_trial(metric, mode, scope)``; None when there is none."""
         trial = self.get_best_trial(metric, mode, scope)
         return trial.config if trial else None
 
     def get_best_checkpoint(self, trial: Trial, metric: str | None = None, mode: str | None = None) -> Any:
+        """The latest checkpoint of ``trial``, or None when it saved none.
+
+        Differs from Ray: ``metric`` and ``mode`` are accepted and ignored -- the trial's latest checkpoint is
+        returned, not the best-scoring one it kept -- and the value is Classic Tune's checkpoint reference:
+        ``.value`` is a local directory (a remote checkpoint is downloaded into a new temporary directory on
+        each access), ``.to_checkpoint()`` a ``Checkpoint``.
+        """
         return trial.checkpoint
 
     @property
     def best_trial(self) -> Trial | None:
+        """``get_best_trial()`` with ``tune.run``'s metric and mode."""
         return self.get_best_trial()
 
     @property
     def best_config(self) -> dict | None:
+        """``get_best_config()`` with ``tune.run``'s metric and mode."""
         return self.get_best_config()
 
     @property
     def best_checkpoint(self) -> Any:
+        """The best trial's latest checkpoint (see ``get_best_checkpoint``); None when there is none."""
         trial = self.best_trial
         return trial.checkpoint if trial else None
 
     @property
     def best_result(self) -> dict | None:
+        """The best trial's last result (with its ``config``); None when there is no best trial."""
         trial = self.best_trial
         return trial.last_result if trial else None
 
     def dataframe(self, metric: str | None = None, mode: str | None = None) -> pd.DataFrame:
+        """One row per trial, in trial order: its last result, ``config/<key>`` columns, ``trial_id``,
+        ``status`` and ``mlflow_run_id``.
+
+        ``metric`` and ``mode`` are accepted for Ray's signature and ignored: each row is the trial's last
+        result, not its best one.
+        """
         return _dataframe(self._results)
 
     @property
     def results_df(self) -> pd.DataFrame:
+        """The same table as ``dataframe()``."""
         return _dataframe(self._results)
 
 
@@ -199,6 +236,9 @@ class Result:
 
     @classmethod
     def of(cls, r: TrialResult) -> Result:
+        """The ``Result`` of one of the sweep's trial results (``path``: the directory of its latest
+        checkpoint).
+        """
         return cls(
             metrics={**r.last, "config": r.config, "trial_id": r.trial_id} if r.last else {"trial_id": r.trial_id},
             config=r.config,
@@ -228,19 +268,38 @@ class ResultGrid(_Experiment):
 
     @property
     def errors(self) -> list[str]:
+        """The error message of every failed trial (Ray gives exceptions; here they are the messages)."""
         return [r.error for r in self._results if r.error]
 
     @property
     def num_errors(self) -> int:
+        """How many trials failed."""
         return len(self.errors)
 
     @property
     def num_terminated(self) -> int:
+        """How many trials ended without an error, completed or stopped early (Ray's TERMINATED)."""
         return sum(1 for r in self._trials if _RAY_STATUS[r.status] == "TERMINATED")
 
     def get_best_result(
         self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True
     ) -> Result:
+        """The ``Result`` of the trial with the best ``metric`` (Ray's ``ResultGrid.get_best_result``).
+
+        Failed trials and non-finite values are always left out, so ``filter_nan_and_inf`` is accepted and
+        changes nothing.
+
+        Args:
+            metric: the reported metric to rank by; default: ``TuneConfig.metric``.
+            mode: ``"min"`` or ``"max"``; default: ``TuneConfig.mode``.
+            scope: ``"last"``, ``"all"``, ``"avg"`` or ``"last-<n>-avg"``, as in
+                ``ExperimentAnalysis.get_best_trial``.
+            filter_nan_and_inf: accepted for Ray's signature; ignored.
+
+        Raises:
+            ValueError: no metric or mode here nor in ``TuneConfig``, or an unknown ``mode`` or ``scope``.
+            RuntimeError: no trial reported a finite ``metric`` (see ``errors``).
+        """
         metric, mode = metric or self.default_metric, mode or self.default_mode
         if not metric or not mode:
             raise ValueError("get_best_result needs a metric and a mode: pass them here, or to TuneConfig")
@@ -250,6 +309,11 @@ class ResultGrid(_Experiment):
         return self._results[self._trials.index(best)]
 
     def get_dataframe(self, filter_metric: str | None = None, filter_mode: str | None = None) -> pd.DataFrame:
+        """One row per trial, as ``ExperimentAnalysis.dataframe()``.
+
+        ``filter_metric`` and ``filter_mode`` are accepted for Ray's signature and ignored: each row is the
+        trial's last result, not the one best in ``filter_metric``.
+        """
         return _dataframe(self._trials)
 
 

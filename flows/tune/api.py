@@ -179,6 +179,29 @@ def _keep_checkpoints(keep: int | None, score_attr: str | None) -> CheckpointCon
 
 @dataclass
 class TuneConfig:
+    """How ``Tuner.fit()`` searches (Ray's ``tune.TuneConfig``): the metric, the search and scheduler, how
+    many trials.
+
+    Ray's fields not listed here (e.g. ``chdir_to_trial_dir``) are not accepted: building the config raises
+    ``TypeError``.
+
+    Attributes:
+        metric: the reported metric the search, the scheduler and ``ResultGrid.get_best_result`` rank by; give
+            it with ``mode`` (an ``OptunaSearch`` or scheduler may carry them instead).
+        mode: ``"min"`` or ``"max"``.
+        search_alg: ``OptunaSearch``, ``ConcurrencyLimiter``, ``BasicVariantGenerator`` or ``Repeater``; None:
+            random and grid search over ``param_space``.
+        scheduler: one of ``sweepflow.tune.schedulers``; None: FIFO (every trial runs to its end).
+        num_samples: trials to run (times each grid combination).
+        max_concurrent_trials: the most trials running at once; None: as many as the cluster has room for.
+        time_budget_s: the experiment's time limit in seconds; running trials are stopped when it is reached.
+        seed: seeds the search's sampling, so the same script samples the same configs.
+        trial_name_creator: ``Trial -> str``, the trial's name (see ``sweepflow.tune.trial_names``).
+        trial_dirname_creator: ``Trial -> str``, the trial's directory name.
+        reuse_actors: a class trainable's object is offered to the next trial on its worker
+            (``reset_config``). Function trainables already run in reused worker processes, so for them it
+            changes nothing; None (Ray's default) is off.
+    """
     metric: str | None = None
     mode: str | None = None
     search_alg: Any = None
@@ -398,6 +421,23 @@ class Tuner:
         )
 
     def fit(self) -> ResultGrid:
+        """Run the experiment: a Prefect flow run with one task run per trial, recorded in MLflow (Ray's
+        ``Tuner.fit``).
+
+        The trials table is printed as the experiment ends (``RunConfig.verbose``,
+        ``RunConfig.progress_reporter``). As in Ray, failed trials do not raise: they are in the returned grid
+        (``ResultGrid.errors``); with ``FailureConfig(fail_fast="raise")`` a failed trial raises
+        ``TuneError``.
+
+        Returns:
+            One ``Result`` per trial, in trial order.
+
+        Raises:
+            TypeError: ``run_config`` is not a ``sweepflow.tune.RunConfig``.
+            ValueError: an argument that is refused here (e.g. ``RunConfig(storage_options=...)``), checked
+                before any trial runs.
+            TuneError: a trial failed and ``fail_fast="raise"``.
+        """
         rc = self.run_config
         experiment = self._request()
         sweep, record = runner.run(experiment)

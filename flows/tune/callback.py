@@ -282,21 +282,34 @@ class TuneCallbacks(SweepObserver):
 
     # ---- the sweep's events
     def sweep_started(self, total: int) -> None:
+        """Call every callback's ``setup`` (``stop``, ``num_samples``, ``total_num_samples``)."""
         self._call("setup", stop=self.stop, num_samples=self.num_samples, total_num_samples=total)
 
     def step_begin(self) -> None:
+        """Count a new driver-loop step and call ``on_step_begin``."""
         self.iteration += 1
         self._call("on_step_begin", iteration=self.iteration, trials=self._listed())
 
     def step_end(self) -> None:
+        """Call ``on_step_end`` for the current step."""
         self._call("on_step_end", iteration=self.iteration, trials=self._listed())
 
     def trial_started(self, spec: SweepTrial, run_id: str, storage: str) -> None:
+        """Mark the trial RUNNING (with its MLflow run id and checkpoint storage) and call ``on_trial_start``.
+        """
         trial = self._trial(spec, path=storage)
         trial.status, trial.mlflow_run_id = "RUNNING", run_id
         self._call("on_trial_start", iteration=self.iteration, trials=self._listed(), trial=trial)
 
     def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> bool:
+        """Call ``on_trial_result`` with Ray's full result (``trial_id``, ``experiment_tag``, ``config``,
+        ``timestamp``, ``done``).
+
+        Returns:
+            Whether a callback set ``result["should_checkpoint"]``: the sweep then has the trial checkpointed
+                at this
+            report (Ray 2.49+).
+        """
         trial = self._trial(spec)
         trial.config = trial.evaluated_params = dict(spec.params)  # PBT changes it as the trial goes on
         full = {
@@ -316,6 +329,9 @@ class TuneCallbacks(SweepObserver):
         return bool(full.get(SHOULD_CHECKPOINT))
 
     def trial_ended(self, result: TrialResult) -> None:
+        """Update the trial from its final result and call ``on_trial_error`` (failed) or
+        ``on_trial_complete``.
+        """
         from sweepflow.tasks.sweep.results import TrialStatus
 
         trial = self._trial(result)
@@ -324,6 +340,9 @@ class TuneCallbacks(SweepObserver):
         self._call(hook, iteration=self.iteration, trials=self._listed(), trial=trial)
 
     def sweep_ended(self, results: Sequence[TrialResult]) -> None:
+        """Bring every trial up to date (a resumed experiment's read-back ones too), in trial order, and call
+        ``on_experiment_end``.
+        """
         for result in sorted(results, key=lambda r: r.index):  # a resumed experiment's read-back trials too
             self._trial(result)._update(result)
         self.trials = dict(sorted(self.trials.items(), key=lambda item: item[1].result.index))

@@ -52,17 +52,42 @@ class Trainable:
 
     # ------------------------------------------------------------------ what a subclass defines
     def setup(self, config: dict[str, Any], **parameters: Any) -> None:
+        """Build what the trial trains from ``config`` (a deep copy of the trial's config); called once per
+        object.
+
+        ``parameters`` are the objects given with ``tune.with_parameters``, as keyword arguments (Ray's
+        ``setup(config, **kwargs)``). The default calls a Ray 1 ``_setup`` when the subclass has one.
+        """
         legacy = getattr(self, "_setup", None)
         if legacy is not None:
             legacy(config, **parameters)
 
     def step(self) -> dict[str, Any]:
+        """Train one iteration and return its metrics; the trial reports them (``tune.report``) after each
+        step.
+
+        Returning ``{"done": True, ...}`` ends the trial; ``{"should_checkpoint": True, ...}`` checkpoints
+        this step.
+
+        Raises:
+            NotImplementedError: the subclass defines neither ``step`` nor Ray 1's ``_train``.
+        """
         legacy = getattr(self, "_train", None)
         if legacy is None:
             raise NotImplementedError(f"{type(self).__name__} must define step(self) -> dict of metrics")
         return legacy()
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any] | str | None:
+        """Write the object's state into ``checkpoint_dir``, or return it as a dict.
+
+        A returned dict is pickled into the checkpoint and handed back to ``load_checkpoint``; returning None
+        (or a path, as Ray allows) means the files written into ``checkpoint_dir`` are the checkpoint, and
+        ``load_checkpoint`` gets a directory holding them. The step count is saved alongside by ``save``.
+
+        Raises:
+            NotImplementedError: a checkpoint is asked for (``checkpoint_frequency``, ``checkpoint_at_end``,
+                ``should_checkpoint``) and the subclass defines neither this nor Ray 1's ``_save``.
+        """
         legacy = getattr(self, "_save", None)
         if legacy is None:
             raise NotImplementedError(
@@ -72,6 +97,14 @@ class Trainable:
         return legacy(checkpoint_dir)
 
     def load_checkpoint(self, checkpoint: dict[str, Any] | str) -> None:
+        """Restore the object's state from what ``save_checkpoint`` saved: the dict it returned, or the
+        directory's path.
+
+        Called when the trial restarts (``max_failures``), resumes, or takes over a PBT exploit's checkpoint.
+
+        Raises:
+            NotImplementedError: the subclass defines neither this nor Ray 1's ``_restore``.
+        """
         legacy = getattr(self, "_restore", None)
         if legacy is None:
             raise NotImplementedError(
@@ -95,6 +128,11 @@ class Trainable:
         return True
 
     def cleanup(self) -> None:
+        """Release what ``setup`` took (files, connections); called once when the object is done with.
+
+        With ``reuse_actors=True`` that is when no later trial takes the object over (or the experiment ends).
+        The default calls a Ray 1 ``_stop`` when the subclass has one.
+        """
         legacy = getattr(self, "_stop", None)
         if legacy is not None:
             legacy()
@@ -107,22 +145,27 @@ class Trainable:
     # ------------------------------------------------------------------ what Ray's Trainable also offers
     @property
     def iteration(self) -> int:
+        """Steps trained so far, restored with a checkpoint (Ray's ``Trainable.iteration``)."""
         return self._iteration
 
     @property
     def training_iteration(self) -> int:
+        """The same count as ``iteration``, under the name results use."""
         return self._iteration
 
     @property
     def trial_id(self) -> str:
+        """The trial's id; ``"default"`` outside a trial (in ``validate_save_restore`` or a test)."""
         return session.get_trial_id() or "default"
 
     @property
     def trial_name(self) -> str:
+        """The trial's id: unlike Ray, no separate ``<trainable>_<id>`` name is kept for the object."""
         return self.trial_id
 
     @property
     def logdir(self) -> str:
+        """The trial's directory on its worker; the current directory outside a trial."""
         return session.get_trial_dir() or os.getcwd()
 
     def train(self) -> dict[str, Any]:
@@ -150,6 +193,12 @@ class Trainable:
         return checkpoint_dir
 
     def restore(self, checkpoint_dir: str) -> None:
+        """Restore from a directory ``save`` wrote: calls ``load_checkpoint`` and sets ``iteration`` back.
+
+        Args:
+            checkpoint_dir: the checkpoint's local directory (Ray also takes a ``Checkpoint`` object; here,
+                use ``checkpoint.as_directory()``).
+        """
         saved = os.path.join(checkpoint_dir, _DICT_FILE)
         if os.path.exists(saved):
             with open(saved, "rb") as f:
@@ -162,6 +211,7 @@ class Trainable:
                 self._iteration = int(json.load(f)["iteration"])
 
     def stop(self) -> None:
+        """End the object: calls ``cleanup`` (Ray's ``Trainable.stop``)."""
         self.cleanup()
 
 
@@ -201,6 +251,7 @@ def release_idle(token: str) -> int:
 
 
 def is_class_trainable(trainable: Any) -> bool:
+    """Whether ``trainable`` is a ``Trainable`` subclass (a class trainable), not a function."""
     return isinstance(trainable, type) and issubclass(trainable, Trainable)
 
 

@@ -36,17 +36,21 @@ class LoggerCallback(Callback):
         """Not called here (see ``sweepflow.tune.callback.NEVER_CALLED``)."""
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Calls ``log_trial_start(trial)``."""
         self.log_trial_start(trial)
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
+        """Calls ``log_trial_result(iteration, trial, result)``."""
         self.log_trial_result(iteration, trial, result)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Calls ``log_trial_end(trial, failed=False)``."""
         self.log_trial_end(trial, failed=False)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """Calls ``log_trial_end(trial, failed=True)``."""
         self.log_trial_end(trial, failed=True)
 
 

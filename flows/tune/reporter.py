@@ -10,6 +10,19 @@ import pandas as pd
 
 
 class CLIReporter:
+    """Ray Tune's ``CLIReporter``: the trials table, printed once when the experiment ends.
+
+    Differs from Ray: nothing is printed while trials run (the sweep logs a progress line at every change
+    instead), so ``max_report_frequency`` and Ray's other arguments (``max_progress_rows``,
+    ``sort_by_metric``, ``metric``, ``mode``, ...) are accepted and ignored.
+
+    Args:
+        metric_columns: the reported metrics to show (a dict maps each to its column header); default: every
+            metric of each trial's last result.
+        parameter_columns: the config keys to show (``"a/b"`` for nested keys; a dict maps each to its
+            header); default: the keys the search varies, as Ray does.
+        max_report_frequency: accepted for Ray's signature; ignored.
+    """
     def __init__(
         self,
         metric_columns: Sequence[str] | dict[str, str] | None = None,
@@ -21,6 +34,9 @@ class CLIReporter:
         self.parameter_columns = parameter_columns
 
     def add_metric_column(self, metric: str, representation: str | None = None) -> None:
+        """Show one more reported metric as a column (``representation``: its header, when ``metric_columns``
+        is a dict).
+        """
         if isinstance(self.metric_columns, dict):
             self.metric_columns[metric] = representation or metric
         else:
@@ -46,6 +62,11 @@ class CLIReporter:
         return head + "\n" + pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.6g}")
 
     def report(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> None:
+        """Print ``table(trials, searched)``.
+
+        Unlike Ray's ``report(trials, done, *sys_info)``, the second argument is the searched config keys: it
+        is called once, by the experiment, when it has ended.
+        """
         print(self.table(trials, searched), flush=True)
 
 

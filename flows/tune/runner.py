@@ -76,6 +76,9 @@ class TuneRequest:
 
     @property
     def mlflow_experiment_name(self) -> str:
+        """The MLflow experiment the trials are recorded in: ``mlflow_experiment`` when a callback set it,
+        else ``name``.
+        """
         return self.mlflow_experiment or self.name
 
 

@@ -39,17 +39,36 @@ Domain = RANDOM_DOMAINS
 
 
 def choice(categories: Sequence[Any]) -> Choice:
+    """A value drawn per trial from ``categories``, each equally likely (Ray's ``tune.choice``).
+
+    Returns the sweep's ``Choice`` domain rather than Ray's ``Categorical``: Ray's chaining methods
+    (``.uniform()``, ``.quantized()``) are not there.
+
+    Raises:
+        ValueError: ``categories`` is empty.
+    """
     if len(categories) == 0:
         raise ValueError("tune.choice needs at least one category")
     return Choice(tuple(categories))
 
 
 def uniform(lower: float, upper: float) -> Uniform:
+    """A float drawn per trial uniformly from [lower, upper) (Ray's ``tune.uniform``).
+
+    Raises:
+        ValueError: ``lower`` is not below ``upper``.
+    """
     _check_range("uniform", lower, upper)
     return Uniform(float(lower), float(upper))
 
 
 def quniform(lower: float, upper: float, q: float) -> QUniform:
+    """A float drawn uniformly from [lower, upper] and rounded to a multiple of ``q`` (Ray's
+    ``tune.quniform``).
+
+    Raises:
+        ValueError: ``lower`` is not below ``upper``, or ``q`` is not positive.
+    """
     _check_range("quniform", lower, upper)
     if not q > 0:
         raise ValueError(f"tune.quniform(lower, upper, q) needs q > 0, got q={q}")
@@ -65,6 +84,12 @@ def loguniform(lower: float, upper: float, base: float = 10) -> LogUniform:
 
 
 def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
+    """A float drawn per trial from a normal distribution with ``mean`` and standard deviation ``sd`` (Ray's
+    ``tune.randn``).
+
+    Raises:
+        ValueError: ``sd`` is not positive.
+    """
     if not sd > 0:
         raise ValueError(f"tune.randn(mean, sd) needs sd > 0, got sd={sd}")
     return Normal(float(mean), float(sd))
@@ -164,6 +189,9 @@ class SearchSampler(Sampler):
             self._points.extend(points)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next trial's (number, config): the next of ``points_to_evaluate`` first, then TPE's proposals,
+        with ``"a/b"`` keys nested again.
+        """
         if self._points:  # the points are the first trials, in the order given
             self._tpe.enqueue(self._points.popleft())
         number, flat = self._tpe.ask()
@@ -179,6 +207,8 @@ class SearchSampler(Sampler):
         return self._tpe.ask_known({"/".join(path): value for path, value in config_leaves(config)})
 
     def tell(self, number: int, value: float | None) -> None:
+        """Tell TPE trial ``number``'s result: the best value of the metric it reached, or None if it failed.
+        """
         self._tpe.tell(number, value)
 
 

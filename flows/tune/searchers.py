@@ -226,6 +226,14 @@ class DefineByRunSampler(Sampler):
         self.seen: list[str] = []  # config paths the function set, first seen first (the trials table's columns)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next trial's (number, config): the function runs on a new study trial (an enqueued point
+        first).
+
+        Raises:
+            SamplerExhausted: all ``num_samples`` trials were proposed.
+            ValueError: the function returned something other than None or a dict with str keys, or ignored a
+                point's parameter; the study trial is closed as failed.
+        """
         self._check_left()
         point = self._points.popleft() if self._points else None
         if point is not None:  # the points are the first trials, in the order given
@@ -243,6 +251,9 @@ class DefineByRunSampler(Sampler):
         return number
 
     def tell(self, number: int, value: float | None) -> None:
+        """Tell the study trial ``number``'s result: the best value of the metric it reached, or None if it
+        failed.
+        """
         _tell(self._study, number, value)
 
     def _check_left(self) -> None:
@@ -308,9 +319,18 @@ class RepeatSampler(Sampler):
 
     @property
     def seen(self) -> Sequence[str]:
+        """The config paths the inner sampler's define-by-run function set (the trials table's columns); empty
+        for a dict space.
+        """
         return getattr(self.inner, "seen", ())
 
     def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next trial's (number, config): the inner proposal being repeated, or a new one once it was
+        proposed ``repeat`` times.
+
+        Raises:
+            SamplerExhausted: all ``total`` trials were proposed.
+        """
         return self._next(None)
 
     def ask_known(self, config: dict[str, Any]) -> int:
@@ -339,6 +359,7 @@ class RepeatSampler(Sampler):
         return number, proposed
 
     def tell(self, number: int, value: float | None) -> None:
+        """Record one repeat's result; once every repeat of its config is told, tell ``inner`` their mean."""
         inner_number = self._group_of.pop(number)
         told = self._told[inner_number]
         told.append(value)

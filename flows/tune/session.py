@@ -98,18 +98,22 @@ class TuneContext:
     DDP trial) the rank's place in its group, as ``ddp_runtime.get_context()`` (Ray Train's) has it."""
 
     def get_trial_id(self) -> str:
+        """The trial's id (``trial_0003``); see ``sweepflow.tune.get_trial_id``."""
         return get_trial_id()
 
     def get_trial_name(self) -> str:
+        """The trial's name: its MLflow run's name; its id outside a Tune trial."""
         from sweepflow.tasks.training.function import current_trial_run
 
         trial = current_trial_run()
         return trial.run_name if trial is not None else get_trial_id()
 
     def get_trial_dir(self) -> str:
+        """The trial's local scratch directory on this rank's worker; see ``sweepflow.tune.get_trial_dir``."""
         return get_trial_dir()
 
     def get_experiment_name(self) -> str:
+        """The experiment's name (``tune.run(name=...)`` / ``RunConfig.name``)."""
         from sweepflow.tasks.training.function import current_trial_run
 
         trial = current_trial_run()

@@ -29,6 +29,11 @@ class SharedValue:
         self.plugin, self.name = plugin, name
 
     def get(self) -> Any:
+        """The object, from this worker's copy.
+
+        Raises:
+            RuntimeError: not on a Dask worker of the experiment that shared it, or that experiment has ended.
+        """
         from distributed import get_worker
 
         try:

@@ -24,10 +24,12 @@ class Stopper:
         raise NotImplementedError(f"{type(self).__name__} must define __call__(self, trial_id, result) -> bool")
 
     def stop_all(self) -> bool:
+        """Whether to end the whole experiment, asked after every report; the default never does."""
         return False
 
 
 class NoopStopper(Stopper):
+    """A stopper that never stops anything (Ray's ``NoopStopper``)."""
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
 
@@ -58,6 +60,7 @@ class CombinedStopper(Stopper):
         return any([stopper(trial_id, result) for stopper in self._stoppers])
 
     def stop_all(self) -> bool:
+        """True when any of the stoppers would end the experiment."""
         return any(stopper.stop_all() for stopper in self._stoppers)
 
 
@@ -141,6 +144,9 @@ class ExperimentPlateauStopper(Stopper):
         return False
 
     def stop_all(self) -> bool:
+        """True once the ``top`` best values have stayed within ``std`` for more than ``patience`` reports in
+        a row.
+        """
         return len(self._best) == self.top and self._flat > self.patience
 
 
@@ -160,6 +166,7 @@ class TimeoutStopper(Stopper):
         return False
 
     def stop_all(self) -> bool:
+        """True once ``timeout`` has passed since the first report the stopper saw."""
         return self._started is not None and time.monotonic() - self._started >= self.timeout_s
 
 

@@ -99,9 +99,16 @@ class HyperBandScheduler(TrialScheduler):
         self.num_stopped = 0
 
     def checkpoint_every(self) -> int | None:
+        """1: a trial must checkpoint every report, since a paused trial goes on from its latest checkpoint.
+        """
         return 1  # a paused trial resumes from its latest checkpoint
 
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
+        """Fill in the experiment's metric and mode where the scheduler was built without them.
+
+        Raises:
+            ValueError: they differ from the ones the scheduler was given, or neither has them.
+        """
         own = (self.metric, self.mode)
         self.metric, self.mode = merge_search_properties("HyperBandScheduler", own, (metric, mode))
 
@@ -136,6 +143,7 @@ class HyperBandScheduler(TrialScheduler):
     # --------------------------------------------------------------------------------- the scheduler's calls
 
     def on_trial_add(self, trial_id: str) -> None:
+        """Put a new trial in the current bracket (a trial going on after a pause stays in its own)."""
         with self._lock:
             if trial_id in self._bracket_of:  # it goes on after a pause: same bracket
                 return
@@ -228,12 +236,15 @@ class HyperBandScheduler(TrialScheduler):
             self._cond.notify_all()
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """The trial leaves its bracket, which may now be decided for the trials waiting in it."""
         self._end(trial_id)
 
     def on_trial_error(self, trial_id: str) -> None:
+        """The trial leaves its bracket, which may now be decided for the trials waiting in it."""
         self._end(trial_id)
 
     def debug_string(self) -> str:
+        """The stopped count and every bracket's (size, milestone, trials in it)."""
         return f"HyperBandScheduler: {self.num_stopped} stopped; brackets {self.brackets()}"
 
     def __repr__(self) -> str:

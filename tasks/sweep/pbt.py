@@ -146,6 +146,11 @@ class PopulationBasedTraining(TrialScheduler):
     # --------------------------------------------------------------------------- the experiment's settings
 
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
+        """Fill in the experiment's metric and mode where the scheduler was built without them.
+
+        Raises:
+            ValueError: they differ from the ones the scheduler was given, or neither has them.
+        """
         own = (self.metric, self.mode)
         self.metric, self.mode = merge_search_properties("PopulationBasedTraining", own, (metric, mode))
 
@@ -180,6 +185,7 @@ class PopulationBasedTraining(TrialScheduler):
     # --------------------------------------------------------------------------- the scheduler's calls
 
     def on_trial_add(self, trial_id: str) -> None:
+        """Mark the trial live (a trial going on after an exploit keeps its state)."""
         with self._lock:
             state = self._trials.setdefault(trial_id, _TrialState())
             state.live = True
@@ -201,6 +207,15 @@ class PopulationBasedTraining(TrialScheduler):
         return float(result[self.time_attr]), value, sign * value
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        """``EXPLOIT`` when the trial, at a perturbation point, is in the bottom quantile and is to continue
+        from a top trial's checkpoint, else ``CONTINUE``.
+
+        With ``synch=True`` the call blocks until every running trial reached the same perturbation point.
+
+        Raises:
+            ValueError: the result lacks the numeric metric or ``time_attr`` and ``require_attrs`` is True
+                (Ray's default), or no metric/mode was ever given.
+        """
         point = self._point(trial_id, result)
         if point is None:
             return CONTINUE
@@ -290,9 +305,11 @@ class PopulationBasedTraining(TrialScheduler):
             self._cond.notify_all()
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """The trial leaves the population; with ``synch``, the others may now perturb without it."""
         self._end(trial_id)
 
     def on_trial_error(self, trial_id: str) -> None:
+        """The trial leaves the population; with ``synch``, the others may now perturb without it."""
         self._end(trial_id)
 
     # --------------------------------------------------------------------------- explore
@@ -325,6 +342,7 @@ class PopulationBasedTraining(TrialScheduler):
         return dict(new)
 
     def debug_string(self) -> str:
+        """``"PopulationBasedTraining: <n> perturbs"``."""
         with self._lock:
             return f"PopulationBasedTraining: {self.num_perturbations} perturbs"
 

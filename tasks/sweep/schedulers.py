@@ -148,18 +148,30 @@ class TrialScheduler:
         waiting once they are all there)."""
 
     def on_trial_add(self, trial_id: str) -> None:
+        """A trial starts (or goes on after a pause or an exploit); called once before its first result."""
         raise NotImplementedError
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        """Decide on one report of a trial: ``CONTINUE``, ``STOP``, ``PAUSE`` or ``EXPLOIT`` (a ``Decision``).
+
+        Args:
+            trial_id: the reporting trial.
+            result: its reported metrics, with the scheduler's ``time_attr``.
+        """
         raise NotImplementedError
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """A trial ended without an error (finished, or stopped by a decision); ``result``: its last report,
+        if any.
+        """
         raise NotImplementedError
 
     def on_trial_error(self, trial_id: str) -> None:
+        """A trial failed; it reports no more."""
         raise NotImplementedError
 
     def debug_string(self) -> str:
+        """A one-line account of the scheduler's state, for logs (Ray's ``debug_string``)."""
         return type(self).__name__
 
 
@@ -171,21 +183,26 @@ class FIFOScheduler(TrialScheduler):
         self._live: set[str] = set()
 
     def on_trial_add(self, trial_id: str) -> None:
+        """Count the trial as live."""
         with self._lock:
             self._live.add(trial_id)
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        """Always ``CONTINUE``: FIFO never stops a trial."""
         return CONTINUE
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """The trial is no longer live."""
         with self._lock:
             self._live.discard(trial_id)
 
     def on_trial_error(self, trial_id: str) -> None:
+        """The trial is no longer live."""
         with self._lock:
             self._live.discard(trial_id)
 
     def debug_string(self) -> str:
+        """``"FIFOScheduler: <n> live trials"``."""
         with self._lock:
             return f"FIFOScheduler: {len(self._live)} live trials"
 
@@ -352,6 +369,11 @@ class ASHAScheduler(TrialScheduler):
         return action
 
     def on_trial_add(self, trial_id: str) -> None:
+        """Register a new trial.
+
+        Raises:
+            ValueError: the trial id was added before (ids must be unique).
+        """
         with self._lock:
             if trial_id in self._live:
                 raise ValueError(
@@ -360,6 +382,13 @@ class ASHAScheduler(TrialScheduler):
             self._live.add(trial_id)
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        """``STOP`` at ``max_t`` or when the result falls below its rung's cutoff, else ``CONTINUE`` (see the
+        class docstring).
+
+        Raises:
+            ValueError: the result lacks the numeric metric or ``time_attr`` (Ray would silently continue), or
+                the trial was never added or has already ended.
+        """
         time, value = self._time_and_value(trial_id, result)
         with self._lock:
             if trial_id not in self._live:
@@ -406,6 +435,7 @@ class ASHAScheduler(TrialScheduler):
             return out
 
     def debug_string(self) -> str:
+        """The stopped count and each rung's milestone, size and current cutoff."""
         cutoffs = self.rung_cutoffs()
         with self._lock:
             rungs = " | ".join(
@@ -465,6 +495,11 @@ class MedianStoppingRule(TrialScheduler):
         self._live: set[str] = set()
 
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
+        """Fill in the experiment's metric and mode where the rule was built without them.
+
+        Raises:
+            ValueError: they differ from the ones the rule was given, or neither has them.
+        """
         self.metric, self.mode = merge_search_properties("MedianStoppingRule", (self.metric, self.mode), (metric, mode))
 
     def _point(self, trial_id: str, result: Mapping[str, Any]) -> tuple[float, float]:
@@ -484,11 +519,19 @@ class MedianStoppingRule(TrialScheduler):
         return sum(values) / len(values)
 
     def on_trial_add(self, trial_id: str) -> None:
+        """Register the trial (a trial going on keeps its history)."""
         with self._lock:
             self._live.add(trial_id)
             self._history.setdefault(trial_id, [])
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
+        """``STOP`` when the trial's best value is worse than the median of the others' running means at the
+        same time, else ``CONTINUE`` (see the class docstring).
+
+        Raises:
+            ValueError: the result lacks the numeric metric or ``time_attr``, or no metric/mode was ever
+                given.
+        """
         time, value = self._point(trial_id, result)
         with self._lock:
             self._history.setdefault(trial_id, []).append((time, value))
@@ -506,10 +549,12 @@ class MedianStoppingRule(TrialScheduler):
             return STOP if best < median else CONTINUE
 
     def on_trial_complete(self, trial_id: str, result: Mapping[str, Any] | None) -> None:
+        """The trial is no longer live; its results stay, and later trials are compared with them."""
         with self._lock:
             self._live.discard(trial_id)  # its results stay: later trials are compared with them
 
     def on_trial_error(self, trial_id: str) -> None:
+        """The trial is no longer live; its results stay."""
         with self._lock:
             self._live.discard(trial_id)
 

@@ -98,6 +98,12 @@ class MLflowLoggerCallback(LoggerCallback):
         return f"MLflowLoggerCallback(experiment_name={self.experiment_name!r}, tags={self.tags!r})"
 
     def sweepflow_recording(self) -> Recording:
+        """The experiment's MLflow recording as this callback asks for it: its tracking URI, experiment name
+        and tags.
+
+        Checked against the other callbacks' asks before any trial runs
+        (``sweepflow.tune.callback.recording``).
+        """
         return Recording(
             source="MLflowLoggerCallback",
             tracking_uri=self.tracking_uri,

@@ -66,6 +66,9 @@ class OptunaSearch:
 
     @property
     def define_by_run(self) -> bool:
+        """Whether ``space`` is a define-by-run function (``trial -> None``, Optuna's ask interface) rather
+        than a dict of domains.
+        """
         return callable(self.space)
 
     def __repr__(self) -> str:
@@ -79,6 +82,8 @@ class OptunaSearch:
 
 
 def qualified_name(fn: Any) -> str:
+    """``module.qualname`` of ``fn``: how a define-by-run space function is shown in reprs and the sweep line.
+    """
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
