@@ -18,14 +18,15 @@ Map of the Ray faces (``flows/tune``, ``flows/air``, ``flows/sgd``), in two kind
   (what a trial runs), ``searchers`` + ``search/optuna``, ``search/concurrency``, ``search/repeater`` (the
   search), ``stopper``, ``callback`` + ``hooks`` (a script's callbacks), ``trial_names``, ``session`` (what a
   trainable calls on a rank), ``shared`` (``with_parameters`` on the workers), ``analysis`` (the results),
-  ``reporter``, ``registry`` (``register_best``); ``air/integrations/mlflow``; ``sgd/plan``, ``sgd/pytorch``,
-  ``sgd/replica``, ``sgd/state`` (Ray SGD's trainer on ddp_runtime).
+  ``reporter``, ``registry`` (``register_best``), ``utils/mock_trainable`` (Ray's examples' test trainable);
+  ``air/integrations/mlflow``; ``sgd/plan``, ``sgd/pytorch``, ``sgd/replica``, ``sgd/state`` (Ray SGD's trainer
+  on ddp_runtime).
 * **Ray's names only** -- a module path or constant a Ray script imports, holding nothing of its own: either it
   re-exports one of the above (``schedulers/__init__``, ``search/__init__``, ``search_space`` helpers,
   ``result``, ``logger``, ``utils``, ``air/__init__``, ``sgd/torch``, ``sgd/integration/torch``) or it refuses
   a name that is not built with the reason and what to use (``not_built`` holds every refusal;
-  ``schedulers/pb2``, ``schedulers/hb_bohb``, ``search/{ax,bayesopt,bohb,hyperopt,nevergrad}``,
-  ``utils/mock_trainable`` are three-line modules pointing at it).
+  ``schedulers/pb2``, ``schedulers/hb_bohb``, ``search/{ax,bayesopt,bohb,hyperopt,nevergrad}`` are three-line
+  modules pointing at it).
 """
 
 from __future__ import annotations

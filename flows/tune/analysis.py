@@ -130,7 +130,21 @@ class _Experiment:
 
 
 class ExperimentAnalysis(_Experiment):
-    """What classic ``tune.run`` returns."""
+    """What classic ``tune.run`` returns (Ray's ``ExperimentAnalysis``): the trials, and the best of them.
+
+    Attributes:
+        trials: one ``Trial`` per trial, in trial order.
+        default_metric: ``tune.run``'s ``metric``, used when a method is not given one.
+        default_mode: ``tune.run``'s ``mode``.
+        experiment_path: where the experiment's settings were saved (what ``Tuner.restore`` takes).
+        record: where it ran and is recorded: the MLflow experiment and parent run, the Prefect flow run.
+
+    Differs from Ray: the trials are the sweep's results (MLflow runs), not files in a local experiment
+    directory, so an experiment is not read back with ``ExperimentAnalysis(path)`` (use
+    ``Tuner.restore(path).get_results()``), and Ray's per-trial file readers (``trial_dataframes``,
+    ``fetch_trial_dataframes``) are not built: ``dataframe()`` and each trial's ``metric_history`` hold the
+    reports.
+    """
 
     def __init__(self, results: Sequence[TrialResult], **kwargs: Any):
         super().__init__(results, **kwargs)
@@ -224,7 +238,17 @@ class ExperimentAnalysis(_Experiment):
 
 @dataclass
 class Result:
-    """One trial of ``Tuner.fit()`` (Ray's ``ray.train.Result``)."""
+    """One trial of ``Tuner.fit()`` (Ray's ``ray.train.Result``).
+
+    Attributes:
+        metrics: the trial's last report, with its ``config`` and ``trial_id``.
+        config: the config it ran with.
+        checkpoint: its latest checkpoint; None when it saved none.
+        error: why it failed, as text (Ray gives the exception); None when it did not.
+        path: the directory of its latest checkpoint (Ray: the trial's directory); None without one.
+        metrics_dataframe: every report, one row each.
+        mlflow_run_id: the trial's MLflow run (not in Ray): its params, metric history and artifacts.
+    """
 
     metrics: dict[str, Any]
     config: dict[str, Any]
