@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md). Each creates/refreshes .venv with what it needs.
-.PHONY: run test test-fast lint bench install install-dev stack-up stack-down deploy
+.PHONY: run test test-fast lint bench install install-dev stack-up stack-down deploy docs docs-build
 
 install:
 	bash scripts/install.sh
@@ -29,7 +29,7 @@ test-fast:
 bench: install
 	.venv/bin/python benchmarks/bench_ddp_runtime.py
 
-# The full local stack (see README "Run it on your cluster"), and the deployments on it.
+# The full local stack (docs/deploying.md), and the deployments on it.
 stack-up:
 	infra/stack up
 
@@ -38,3 +38,12 @@ stack-down:
 
 deploy:
 	set -a && . $${SWEEPFLOW_HOME:-$$HOME/.sweepflow}/stack/stack.env && set +a && .venv/bin/prefect --no-prompt deploy --all
+
+# The documentation site (mkdocs.yml, docs/; the docs extra, in the dev venv): served while you edit, or built strict
+# into site/ (tests/test_docs.py builds it too). `make docs DOCS_ADDR=127.0.0.1:8123` serves on another address.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs:
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+docs-build:
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir site

@@ -1,9 +1,9 @@
-"""``sweepflow`` command line: run the pipeline, manage the local Prefect server.
+"""The sweepflow command: run the training pipeline, start a project of your own, manage the services.
 
 sweepflow run [--config FILE.yaml] [--set key=value ...] [--no-server] [--resume PARENT_RUN_ID]
-sweepflow init DIR                                   (a working project of your own to start from)
-sweepflow server start|stop|status
-sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack: see infra/services/stack.py)
+sweepflow init DIR                                  (a working project of your own to start from)
+sweepflow server start|stop|status                  (the background services `sweepflow run` starts and reuses)
+sweepflow stack up|down|status|env|logs [SERVICE]   (the full stack on this machine: see infra/services/stack.py)
 """
 
 from __future__ import annotations
@@ -251,6 +251,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         registered=(reg["name"], reg["version"]),
         metric=summary["selection"]["metric"],
         mode=summary["selection"]["mode"],
+        view_key=summary.get("mlflow_view_key"),
     )
     if summary.get("report_url"):
         views["sweep report"] = summary["report_url"]  # a page of its own: interactive plots of every trial
@@ -459,7 +460,9 @@ def _read_secret_file(path: str | None, flag: str) -> str | None:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sweepflow`` command's parser: every command, its help and options (docs/hooks.py renders the CLI
+    reference from it)."""
     parser = argparse.ArgumentParser(
         prog="sweepflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -495,13 +498,30 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("directory", help="a new (or empty) directory")
     init.set_defaults(func=cmd_init)
     server = sub.add_parser(
-        "server", help="the reusable local Prefect server, MLflow server and Dask cluster"
+        "server",
+        help="start, stop or show the background services `sweepflow run` starts and reuses: Prefect server, "
+        "MLflow server, Dask cluster, warm launcher, idle watchdog",
+        description="The background services `sweepflow run` starts the first time and reuses (on free 127.0.0.1 "
+        "ports; they stop themselves after $SWEEPFLOW_SERVICES_IDLE_MINUTES unused, default 60). start: the "
+        "Prefect server, MLflow server and Dask cluster (and the idle watchdog), reused when healthy; stop: every "
+        "one of them, the launcher included; status: each one's address, or why it is down (exit 1 if any is).",
     )
-    server.add_argument("action", choices=["start", "stop", "status"])
-    server.add_argument("--state-dir", default=None)
+    server.add_argument(
+        "action", choices=["start", "stop", "status"], help="start | stop | status (see above)"
+    )
+    server.add_argument("--state-dir", default=None, help="default: $SWEEPFLOW_HOME (~/.sweepflow)")
     server.set_defaults(func=cmd_server)
-    stack = sub.add_parser("stack", help="the full local stack: Prefect server+worker, Dask, MLflow, S3")
-    stack.add_argument("action", choices=["up", "down", "status", "env", "logs"])
+    stack = sub.add_parser(
+        "stack",
+        help="the full stack on this machine: S3 gateway, MLflow server, Prefect server + worker, Dask",
+        description="The whole stack a deployment runs on, on this machine (infra/stack runs this after installing "
+        "the stack extra). up: start what is not running (and restart what is DOWN); down: stop every process of "
+        "every service; status: each service's address or why it is DOWN; env: print stack.env, the clients' "
+        "settings; logs [SERVICE]: the end of the services' logs.",
+    )
+    stack.add_argument(
+        "action", choices=["up", "down", "status", "env", "logs"], help="up | down | status | env | logs"
+    )
     stack.add_argument("service", nargs="?", default=None, help="for logs: one service (default: all)")
     stack.add_argument(
         "--state-dir", default=None, help="default: $SWEEPFLOW_HOME/stack (~/.sweepflow/stack)"
@@ -514,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "server's and MLflow's databases (sweepflow_prefect, sweepflow_mlflow: created if missing); default "
         "$SWEEPFLOW_STACK_DATABASE_URL, else SQLite files in the state dir",
     )
-    expose = stack.add_argument_group("exposing the services (up; see README, 'Exposing the services')")
+    expose = stack.add_argument_group("exposing the services (up; see docs/exposing.md)")
     expose.add_argument(
         "--host",
         default="127.0.0.1",
@@ -543,7 +563,11 @@ def main(argv: list[str] | None = None) -> int:
         help="allow a --host other than 127.0.0.1 without Prefect/MLflow auth and Dask TLS (trusted networks only)",
     )
     stack.set_defaults(func=cmd_stack)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     # Before MLflow is imported here or in a service started from here: it starts its telemetry at import.
     from sweepflow.services.local import MLFLOW_SETTINGS

@@ -63,19 +63,23 @@ DataSettings = DataConfig
 class SweepSettings(_Section):
     """The search: space (as data), sampler, budget."""
 
-    search_space: dict[str, Any] = Field(default_factory=lambda: dict(SEED_SEARCH_SPACE))
+    search_space: dict[str, Any] = Field(
+        default_factory=lambda: dict(SEED_SEARCH_SPACE),
+        description="Hyperparameter -> domain, as data: {type: choice|grid, values: [...]}, {type: uniform|loguniform, "
+        "low, high}, {type: randint|qrandint|pow2, low, high}, or a constant. Default: the Ray Tune CIFAR tutorial's",
+    )
     sampler: Literal["random", "grid", "tpe"] = Field(
         "random",
         description="random (seeded), grid (exhaustive), tpe (adaptive: Optuna TPE, asks as results arrive)",
     )
-    num_samples: int = Field(8, ge=1)
+    num_samples: int = Field(8, ge=1, description="Trials to sample (with grid parameters: per grid combination)")
     max_concurrent_trials: int | None = Field(
         None, ge=1, description="Default: as many trials as the cluster fits at once given the resources"
     )
     time_budget_s: float | None = Field(
         None, gt=0, description="Stop starting trials (and stop running ones) after"
     )
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the sampler (the same seed proposes the same trials)")
 
     @field_validator("search_space")
     @classmethod
@@ -98,8 +102,8 @@ class TrainingSettings(_Section):
     """What each trial runs: a training function (import path) and its fixed config."""
 
     train_fn: str = Field(DEFAULT_TRAIN_FN, description="module:function run on every rank")
-    epochs: int = Field(4, ge=1)
-    model: str = "net"
+    epochs: int = Field(4, ge=1, description="Epochs per trial; a trial reports once per epoch")
+    model: str = Field("net", description="The built-in classifier's model: net, resnet18 or small_cnn")
     base_config: dict[str, Any] = Field(
         default_factory=lambda: {"optimizer": "adam"},
         description="Fixed train_loop_config entries; sampled hyperparameters override them",
@@ -116,7 +120,7 @@ class TrainingSettings(_Section):
         description="Longest seconds between samples of the system metrics (host and trial CPU, memory, GPU "
         "utilisation and memory where there is one) logged by each trial's rank 0 to its run as system/*: the first "
         "0.5 s after it starts training, then at gaps growing with its age up to this, and one at its end; 0: off. "
-        "Only with an MLflow tracking server (a SQLite or file store is written by the flow process alone)",
+        "The samples travel with the trial's reports and the sweep writes them, so any MLflow store gets them",
     )
     hang_timeout_s: float | None = Field(
         None,
@@ -219,23 +223,33 @@ class DaskSettings(_Section):
 
 
 class MlflowSettings(_Section):
-    tracking_uri: str | None = Field(None, description="Default: SQLite under the state dir")
+    """Where runs are tracked and models registered."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="Default: $MLFLOW_TRACKING_URI, else the local MLflow server `sweepflow run` starts (SQLite "
+        "under the state dir); with --no-server, that SQLite store directly",
+    )
     artifacts_destination: str | None = Field(
         None,
         description="Where the tracking server stores proxied (mlflow-artifacts:) artifacts, e.g. "
         "s3://bucket/mlflow: trainers then write checkpoints there directly. Default: <storage>/mlflow",
     )
-    experiment_name: str = "sweepflow"
-    registered_model_name: str = "sweepflow-classifier"
+    experiment_name: str = Field("sweepflow", description="MLflow experiment of the parent and trial runs")
+    registered_model_name: str = Field(
+        "sweepflow-classifier", description="Registered model the best trial becomes a version of"
+    )
 
 
 class SelectionSettings(_Section):
     """How the best trial is chosen, and which test metric decides the champion alias."""
 
-    metric: str = "val_accuracy"
-    mode: Literal["min", "max"] = "max"
-    champion_metric: str = "test_accuracy"
-    champion_mode: Literal["min", "max"] = "max"
+    metric: str = Field("val_accuracy", description="Reported metric the best trial is chosen by (its best value)")
+    mode: Literal["min", "max"] = Field("max", description="Whether a lower or higher metric is better")
+    champion_metric: str = Field(
+        "test_accuracy", description="Test metric that decides whether the new version becomes champion"
+    )
+    champion_mode: Literal["min", "max"] = Field("max", description="Whether a lower or higher one is better")
 
 
 class PipelineConfig(_Section):

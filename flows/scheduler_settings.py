@@ -30,7 +30,7 @@ class _Scheduled(_Section):
     Trials report once per epoch; the schedulers count reports (Ray's ``time_attr="training_iteration"``)."""
 
     metric: str = Field("val_loss", description="A metric the training function reports every epoch")
-    mode: Literal["min", "max"] = "min"
+    mode: Literal["min", "max"] = Field("min", description="Whether a lower or higher metric is better")
 
     def max_reports(self, epochs: int) -> int:
         """Reports a trial makes at most: the epochs unless the scheduler caps them."""
@@ -69,7 +69,7 @@ class AshaSettings(_Scheduled):
     type: Literal["asha"] = "asha"
     max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
     grace_period: int = Field(1, ge=1, description="Reports before a trial can be stopped")
-    reduction_factor: float = Field(2, gt=1)
+    reduction_factor: float = Field(2, gt=1, description="Keep the top 1/reduction_factor at each rung")
 
     def max_reports(self, epochs: int) -> int:
         return self.max_t
@@ -88,7 +88,7 @@ class HyperBandSettings(_Scheduled):
 
     type: Literal["hyperband"] = "hyperband"
     max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
-    reduction_factor: float = Field(3, gt=1)
+    reduction_factor: float = Field(3, gt=1, description="Keep the best 1/reduction_factor at each milestone")
 
     def max_reports(self, epochs: int) -> int:
         return self.max_t
@@ -126,9 +126,15 @@ class PbtSettings(_Scheduled):
         description="name -> a list of values or a search-space spec ({type: loguniform, low:, high:}), or a "
         "dict of those for a nested config; resampled or perturbed (x perturbation_factors) on exploit",
     )
-    quantile_fraction: float = Field(0.25, ge=0, le=0.5)
-    resample_probability: float = Field(0.25, ge=0, le=1)
-    perturbation_factors: tuple[float, ...] = (1.2, 0.8)
+    quantile_fraction: float = Field(
+        0.25, ge=0, le=0.5, description="Bottom share that copies the top share at each perturbation"
+    )
+    resample_probability: float = Field(
+        0.25, ge=0, le=1, description="Chance a mutated value is resampled instead of perturbed"
+    )
+    perturbation_factors: tuple[float, ...] = Field(
+        (1.2, 0.8), description="Factors a continuous value is multiplied by when perturbed"
+    )
     synch: bool = Field(False, description="Perturb all trials together once each reached the interval")
 
     def build(self) -> TrialScheduler:

@@ -1,4 +1,4 @@
-"""The catalogue of mistakes `sweepflow run` refuses before any work (README: "What sweepflow checks before it
+"""The catalogue of mistakes `sweepflow run` refuses before any work (docs/preflight.md: "What sweepflow checks before it
 starts"). Each case is one mistake a Ray Tune / Prefect / MLflow user makes; each must cost seconds, exit 2 with
 one sentence naming the field, the value and the fix (no traceback), and create nothing: no MLflow store, no
 Prefect flow run.
@@ -330,12 +330,11 @@ def _ensure_bucket(endpoint: dict, bucket: str) -> None:
         fs.mkdir(bucket)
 
 
-def test_the_catalogue_holds_at_least_30_mistakes_and_readme_lists_them():
+def test_the_catalogue_holds_at_least_30_mistakes_and_the_docs_list_them():
     assert len(CASES) >= 30
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
-    section = readme.split("## What sweepflow checks before it starts", 1)[1].split("\n## ", 1)[0]
-    missing = [name for name, *_ in CASES if f"`{name}`" not in section]
-    assert not missing, f"README's check list lacks {missing}"
+    page = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "preflight.md")).read()
+    missing = [name for name, *_ in CASES if f"`{name}`" not in page]
+    assert not missing, f"docs/preflight.md's check list lacks {missing}"
 
 
 @pytest.mark.subprocess

@@ -213,9 +213,13 @@ class DataConfig(BaseModel):
         None,
         description="Local directory or s3://bucket/prefix. Default: <storage>/datasets, else <state_dir>/data",
     )
-    val_fraction: float = Field(0.15, gt=0, lt=1)
-    test_fraction: float = Field(0.15, gt=0, lt=1)
-    seed: int = Field(0, ge=0, lt=2**32)
+    val_fraction: float = Field(
+        0.15, gt=0, lt=1, description="Share held out for validation (of the official training set, where there is one)"
+    )
+    test_fraction: float = Field(
+        0.15, gt=0, lt=1, description="Share held out for the test set (unused where the dataset has an official one)"
+    )
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of the train/val/test split")
     storage_options: dict[str, Any] | None = Field(
         None, repr=False, description="fsspec options for `source` (may hold credentials)"
     )

@@ -36,7 +36,7 @@ class TrialTemplate:
     varying_names: tuple[str, ...] = ()  # the hyperparameters that differ between trials (for names)
     max_failures: int = 0
     hang_timeout_s: float | None = None  # TorchConfig.hang_timeout_s: a group this long without a report hung
-    system_metrics_interval_s: float = 0.0  # longest gap between rank 0's system-metrics samples (needs a tracking server); 0: off
+    system_metrics_interval_s: float = 0.0  # longest gap between rank 0's system-metrics samples (any MLflow store); 0: off
     # Checkpoint retention per trial: the best ``checkpoints_to_keep`` by ``checkpoint_score`` (default: the
     # selection metric and mode), plus always the latest (a restart resumes from it); None keeps them all.
     checkpoints_to_keep: int | None = 1
