@@ -1,6 +1,6 @@
 """``sweepflow init DIR``: a small working project of one's own, to run, read and replace piece by piece.
 
-It is the pipeline's contract made concrete (README, "Your own project"): a tabular regression on a generated
+It is the pipeline's contract made concrete (docs/own-project.md): a tabular regression on a generated
 CSV of houses, with the four functions a project plugs in (``train_fn``, ``model_fn``, ``evaluate_fn``; the data
 needs no ``prepare_fn``: ``format: csv`` splits it), ``sweep.yaml`` naming them, and ``prefect.yaml`` + ``flow.py``
 that deploy the pipeline on this project. ``cd DIR && sweepflow run --config sweep.yaml`` trains, evaluates and

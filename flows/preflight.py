@@ -5,7 +5,7 @@ again as the flow's first step (a deployment's flow run with bad parameters then
 anything). It raises ``PreflightError`` (``sweepflow.tasks.checks``): one sentence naming the field, the
 value (credentials removed) and the fix. The CLI prints it and exits 2.
 
-What is checked, in the order a user would fix it (README, "What sweepflow checks before it starts"):
+What is checked, in the order a user would fix it (docs/preflight.md):
 the state directory; MLflow (tracking URI scheme, the server answering, the registered model name, the
 champion metric); the Prefect API; the Dask scheduler and whether one trial fits its workers (or the local
 cluster the run will start); S3 storage and the data cache; the data source; and the training function

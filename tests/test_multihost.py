@@ -452,7 +452,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             {**base_env, "PYTHONPATH": TESTS_DIR},  # the test's own tasks (multihost_fns.occupy) unpickle there
             str(logs / "scheduler.log"),
         )  # fmt: skip
-        # What README says a cluster's workers need, and the S3 settings a trial's rank 0 writes checkpoints with.
+        # What docs/deploying.md says a cluster's workers need, and the S3 settings a trial's rank 0 writes checkpoints with.
         worker_env = {
             **base_env,
             **s3_env,
@@ -702,7 +702,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
         print(f"  total test time: {time.monotonic() - t_start:.1f} s")
 
         # ---- the same cluster through Prefect (item 4): the repository's prefect.yaml deployed onto a process
-        # work pool, a `prefect worker` whose environment names the cluster, MLflow and S3 (what README says a
+        # work pool, a `prefect worker` whose environment names the cluster, MLflow and S3 (what docs/deploying.md says a
         # worker needs), and `prefect deployment run --watch`. One 2-rank trial, on the host left.
         t_deploy = time.monotonic()
         prefect = os.path.join(BIN, "prefect")

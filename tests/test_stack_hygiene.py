@@ -906,7 +906,7 @@ class TestStack:
         seen.snapshot()
 
     def test_an_init_project_deploys_from_its_directory_and_registers_its_own_model(self, stack):
-        """A team's project the way README says: `sweepflow init`, then from its directory `prefect deploy --all`
+        """A team's project the way docs/own-project.md says: `sweepflow init`, then from its directory `prefect deploy --all`
         and `prefect deployment run '<package>-pipeline/default' --watch` against the stack. The stack's worker
         runs the project's flow.py from that directory (the pull step), the Dask workers import the project's
         package from it; the run trains, evaluates with the project's evaluate_fn and registers its model, which

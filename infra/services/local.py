@@ -39,7 +39,7 @@ def venv_executable(name: str) -> str:
 #: The task-run recorder (which turns the flows' task-run events into the task runs and states the UI shows)
 #: writes up to 20 events per transaction, at least once a second, instead of one transaction per event
 #: (Prefect's default batch of 1): a sweep sends three such events per trial, and at one transaction each they
-#: were about half of the server's CPU per trial (benchmarks/bench_load.py, README "Batched task-run
+#: were about half of the server's CPU per trial (benchmarks/bench_load.py, benchmarks/RESULTS.md "Batched task-run
 #: states"). The price: a task run's latest state reaches the API and the UI up to a second later; nothing is
 #: dropped (a batch that fails is retried, and the service flushes what it holds when it stops).
 PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
@@ -155,7 +155,7 @@ def mlflow_app_args(app_name: str) -> list[str]:
     "sweepflow-basic-auth", see mlflow_server_spec) under gunicorn. Gunicorn's threaded worker runs MLflow's
     Flask app directly; under uvicorn (MLflow's default) every request also crosses the FastAPI app and its WSGI
     bridge, which serves only MLflow's GenAI routes (AI gateway, OTLP trace ingestion, jobs, assistant): 15 % of
-    the server's CPU per trial (README)."""
+    the server's CPU per trial (benchmarks/RESULTS.md)."""
     return ["--gunicorn-opts", GUNICORN_OPTS, "--app-name", app_name]
 
 

@@ -139,7 +139,7 @@ class Exposure:
                 raise ValueError(
                     f"--host {self.host} makes the services reachable from other machines, but without "
                     f"{' and '.join(missing)} anyone who reaches them can run code on this machine; add "
-                    "them (see README, 'Exposing the services'), or pass --insecure on a trusted network"
+                    "them (see docs/exposing.md), or pass --insecure on a trusted network"
                 )
 
 

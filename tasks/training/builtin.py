@@ -1,4 +1,4 @@
-"""The built-in image classifier's side of the project contract (README, "Your own project").
+"""The built-in image classifier's side of the project contract (docs/own-project.md).
 
 ``train_image_classifier`` (the default ``training.train_fn``) writes checkpoints of its own (``model.pt`` and
 ``meta.json``: the architecture and the data's shape). These are the ``training.model_fn`` and
