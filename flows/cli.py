@@ -475,14 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-server",
         action="store_true",
-        help="don't start/reuse the background Prefect, MLflow and Dask services (temporary ones per run; "
-        "Prefect's temporary server gets PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS to start, default 120)",
+        help="don't start or reuse the background services: this run gets Prefect's temporary server, the SQLite "
+        "MLflow store under the state dir and a Dask cluster of its own; the server and the cluster stop when it "
+        "ends (Prefect's server gets PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS to start, default 120)",
     )
     run.add_argument("--summary-json", help="write the run summary to this file")
     run.add_argument(
         "--resume",
         metavar="PARENT_RUN_ID",
-        help="continue an interrupted run (its MLflow parent run id, printed as 'parent run ...') with the same "
+        help="continue an interrupted run (its MLflow parent run id, printed as 'MLflow parent run ...') with the same "
         "settings: ended trials are kept, running ones continue from their checkpoints",
     )
     run.add_argument(
