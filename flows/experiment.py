@@ -43,6 +43,7 @@ class ExperimentRun:
     timings: dict[str, float]  # seconds per stage
     evaluation: dict[str, Any] | None = None  # Finalize: the test-set metrics
     registration: dict[str, Any] | None = None  # Finalize: the registered model version
+    view_key: str | None = None  # the sweep's saved view of MLflow's runs page (links.sweep_view_state)
 
 
 class EvaluationMismatch(ValueError):
@@ -85,7 +86,15 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
             if exp.finalize is None:
                 views = leaderboard.publish(best_run_id=best_run_id)  # once: one version in the flow run
                 return ExperimentRun(
-                    sweep, tracker.experiment_id, parent, best, board, leaderboard.report_url, views, stages.timings
+                    sweep,
+                    tracker.experiment_id,
+                    parent,
+                    best,
+                    board,
+                    leaderboard.report_url,
+                    views,
+                    stages.timings,
+                    view_key=leaderboard.view_key,
                 )
             if best is None:
                 leaderboard.publish()
@@ -112,6 +121,7 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
         stages.timings,
         evaluation=evaluation,
         registration=registration,
+        view_key=leaderboard.view_key,
     )
 
 

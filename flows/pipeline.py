@@ -236,6 +236,7 @@ def _summary(cfg: PipelineConfig, run: ExperimentRun, prepared: PreparedDataset,
         "tracking_uri": redact(cfg.mlflow.tracking_uri),  # e.g. a database URI from MLFLOW_TRACKING_URI
         "selection": {"metric": cfg.selection.metric, "mode": cfg.selection.mode},
         "report_url": run.report_url,
+        "mlflow_view_key": run.view_key,
         "best_trial": run.best.to_dict(),
         "failed_trials": [t.trial_id for t in run.sweep.failed],
         "test_metrics": run.evaluation["metrics"],

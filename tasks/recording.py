@@ -23,12 +23,15 @@ from sweepflow.tasks.sweep.results import SweepResult
 from sweepflow.tasks.sweep.resume import RESUME_KEY_ARTIFACT, TAG_RESUME_KEY, TAG_RESUMES, digest
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
+    SHARED_VIEW_TAG_PREFIX,
     MlflowLinks,
     leaderboard_markdown,
     markdown_link,
     prefect_flow_run,
     prefect_ui_url,
+    sweep_view_state,
     sweep_views,
+    varying_params,
 )
 from sweepflow.tasks.tracking.runs import RunTracker, check_direct_writes, direct_storage_uri
 
@@ -125,6 +128,7 @@ class LeaderboardArtifact:
     table: str
     metric: str | None = None  # what the runs-table link sorts by
     mode: str = "max"
+    view_key: str | None = None  # the sweep's saved view of the runs page (an experiment tag)
 
     def publish(
         self, *, best_run_id: str | None = None, registered: tuple[str, str | int] | None = None
@@ -139,6 +143,7 @@ class LeaderboardArtifact:
             registered=registered,
             metric=self.metric,
             mode=self.mode,
+            view_key=self.view_key,
         )
         links = ["- " + " · ".join(markdown_link(f"MLflow {label}", url) for label, url in views.items())]
         if self.report_url:
@@ -178,10 +183,17 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
     rows = board.astype(object).where(board.notna(), None).to_dict(orient="records")
     # Best first (the leaderboard's order), so the compare view opens with the winner in its first column.
     trial_run_ids = tuple(str(r["mlflow_run_id"]) for r in rows if r.get("mlflow_run_id"))
+    view_key = share_sweep_view(sweep, tracker, parent, record)  # `mlflow ui` over a database store opens it too
     views = {
         f"MLflow {label}": url
         for label, url in sweep_views(
-            mlflow_ui, eid, parent_run_id=parent, trial_run_ids=trial_run_ids, metric=record.metric, mode=record.mode
+            mlflow_ui,
+            eid,
+            parent_run_id=parent,
+            trial_run_ids=trial_run_ids,
+            metric=record.metric,
+            mode=record.mode,
+            view_key=view_key,
         ).items()
     }
     artifact = LeaderboardArtifact(
@@ -198,6 +210,7 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
         ),
         metric=record.metric,
         mode=record.mode,
+        view_key=view_key,
     )
     if artifact.report_url:  # the parent run's description links the report, a page of its own
         tracker.set_tags(
@@ -211,6 +224,21 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
     tracker.log_metrics(parent, metrics, step=0)
     tracker.set_tags(parent, {"sweepflow.failed_trials": ",".join(t.trial_id for t in sweep.failed) or "none"})
     return board, artifact
+
+
+def share_sweep_view(sweep: SweepResult, tracker: RunTracker, parent: str, record: SweepRecord) -> str:
+    """Save the runs page's view of this sweep (its trials, best first, the metric and the varying
+    hyperparameters as columns, their parallel-coordinates chart) as an experiment tag; returns its key (the
+    parent run's id: one view per sweep, rewritten when the sweep is resumed)."""
+    view = sweep_view_state(
+        parent_run_id=parent,
+        metric=record.metric,
+        mode=record.mode,
+        params=varying_params([t.config for t in sweep.trials]),
+        trials=len(sweep.trials),
+    )
+    tracker.set_experiment_tag(SHARED_VIEW_TAG_PREFIX + parent, json.dumps(view, separators=(",", ":")))
+    return parent
 
 
 def _sweep_report(

@@ -1,6 +1,6 @@
 """Comparing trials in a real browser: a finished sweep's MLflow UI views and its report, in headless Chromium.
 
-Set SWEEPFLOW_SCREENSHOTS_DIR to keep the screenshots (README's "Compare trials" shows the ones in docs/).
+Set SWEEPFLOW_SCREENSHOTS_DIR to keep the screenshots (docs/comparing-trials.md shows the ones in docs/screenshots).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import training_pipeline
 from sweepflow.tasks.reporting.report_page import REPORT_PATH, page_url
-from sweepflow.tasks.tracking.links import MlflowLinks, sweep_views
+from sweepflow.tasks.tracking.links import MlflowLinks, sweep_views, varying_params
 
 
 def _drawn(path: str) -> float:
@@ -100,8 +100,10 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     views = sweep_views(
         links, eid, parent_run_id=parent, trial_run_ids=best_first, best_run_id=best_first[0],
         registered=(summary["registration"]["name"], summary["registration"]["version"]),
-        metric="val_accuracy", mode="max",
+        metric="val_accuracy", mode="max", view_key=summary["mlflow_view_key"],
     )
+    varying = varying_params([t["config"] for t in summary["trials"]])
+    assert "lr" in varying, varying
     rendered = {label: rendered_dom(url, str(tmp_path / f"view-{i}")) for i, (label, url) in enumerate(views.items())}
     for label, dom in rendered.items():
         assert "Judges" not in dom and "Prompts" not in dom, f"the {label} link opened MLflow's GenAI mode"
@@ -113,7 +115,15 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     best = {i: client.get_run(i).data.metrics["best_val_accuracy"] for i in best_first}
     shown = [best[i] for _, i in sorted(zip(at, best_first, strict=True))]
     assert shown == sorted(shown, reverse=True), f"the runs table is not best first: {shown}"
-    assert "best_val_accuracy" in table
+    # The sweep's saved view: the selection metric and every varying hyperparameter are columns, no constant.
+    # (The grid renders only the columns in its window: a wide one shows them all.)
+    wide = page_showing(
+        views["runs table"], str(tmp_path / "wide"), *(f"col-id=\"params.`{p}`\"" for p in varying),
+        size=(2600, 900), timeout_s=60,
+    )
+    columns = re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', wide)
+    assert {"metrics.`best_val_accuracy`", *(f"params.`{p}`" for p in varying)} <= set(columns), " ".join(columns)
+    assert "params.`num_ranks`" not in columns and "params.`gpus_per_rank`" not in columns, columns
     compare = rendered["compare trials"]
     order = [compare.find(trial_id) for trial_id in (names[i] for i in best_first)]
     assert all(p >= 0 for p in order) and order[0] == min(order), f"the compare view does not open on the best: {order}"
@@ -125,11 +135,21 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     # Its parallel-coordinates plot opens on the trials' best value (the metric each run logged first).
     axes = re.findall(r'class="axis-title"[^>]*>([^<]+)<', compare)
     assert axes and axes[-1] == "best_val_accuracy", axes
+    # MLflow's compare view plots three parameters, picked by name; the trials chart (the saved view's chart
+    # mode) plots every varying hyperparameter and no constant against the best value.
+    shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
+    os.makedirs(shots, exist_ok=True)
+    chart = page_showing(
+        views["trials chart"], str(tmp_path / "chart"), *(f'class="label">{p}<' for p in varying),
+        size=(1400, 1000), screenshot_path=os.path.join(shots, "mlflow-trials-chart.png"),
+    )
+    axes = re.findall(r'class="label">([^<]+)<', chart)
+    assert axes[:-1] == varying, axes
+    # The last axis is the metric, its name shortened to fit ("best_v...curacy").
+    assert re.fullmatch(re.escape(axes[-1]).replace(re.escape("..."), ".*"), "best_val_accuracy"), axes
     # The whole experiment's runs table (model-training mode) shows the pipeline's parent run.
     assert client.get_run(parent).info.run_name in rendered_dom(links.runs_table(eid), str(tmp_path / "p2"))
 
-    shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
-    os.makedirs(shots, exist_ok=True)
     # The sweep report opens as a page of its own, served by the tracking server (sweepflow's MLflow app, not
     # MLflow's artifact viewer or a download); its script draws the plots, and #highlight= picks the best trial.
     report = summary["report_url"]

@@ -6,12 +6,16 @@ import json
 from urllib.parse import parse_qs, urlsplit
 
 from sweepflow.tasks.tracking.links import (
+    SHARED_VIEW_TAG_PREFIX,
     MlflowLinks,
     leaderboard_markdown,
     markdown_link,
     prefect_flow_run,
     prefect_task_run,
     prefect_ui_url,
+    sweep_view_state,
+    sweep_views,
+    varying_params,
 )
 
 
@@ -38,6 +42,47 @@ def test_the_runs_table_link_lists_one_sweeps_trials_best_first():
     assert query["searchFilter"] == ["tags.`mlflow.parentRunId` = 'p1'"]
     assert query["orderByKey"] == ["metrics.`best_val_loss`"] and query["orderByAsc"] == ["true"]
     assert query["workflowType"] == ["machine_learning"]
+
+
+def test_the_hyperparameters_worth_a_column_are_those_that_vary():
+    configs = [
+        {"lr": 0.1, "batch_size": 32, "model": {"hidden": 64, "act": "relu"}, "epochs": 4},
+        {"lr": 0.01, "batch_size": 32, "model": {"hidden": 128, "act": "relu"}, "epochs": 4},
+        {"lr": 0.01, "batch_size": 32, "model": {"hidden": 64, "act": "relu"}, "epochs": 4, "mutated": 1},
+    ]
+    # Dotted as the trial runs' params are; constants left out; a name only some trials have varies.
+    assert varying_params(configs) == ["lr", "model.hidden", "mutated"]
+    assert varying_params(configs[:1]) == [] and varying_params([]) == []
+
+
+def test_a_sweeps_saved_view_shows_its_metric_and_varying_hyperparameters():
+    view = sweep_view_state(parent_run_id="p1", metric="val_loss", mode="min", params=["lr", "model.hidden"], trials=12)
+    assert view["searchFilter"] == "tags.`mlflow.parentRunId` = 'p1'"
+    assert view["orderByKey"] == "metrics.`best_val_loss`" and view["orderByAsc"] is True
+    assert view["selectedColumns"] == [
+        "metrics.`best_val_loss`", "metrics.`val_loss`", "params.`lr`", "params.`model.hidden`"
+    ]  # fmt: skip
+    (chart,) = view["compareRunCharts"]
+    assert chart["type"] == "PARALLEL" and chart["selectedParams"] == ["lr", "model.hidden"]
+    assert chart["selectedMetrics"] == ["best_val_loss"] and chart["showAllRuns"] is True
+    assert chart["metricSectionId"] in {s["uuid"] for s in view["compareRunSections"]}
+    assert json.loads(json.dumps(view)) == view  # the experiment tag's value is its JSON
+    # Without a metric there is no order and no chart; the trials are still one sweep's.
+    bare = sweep_view_state(parent_run_id="p1", metric=None, mode="max", params=["lr"], trials=2)
+    assert "orderByKey" not in bare and "compareRunCharts" not in bare and bare["selectedColumns"] == ["params.`lr`"]
+    assert SHARED_VIEW_TAG_PREFIX == "mlflow.sharedViewState."
+
+
+def test_with_a_saved_view_the_links_name_only_the_view():
+    links = MlflowLinks("http://127.0.0.1:5000")
+    views = sweep_views(links, "7", parent_run_id="p1", trial_run_ids=["a"], metric="acc", view_key="p1")
+    table = parse_qs(urlsplit(views["runs table"].split("#", 1)[1]).query)
+    # MLflow drops a saved view when the URL also names a filter or an order.
+    assert table == {"viewStateShareKey": ["p1"], "workflowType": ["machine_learning"]}
+    chart = parse_qs(urlsplit(views["trials chart"].split("#", 1)[1]).query)
+    assert chart["viewStateShareKey"] == ["p1"] and chart["compareRunsMode"] == ["CHART"]
+    assert list(views) == ["runs table", "parent run", "trials chart", "compare trials"]
+    assert "trials chart" not in sweep_views(links, "7", parent_run_id="p1", trial_run_ids=["a"], metric="acc")
 
 
 def test_a_store_without_a_server_has_links_only_to_a_named_local_ui():

@@ -16,12 +16,22 @@ every method returns None. Credentials in a URI (``user:pass@``) never reach a l
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 #: The MLflow run tag whose markdown the UI shows as the run's description.
 DESCRIPTION_TAG = "mlflow.note.content"
+
+#: An experiment tag ``<prefix><key>`` holds a saved view of its runs page (filter, order, columns, charts) as
+#: JSON; the UI opens it from ``?viewStateShareKey=<key>`` (what MLflow's own "Share" button writes).
+SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+
+#: The chart a sweep's saved view opens with: every varying hyperparameter against the selection metric.
+_PARALLEL_CHART = "sweepflow-parallel"
+_SWEEP_SECTION = "sweepflow-sweep"
+_METRICS_SECTION = "sweepflow-model-metrics"
 
 
 def _without_credentials(url: str) -> str:
@@ -48,17 +58,35 @@ class MlflowLinks:
         return cls(local_ui.rstrip("/") if local_ui else None)
 
     def runs_table(
-        self, experiment_id: str, *, parent_run_id: str | None = None, metric: str | None = None, mode: str = "max"
+        self,
+        experiment_id: str,
+        *,
+        parent_run_id: str | None = None,
+        metric: str | None = None,
+        mode: str = "max",
+        view_key: str | None = None,
     ) -> str | None:
         """The experiment's runs table; with ``parent_run_id`` only that sweep's trials, listed flat (MLflow
         keeps a nested parent collapsed, and cannot be told otherwise by URL), and with ``metric`` sorted best
-        first by ``best_<metric>`` (which the trial runs log as they train)."""
+        first by ``best_<metric>`` (which the trial runs log as they train). ``view_key``: the sweep's saved view
+        (``sweep_view_state``, an experiment tag), which also shows the metric and the varying hyperparameters
+        as columns; MLflow ignores a saved view when the URL names a filter or an order, so the link names
+        only the view."""
+        if view_key:
+            return self._at(f"/experiments/{experiment_id}/runs", [("viewStateShareKey", view_key)])
         query: list[tuple[str, str]] = []
         if parent_run_id:
             query.append(("searchFilter", f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
         if metric:
             query += [("orderByKey", f"metrics.`best_{metric}`"), ("orderByAsc", "true" if mode == "min" else "false")]
         return self._at(f"/experiments/{experiment_id}/runs", query)
+
+    def trials_chart(self, experiment_id: str, view_key: str) -> str | None:
+        """The sweep's saved view in the runs page's chart mode: the parallel-coordinates plot of every varying
+        hyperparameter against the metric first (MLflow's compare view picks three parameters by name)."""
+        return self._at(
+            f"/experiments/{experiment_id}/runs", [("viewStateShareKey", view_key), ("compareRunsMode", "CHART")]
+        )
 
     def run(self, experiment_id: str, run_id: str) -> str | None:
         return self._at(f"/experiments/{experiment_id}/runs/{run_id}")
@@ -89,6 +117,68 @@ class MlflowLinks:
         return f"{self.ui}/#{route}?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in pairs)
 
 
+def varying_params(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The MLflow param names (dotted, as trial runs log them) whose values differ between these trial
+    configs, in the order they first appear: the hyperparameters worth a column. A name some trials lack
+    varies too (PBT adds mutated names; conditional spaces)."""
+    flat = [_flat("", config) for config in configs]
+    seen: dict[str, set[str]] = {}
+    for config in flat:
+        for name, value in config.items():
+            seen.setdefault(name, set()).add(repr(value))
+    return [name for name, values in seen.items() if len(values) > 1 or any(name not in c for c in flat)]
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(_flat(f"{prefix}.{key}" if prefix else str(key), sub))
+        return out
+    return {prefix: value}
+
+
+def sweep_view_state(
+    *, parent_run_id: str, metric: str | None, mode: str, params: Sequence[str], trials: int
+) -> dict[str, Any]:
+    """The runs page's saved view of one sweep (the JSON of MLflow's ``mlflow.sharedViewState.<key>``
+    experiment tag): its trials listed flat, best first by ``best_<metric>``, with the metric, its last value
+    and ``params`` (the varying hyperparameters) as columns, every trial shown in the charts, and a
+    parallel-coordinates chart of ``params`` against ``best_<metric>`` first in the chart mode (MLflow adds
+    its own per-metric charts after it)."""
+    columns = [f"metrics.`best_{metric}`", f"metrics.`{metric}`"] if metric else []
+    columns += [f"params.`{p}`" for p in params]
+    view: dict[str, Any] = {
+        "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+        "selectedColumns": columns,
+        "runsHiddenMode": "SHOW_ALL",
+    }
+    if metric:
+        view |= {"orderByKey": f"metrics.`best_{metric}`", "orderByAsc": mode == "min"}
+    if metric and params:
+        section = {"display": True, "isReordered": False, "deleted": False}
+        view["compareRunSections"] = [
+            # One chart across the page (MLflow's default is three a row): a parallel plot needs the width.
+            {**section, "uuid": _SWEEP_SECTION, "name": "Sweep", "isGenerated": False, "columns": 1, "cardHeight": 420},
+            # MLflow fills its own section with a chart per metric, as in a view it generated itself.
+            {**section, "uuid": _METRICS_SECTION, "name": "Model metrics", "isGenerated": True},
+        ]
+        view["compareRunCharts"] = [
+            {
+                "uuid": _PARALLEL_CHART,
+                "type": "PARALLEL",
+                "metricSectionId": _SWEEP_SECTION,
+                "runsCountToCompare": trials,
+                "deleted": False,
+                "isGenerated": False,
+                "selectedParams": list(params),
+                "selectedMetrics": [f"best_{metric}"],
+                "showAllRuns": True,
+            }
+        ]
+    return view
+
+
 def sweep_views(
     mlflow: MlflowLinks,
     experiment_id: str,
@@ -99,16 +189,22 @@ def sweep_views(
     registered: tuple[str, str | int] | None = None,
     metric: str | None = None,
     mode: str = "max",
+    view_key: str | None = None,
 ) -> dict[str, str | None]:
     """The MLflow views of one sweep, by label, in the order a user wants them: the runs table (the sweep's
-    trials, best first by ``metric``), the pipeline's parent run, the compare view of its trials
+    trials, best first by ``metric``; in its saved view ``view_key`` when there is one), the pipeline's parent
+    run, the trials chart (the saved view's parallel coordinates), the compare view of its trials
     (``trial_run_ids``: give them best first), the best trial's run and the registered version (those known:
     ``best_run_id`` and ``registered`` = (name, version) once the sweep has them)."""
     views = {
-        "runs table": mlflow.runs_table(experiment_id, parent_run_id=parent_run_id, metric=metric, mode=mode),
+        "runs table": mlflow.runs_table(
+            experiment_id, parent_run_id=parent_run_id, metric=metric, mode=mode, view_key=view_key
+        ),
         "parent run": mlflow.run(experiment_id, parent_run_id),
-        "compare trials": mlflow.compare(experiment_id, trial_run_ids),
     }
+    if view_key:
+        views["trials chart"] = mlflow.trials_chart(experiment_id, view_key)
+    views["compare trials"] = mlflow.compare(experiment_id, trial_run_ids)
     if best_run_id:
         views["best trial"] = mlflow.run(experiment_id, best_run_id)
     if registered:

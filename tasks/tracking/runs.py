@@ -337,6 +337,10 @@ class RunTracker:
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.log_batch(run_id, tags=tag_items(tags))
 
+    def set_experiment_tag(self, key: str, value: str) -> None:
+        """Set a tag on the experiment (e.g. a saved view of its runs page); setting it again is harmless."""
+        self._call(f"tagging experiment {self.experiment_id}", lambda _: self.client.set_experiment_tag(self.experiment_id, key, value))
+
     def set_status(self, run_id: str, status: str) -> None:
         """RUNNING again (a resumed run), or SCHEDULED."""
         self._update_run_info(run_id, status, end_time=None)
