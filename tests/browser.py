@@ -62,13 +62,15 @@ def page_showing(
     timeout_s: float = 120,
     size: tuple[int, int] = (1400, 900),
     screenshot_path: str | None = None,
+    script: str | None = None,
 ) -> str:
     """The page's DOM once it shows every needle (or, at ``timeout_s`` of real time, as it is then), and its
     screenshot taken at that moment if ``screenshot_path`` is given.
 
     For single-page apps that fetch their data in several requests (Prefect's UI: a task run, then its logs): the
     page is driven over the DevTools protocol and its DOM read every half second, on the wall clock. A virtual-time
-    budget (``rendered_dom``) ends when the page goes idle on a loaded machine, before a slow fetch has landed."""
+    budget (``rendered_dom``) ends when the page goes idle on a loaded machine, before a slow fetch has landed.
+    ``script``: JavaScript evaluated before each read (a click on a tab the URL cannot select)."""
     import base64
     import json
     import time
@@ -112,6 +114,8 @@ def page_showing(
             call("Page.navigate", url=url)
             deadline = time.monotonic() + timeout_s
             while True:
+                if script is not None:  # e.g. a click on a tab, once the page has drawn it
+                    call("Runtime.evaluate", expression=script)
                 dom = call("Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True)
                 dom = dom["result"].get("value", "")
                 if all(needle in dom for needle in needles) or time.monotonic() > deadline:

@@ -218,7 +218,8 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(task_run_id=ArtifactFilterTaskRunId(any_=[trial.id]))
         )
-        assert len(artifacts) == 1 and artifacts[0].key is None, artifacts  # the trial's link, no collection
+        # The trial's link, titled (keyed) with the trial: trial 3 of every sweep is one collection.
+        assert len(artifacts) == 1 and artifacts[0].key == stopped[0]["trial_id"].replace("_", "-"), artifacts
     shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
     os.makedirs(shots, exist_ok=True)
     path = os.path.join(shots, "prefect-trial-stopped-early.png")
@@ -234,6 +235,20 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
         f"{ui}/artifacts/artifact/{artifacts[0].id}", str(tmp_path / "artifact"), "stopped early", "in MLflow",
         screenshot_path=artifact_path,
     )
-    assert re.search(rf"{stopped[0]['trial_id']}[^<]*: stopped early", artifact)  # its outcome
+    assert "stopped early" in artifact and stopped[0]["name"] in artifact  # its outcome, the trial
     assert stopped[0]["run_id"] in artifact  # the link to its MLflow run
+    # The flow run's Artifacts tab: one card per trial, titled with it, its one line the result (best value
+    # first), and one leaderboard. (The tab is a click away: the URL cannot select it.)
+    cards_path = os.path.join(shots, "prefect-flow-run-artifacts.png")
+    cards = page_showing(
+        f"{ui}/runs/flow-run/{flow_run_id}", str(tmp_path / "cards"),
+        *(f'artifact-card__title">{t["trial_id"].replace("_", "-")}<' for t in finished_sweep["trials"]),
+        size=(1400, 1400), screenshot_path=cards_path, script="document.getElementById('artifacts')?.click()",
+    )  # fmt: skip
+    titles = re.findall(r'artifact-card__title">([^<]+)<', cards)
+    assert sorted(titles) == sorted(["sweep-leaderboard", *(t["trial_id"].replace("_", "-") for t in finished_sweep["trials"])]), titles
+    best = stopped[0]["best"]
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cards))
+    assert f"val_accuracy {best:.4g} (epoch" in text, "a trial's card does not show its best value"
+    assert _drawn(cards_path) > 0.03
     assert _drawn(path) > 0.03, "the Prefect task run page is nearly blank"

@@ -132,3 +132,22 @@ def test_the_leaderboard_markdown_is_rounded_ordered_as_its_heading_says_and_lin
     assert lines[4] == "| trial_0001 | COMPLETED | 0.1235 | 3 | 4 | 0.01235 | 0.2 | [r1](http://m/#/r1) |"
     assert lines[5].endswith("| r0 |")
     assert "No trial ran" in leaderboard_markdown([], metric="acc", mode="max", run_url={})
+
+
+def test_a_trials_prefect_card_is_titled_with_the_trial_and_opens_on_its_result():
+    from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+    from sweepflow.tasks.sweep.trial_groups import trial_card
+
+    stopped = TrialResult(
+        trial_id="trial_0003", index=3, name="trial_0003-lr=0.01", config={"lr": 0.01}, status=TrialStatus.STOPPED,
+        epochs=1, best=0.914814, best_epoch=1, stop_reason="ASHA",
+    )  # fmt: skip
+    key, description = trial_card("trial_0003", stopped.name, stopped, "val_accuracy")
+    assert key == "trial-0003"  # Prefect's keys: lowercase letters, digits, dashes
+    first, rest = description.split("\n\n", 1)
+    # The card shows one line: the result, best value first.
+    assert first == "**val_accuracy 0.9148** (epoch 1) · stopped early (ASHA) at epoch 1"
+    assert rest == "trial_0003-lr=0.01"
+    failed = TrialResult(trial_id="Train_Fn_0001", index=1, name="n", config={}, status=TrialStatus.FAILED, error="boom")
+    key, description = trial_card(failed.trial_id, failed.name, failed, "val_accuracy")
+    assert key == "train-fn-0001" and description.startswith("failed: boom")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -74,10 +75,7 @@ def prefect_task_run_tags() -> dict[str, str]:
 
 def show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result: TrialResult) -> None:
     """How the trial ended, where a user looks: its MLflow run's description (the outcome and best value above
-    the Prefect link, not only a tag chip), and its Prefect task run's link artifact, described with the trial
-    and its outcome. The artifact has no key: a key makes it an artifact collection of its own, one per trial on
-    Prefect's Artifacts page (10,000 for a 10,000-trial sweep) and one more write and event per trial; it
-    belongs to its task run and shows on the task run's and the flow run's Artifacts tabs."""
+    the Prefect link, not only a tag chip), and its Prefect task run's link artifact (``trial_card``)."""
     metric = spec.template.selection_metric
     best = (
         f"; best {metric} {result.best:.4g} at epoch {result.best_epoch}"
@@ -89,7 +87,24 @@ def show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result: 
     writer.set_tags({DESCRIPTION_TAG: "\n\n".join(p for p in (f"**Outcome:** {summary}", prefect) if p)})
     url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, writer.run_id)
     if url and prefect_task_run_id():
-        create_link_artifact(link=url, link_text=f"{spec.name} in MLflow", description=f"**{summary}**")
+        key, description = trial_card(spec.trial_id, spec.name, result, metric)
+        create_link_artifact(key=key, link=url, link_text=f"{spec.name} in MLflow", description=description)
+
+
+def trial_card(trial_id: str, name: str, result: TrialResult, metric: str | None) -> tuple[str, str]:
+    """The key and description of a trial's Prefect artifact. Prefect titles an artifact's card with its key
+    and shows one line of its description, so the key names the trial ("trial-0003") and the first line is the
+    result (best value first, then how it ended); the hyperparameters follow for the artifact's own page. A key
+    is a collection on Prefect's Artifacts page: the same key in every sweep makes trial 3 of each sweep a
+    version of one collection, so the page lists as many as the largest sweep has trials, not one per trial
+    ever run."""
+    result_line = (
+        f"**{metric} {result.best:.4g}** (epoch {result.best_epoch}) · {result.outcome()}"
+        if metric and result.best is not None
+        else result.outcome()
+    )
+    # Prefect's keys: lowercase letters, digits and dashes only.
+    return re.sub(r"[^a-z0-9-]", "-", trial_id.lower()), f"{result_line}\n\n{name}"
 
 
 class TrialGroups:
