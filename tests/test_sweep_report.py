@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from browser import rendered_dom, screenshot
+from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 
 from sweepflow.tasks.reporting.importance import MAX_TRIALS, MIN_TRIALS, param_importances
@@ -745,3 +745,30 @@ def test_report_looks_right_at_1600x1000(report: dict[str, str], page, tmp_path)
     best_color = next(t["color"] for t in data["trials"] if t["id"] == "t05")
     assert _pixels_near(rgb, best_color) > 2000, "the best trial's curve is not drawn"
     assert _pixels_near(rgb, "#f5c518") > 35, "no star at the best trial's best value"
+
+
+@pytest.mark.browser
+def test_the_trials_table_fits_its_box_with_a_pipelines_columns(tmp_path) -> None:
+    """Seventeen columns, as a pipeline run's table has (six hyperparameters, its last train_loss, val_loss and
+    val_accuracy, timings): at 1280 px the table fits its card, its headers wrapped after their underscores,
+    instead of hiding its last columns behind a scroll."""
+    sweep = _sweep()
+    last = {"train_loss": 0.123456, "val_loss": 0.234567, "val_accuracy": 0.912345, "time_this_iter_s": 1.2345,
+            "time_total_s": 12.345}  # fmt: skip
+    trials = [
+        replace(t, last={**t.last, **last}, config={**t.config, "weight_decay": 1e-4 * t.index, "momentum": 0.9 - 0.01 * t.index})
+        for t in sweep.trials
+    ]
+    space = {**SPACE, "weight_decay": {"type": "loguniform", "low": 1e-5, "high": 1e-2},
+             "momentum": {"type": "uniform", "low": 0.5, "high": 0.99}}  # fmt: skip
+    out = write_sweep_report(replace(sweep, trials=trials), out_dir=str(tmp_path), search_space=space, title="w", links=LINKS)
+    measure = (
+        "(() => { const w = document.querySelector('.table-wrap');"
+        " if (w) document.body.dataset.table = w.scrollWidth + '/' + w.clientWidth; })()"
+    )
+    dom = page_showing(
+        f"file://{os.path.abspath(out['html'])}", str(tmp_path / "p"), "data-table=", size=(1280, 900), script=measure
+    )
+    needed, box = map(int, re.search(r'data-table="(\d+)/(\d+)"', dom).groups())
+    assert needed <= box, f"the table needs {needed} px in a box of {box}"
+    assert "last val_<wbr>accuracy" in dom and len(re.findall(r"<th[ >]", dom)) == 17

@@ -176,6 +176,12 @@ def _column_label(column: str, metric: str, last_keys: set[str]) -> str:
     return column
 
 
+def _breakable(label: str) -> str:
+    """A header that may wrap after its underscores and spaces ("last val_<wbr>accuracy"): the table's width is
+    then its values', so a sweep's many columns fit the page instead of scrolling."""
+    return "_<wbr>".join(_e(part) for part in label.split("_"))
+
+
 def table_html(
     result: SweepResult,
     sampled: Sequence[str],
@@ -190,7 +196,7 @@ def table_html(
     numeric = {c for c in columns if c != "trial" and all(is_number(v) or _is_missing(v) for v in frame[c])}
     head = "".join(
         ('<th class="num">' if c in numeric else "<th>")
-        + f"{_e(_column_label(c, result.metric, last_keys))}</th>"
+        + f"{_breakable(_column_label(c, result.metric, last_keys))}</th>"
         for c in columns
     )
     body = []
