@@ -22,11 +22,9 @@ from typing import Any
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.tasks.checks import (
     PreflightError,
-    check_dask_scheduler,
     check_http_source,
     check_local_resources,
     check_prefect_api,
-    check_registered_model_name,
     check_reported_metrics,
     check_s3,
     check_tracking_server,
@@ -38,6 +36,7 @@ from sweepflow.tasks.checks import (
     validate_train_configs,
 )
 from sweepflow.tasks.datasets.uris import protocol
+from sweepflow.tasks.library_checks import check_dask_scheduler, check_registered_model_name
 from sweepflow.tasks.training.function import project_importable
 
 __all__ = ["PreflightError", "check_pipeline"]

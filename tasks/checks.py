@@ -7,7 +7,8 @@ and whether the services named in the configuration answer (bounded waits, never
 retries). The pipeline's own composition of these checks is ``sweepflow.flows.preflight``.
 
 Every message names the field, the value (credentials removed) and the fix. This module imports no Prefect,
-MLflow or torch at import time: the CLI uses it before anything heavy is loaded.
+MLflow, Dask or torch (a lint contract): the CLI uses it before anything heavy is loaded, and its checks are
+tested without those. The two that need Dask's client or MLflow's own rules are in ``library_checks``.
 """
 
 from __future__ import annotations
@@ -166,18 +167,7 @@ def check_reported_metrics(fn: Callable[..., Any], wanted: Mapping[str, str | No
             )
 
 
-# ------------------------------------------------------------------------------------------------- MLflow names
-
-
-def check_registered_model_name(name: str, *, field: str = "mlflow.registered_model_name") -> None:
-    """MLflow's own rules for registered model names (checked at registration, after the whole sweep)."""
-    from sweepflow.tasks.compat import mlflow_model_name_problem
-
-    problem = mlflow_model_name_problem(name)
-    if problem:
-        raise PreflightError(
-            field, name, f"MLflow rejects it ({problem})", "use letters, digits, '-', '_' or '.'"
-        )
+# ------------------------------------------------------------------------------------------------ MLflow stores
 
 
 #: Tracking URI schemes MLflow 3 has stores for (a path without a scheme is a file store).
@@ -252,24 +242,6 @@ def check_prefect_api(
         "unset it to let `sweepflow run` start a local server",
         timeout_s=timeout_s,
     )
-
-
-def check_dask_scheduler(
-    address: str, *, field: str = "dask.scheduler_address", timeout_s: float = REACH_TIMEOUT_S
-):
-    """A connected ``distributed.Client`` of the scheduler at ``address`` (the caller closes it)."""
-    from distributed import Client
-
-    try:
-        return Client(address, timeout=f"{timeout_s}s", set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise ServiceUnreachable(
-            field,
-            address,
-            f"no Dask scheduler answered within {timeout_s:g} s ({type(exc).__name__}: {redact(str(exc))})",
-            "start it (`dask scheduler`, or `sweepflow stack up`), fix the address (tcp://host:8786), or leave it "
-            "unset for a local cluster",
-        ) from None
 
 
 def unimportable(targets: Iterable[str], import_dir: str | None) -> list[str]:
