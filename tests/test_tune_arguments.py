@@ -460,3 +460,27 @@ def test_the_lowered_experiment_keeps_the_request_and_its_stop_rules_keep_the_sc
     with pytest.raises(ValueError, match="waits for all 4 trials"):
         exp.scheduler.check_room(trials=4, at_once=2)
     exp.scheduler.check_room(trials=4, at_once=4)
+
+
+def test_an_unreachable_tracking_server_is_one_sentence_before_any_service_starts(monkeypatch, tmp_path):
+    """The pipeline's pre-flight check, on Tune's face: MLflow's client would retry for minutes, after the
+    flow run and the cluster had started."""
+    import socket
+    import time
+
+    from sweepflow.tasks.checks import ServiceUnreachable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
+
+    def trainable(config):
+        tune.report(loss=1.0)
+
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachable, match=r"MLFLOW_TRACKING_URI.*did not answer its health check"):
+        tune.run(trainable, config={"x": tune.grid_search([1, 2])}, name="unreachable")
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").iterdir())  # no service started

@@ -24,6 +24,7 @@ from ddp_runtime.cluster import cluster_client
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
+from sweepflow.tasks.checks import check_tracking_server, check_tracking_uri_scheme
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.placement import place_trials
@@ -138,9 +139,17 @@ class ExperimentRecord:
     prefect_flow_run_id: str | None = None
 
 
+#: Where a Tune experiment's tracking URI comes from, as the pre-flight check's sentence names it.
+TRACKING_FIELD = "tracking_uri (MLflowLoggerCallback / setup_mlflow, else $MLFLOW_TRACKING_URI)"
+
+
 def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
     settings = Settings.from_env()
+    asked = experiment.tracking_uri or settings.tracking_uri
+    if asked:  # one sentence in seconds, before any service starts, not the MLflow client's minutes of retries
+        check_tracking_uri_scheme(asked, field=TRACKING_FIELD)
+        check_tracking_server(asked, field=TRACKING_FIELD)
     chosen = use_run_services(
         settings, settings.home, tracking_uri=experiment.tracking_uri, use_gpu=experiment.template.use_gpu
     )
