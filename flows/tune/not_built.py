@@ -9,10 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-_PB2 = (
-    "PB2 (PBT with a GP-bandit explore) is not built; use PopulationBasedTraining, whose explore resamples or "
-    "perturbs each hyperparameter in hyperparam_mutations"
-)
 _BOHB = "BOHB is not built; use ASHAScheduler with OptunaSearch"
 _SEARCHER = (
     "is not wrapped (one search library is: Optuna); use sweepflow.tune.search.optuna.OptunaSearch, or the "
@@ -42,13 +38,11 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune.schedulers": {
         "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
         "each trial's config history in its MLflow run (pbt/config_history.json)",
-        "PB2": _PB2,
         "HyperBandForBOHB": _BOHB,
         "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
         "tune.with_resources",
     },
     # Ray's own module paths for the same names (its examples import from them).
-    "sweepflow.tune.schedulers.pb2": {"PB2": _PB2},
     "sweepflow.tune.schedulers.hb_bohb": {"HyperBandForBOHB": _BOHB},
     "sweepflow.tune.search.ax": {"AxSearch": f"AxSearch {_SEARCHER}"},
     "sweepflow.tune.search.bayesopt": {"BayesOptSearch": f"BayesOptSearch {_SEARCHER}"},

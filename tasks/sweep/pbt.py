@@ -279,12 +279,17 @@ class PopulationBasedTraining(TrialScheduler):
             donor_state, state = self._trials[donor], self._trials[tid]
             self._plans[tid] = Exploit(
                 donor=donor,
-                config=self.explore(donor_state.config),
+                config=self._new_config(donor, tid, time),
                 at=time,
                 donor_score=float(donor_state.last_value),  # type: ignore[arg-type]
                 score=float(state.last_value),  # type: ignore[arg-type]
             )
             self.num_perturbations += 1
+
+    def _new_config(self, donor: str, recipient: str, time: float) -> dict[str, Any]:
+        """The config ``recipient`` continues with from ``donor``'s checkpoint: the donor's, explored (PB2 chooses
+        it with its GP instead). Called with the lock held."""
+        return self.explore(self._trials[donor].config)
 
     def take_exploit(self, trial_id: str) -> Exploit | None:
         """The plan an ``EXPLOIT`` decision stands for (once)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sweepflow.tasks.sweep.hyperband import HyperBandScheduler
+from sweepflow.tasks.sweep.pb2 import PB2
 from sweepflow.tasks.sweep.pbt import PopulationBasedTraining
 from sweepflow.tasks.sweep.schedulers import (
     ASHAScheduler,
@@ -26,6 +27,7 @@ __all__ = [
     "FIFOScheduler",
     "HyperBandScheduler",
     "MedianStoppingRule",
+    "PB2",
     "PopulationBasedTraining",
     "TrialScheduler",
     "resolve",
@@ -39,7 +41,7 @@ def resolve(scheduler: Any) -> TrialScheduler:
     if not isinstance(scheduler, TrialScheduler):
         raise TypeError(
             f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...), "
-            "HyperBandScheduler(...), PopulationBasedTraining(...) or FIFOScheduler()"
+            "HyperBandScheduler(...), PopulationBasedTraining(...), PB2(...) or FIFOScheduler()"
         )
     return scheduler
 
