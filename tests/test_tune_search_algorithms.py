@@ -7,6 +7,7 @@ user writes it, against the session's services."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ from mlflow.tracking import MlflowClient
 from tune_planning import catching_plans
 
 from sweepflow import tune
+from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted
+from sweepflow.tune import ExperimentAnalysis, ResultGrid
 from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 from sweepflow.tune.search.optuna import OptunaSearch
 from sweepflow.tune.search.repeater import TRIAL_INDEX
@@ -310,8 +313,123 @@ def test_tune_run_with_a_repeater(services):
     assert "each config run 2x (Repeater)" in parent.data.params["search"]
 
 
-def test_multi_objective_search_is_refused_saying_it_is_not_built():
-    """Ray's multi-objective OptunaSearch (lists of metrics and modes): one sentence that it is not built here
-    and what to do instead, not a complaint about the mode's type."""
-    with pytest.raises(NotImplementedError, match="multi-objective search is not built in sweepflow; search one metric"):
-        OptunaSearch(metric=["loss", "gain"], mode=["min", "max"])
+# ------------------------------------------------------------------------------------ multi-objective OptunaSearch
+
+
+def _ended(index: int, config: dict[str, Any], last: dict[str, Any], status: str = "COMPLETED") -> TrialResult:
+    return TrialResult(
+        trial_id=f"t{index}", index=index, name=f"t{index}", config=config, status=TrialStatus(status), last=last
+    )
+
+
+def test_a_multi_objective_search_tells_optuna_each_objectives_last_value(plan):
+    """Ray's OptunaSearch(metric=[...], mode=[...]): one study direction per objective; each ended trial's last
+    value of every objective is told (a failed trial, or one missing an objective, as failed)."""
+    search = OptunaSearch(metric=["loss", "acc"], mode=["min", "max"], seed=0)
+    experiment = plan(config={"lr": tune.uniform(0, 1)}, search_alg=search, metric=None, mode=None, num_samples=6)
+    assert experiment.objectives == (("loss", "min"), ("acc", "max"))
+    assert experiment.metric is None and experiment.mode is None  # no ranking metric given: none, as in Ray
+    assert "tpe, objectives loss min, acc max (optuna)" == experiment.search
+    sampler = experiment.sampler
+    study = sampler._tpe._study
+    assert [d.name for d in study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    for i in range(6):
+        number, config = sampler.ask()
+        last = {"loss": config["lr"], "acc": 1 - config["lr"] ** 2}
+        status = "COMPLETED"
+        if i == 4:
+            last = {"loss": config["lr"]}  # no acc reported
+        if i == 5:
+            status = "FAILED"
+        sampler.tell_result(number, _ended(i, config, last, status))
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE"] * 4 + ["FAIL", "FAIL"]
+    assert study.trials[0].values == [study.trials[0].params["lr"], 1 - study.trials[0].params["lr"] ** 2]
+    assert len(study.best_trials) >= 1  # Optuna's own Pareto front
+
+
+def test_a_multi_objective_search_ranks_by_one_objective_or_none(plan):
+    import optuna
+
+    search = OptunaSearch(
+        metric=["loss", "acc"], mode=["min", "max"], sampler=optuna.samplers.NSGAIISampler(seed=0)
+    )
+    experiment = plan(config={"lr": tune.uniform(0, 1)}, search_alg=search, metric="acc", mode=None)
+    assert (experiment.metric, experiment.mode) == ("acc", "max")  # the objective's own mode
+    assert experiment.search == "NSGAIISampler, objectives loss min, acc max (optuna)"
+    assert isinstance(experiment.sampler._tpe._study.sampler, optuna.samplers.NSGAIISampler)
+    assert experiment.sampler._tpe._study.sampler is not search.sampler  # each experiment gets its own copy
+    by_run = plan(config={"c": 1}, search_alg=OptunaSearch(space=define_by_run, metric=["loss", "acc"],
+                                                            mode=["min", "max"]), metric=None, mode=None)
+    assert [d.name for d in by_run.sampler._study.directions] == ["MINIMIZE", "MAXIMIZE"]
+    space = {"lr": tune.uniform(0, 1)}
+    refusals = [
+        (dict(metric="acc", mode="min"), "searches 'acc' with mode='max'"),
+        (dict(metric="f1", mode="max"), "is not one of OptunaSearch's objectives"),
+        (dict(metric=None, mode="max"), "without a metric"),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            plan(config=space, search_alg=OptunaSearch(metric=["loss", "acc"], mode=["min", "max"]), **kwargs)
+    with pytest.raises(ValueError, match="Repeater around a multi-objective OptunaSearch is not built"):
+        plan(config=space, search_alg=Repeater(OptunaSearch(metric=["loss", "acc"], mode=["min", "max"]), repeat=2),
+             metric=None, mode=None, num_samples=4)
+    with pytest.raises(ValueError, match="a list of metrics and a list of modes of the same length"):
+        OptunaSearch(metric=["loss", "acc"], mode="min")
+    with pytest.raises(ValueError, match="each mode must be 'min' or 'max'"):
+        OptunaSearch(metric=["loss", "acc"], mode=["min", "up"])
+    with pytest.raises(TypeError, match="give an Optuna sampler"):
+        OptunaSearch(metric="loss", mode="min", sampler="nsga2")
+
+
+def test_the_pareto_front_is_the_trials_no_other_beats_on_every_objective():
+    trials = [
+        _ended(0, {"lr": 0.1}, {"loss": 1.0, "acc": 0.5}),
+        _ended(1, {"lr": 0.2}, {"loss": 2.0, "acc": 0.9}),
+        _ended(2, {"lr": 0.3}, {"loss": 2.0, "acc": 0.4}),  # beaten by 0 on both
+        _ended(3, {"lr": 0.4}, {"loss": 0.5, "acc": 0.5}),  # beats 0: as good on acc, better on loss
+        _ended(4, {"lr": 0.5}, {"loss": 0.1, "acc": 1.0}, status="FAILED"),  # failed: not on the front
+        _ended(5, {"lr": 0.6}, {"loss": float("nan"), "acc": 1.0}),  # not finite: left out
+    ]
+    grid = ResultGrid(trials, metric=None, mode=None, objectives=(("loss", "min"), ("acc", "max")))
+    assert [r.metrics["trial_id"] for r in grid.pareto_front()] == ["t1", "t3"]
+    assert [r.metrics["trial_id"] for r in grid.pareto_front(["acc"], ["max"])] == ["t5"]  # one objective: its best
+    analysis = ExperimentAnalysis(trials, metric="loss", mode="min", objectives=(("loss", "min"), ("acc", "max")))
+    assert [t.trial_id for t in analysis.pareto_front()] == ["t1", "t3"]
+    with pytest.raises(ValueError, match="pareto_front needs the objectives"):
+        ResultGrid(trials, metric="loss", mode="min").pareto_front()
+
+
+def two_objectives(config):
+    for step in range(2):
+        tune.report(loss=(config["x"] - 0.2) ** 2 + step * 0.0, gain=config["x"])
+
+
+def test_tune_run_with_a_multi_objective_optuna_search_records_its_pareto_front(services):
+    """Ray's multi-objective example, as its users write it: no metric for the experiment, the best result per
+    objective asked of the ResultGrid; the Pareto front is on the grid and on the MLflow parent run."""
+    tuner = tune.Tuner(
+        two_objectives,
+        tune_config=tune.TuneConfig(search_alg=OptunaSearch(metric=["loss", "gain"], mode=["min", "max"], seed=0),
+                                    num_samples=5),
+        param_space={"x": tune.uniform(0, 1)},
+        run_config=tune.RunConfig(verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 5 and results.num_errors == 0
+    assert results.get_best_result("gain", "max").config["x"] == max(r.config["x"] for r in results)
+    front = results.pareto_front()
+    # x above 0.2 trades loss for gain; below it, a larger x is better on both.
+    xs = sorted(r.config["x"] for r in front)
+    assert xs and all(x >= min(r.config["x"] for r in results) for x in xs)
+    best_loss = results.get_best_result("loss", "min")
+    assert best_loss.metrics["trial_id"] in {r.metrics["trial_id"] for r in front}
+    client = MlflowClient(services["mlflow"])
+    parent = client.get_run(results.record.parent_run_id)
+    ids = [r.metrics["trial_id"] for r in front]
+    assert parent.data.tags["sweepflow.pareto_front"] == ",".join(ids)
+    recorded = client.download_artifacts(results.record.parent_run_id, "pareto_front.json")
+    with open(recorded) as f:
+        data = json.load(f)
+    assert data["objectives"] == [{"metric": "loss", "mode": "min"}, {"metric": "gain", "mode": "max"}]
+    assert [t["trial_id"] for t in data["trials"]] == ids

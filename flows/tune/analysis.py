@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ddp_runtime import Checkpoint
-from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+from sweepflow.tasks.sweep.results import TrialResult, TrialStatus, pareto_front
 
 _RAY_STATUS = {
     TrialStatus.COMPLETED: "TERMINATED",
@@ -121,8 +121,10 @@ class _Experiment:
         metric: str | None,
         mode: str | None,
         record: ExperimentRecord | None = None,
+        objectives: Sequence[tuple[str, str]] = (),
     ):
         self._trials = sorted(results, key=lambda r: r.index)
+        self.objectives = tuple(objectives)  # a multi-objective search's (metric, mode) pairs
         self.default_metric = metric
         self.default_mode = mode
         self.record = record
@@ -150,6 +152,23 @@ class ExperimentAnalysis(_Experiment):
         super().__init__(results, **kwargs)
         self.trials = [Trial(r) for r in self._trials]
         self._results = results
+
+    def pareto_front(
+        self, metric: Sequence[str] | None = None, mode: Sequence[str] | None = None
+    ) -> list[Trial]:
+        """The trials on the Pareto front of ``metric`` (not in Ray: a sweepflow extra, for a multi-objective
+        ``OptunaSearch``): those no other trial beats on every objective, by each trial's last reported values,
+        in trial order. It is recorded on the experiment's MLflow parent run too (``pareto_front.json``).
+
+        Args:
+            metric: the objectives; default: the multi-objective ``OptunaSearch``'s.
+            mode: ``"min"``/``"max"`` for each objective; default: the search's.
+
+        Raises:
+            ValueError: no objectives here nor in the search, or metric and mode of different lengths.
+        """
+        chosen = _objectives(self.objectives, metric, mode)
+        return [self.trials[self._trials.index(r)] for r in pareto_front(self._trials, chosen)]
 
     def _metric_mode(self, metric: str | None, mode: str | None) -> tuple[str, str]:
         metric, mode = metric or self.default_metric, mode or self.default_mode
@@ -332,6 +351,22 @@ class ResultGrid(_Experiment):
             raise RuntimeError(f"no trial reported a finite {metric!r}; see ResultGrid.errors")
         return self._results[self._trials.index(best)]
 
+    def pareto_front(self, metric: Sequence[str] | None = None, mode: Sequence[str] | None = None) -> list[Result]:
+        """The ``Result`` of each trial on the Pareto front of ``metric`` (not in Ray: a sweepflow extra, for a
+        multi-objective ``OptunaSearch``): those no other trial beats on every objective, by each trial's last
+        reported values, in trial order. It is recorded on the experiment's MLflow parent run too
+        (``pareto_front.json`` and the tag ``sweepflow.pareto_front``).
+
+        Args:
+            metric: the objectives; default: the multi-objective ``OptunaSearch``'s.
+            mode: ``"min"``/``"max"`` for each objective; default: the search's.
+
+        Raises:
+            ValueError: no objectives here nor in the search, or metric and mode of different lengths.
+        """
+        chosen = _objectives(self.objectives, metric, mode)
+        return [self._results[self._trials.index(t)] for t in pareto_front(self._trials, chosen)]
+
     def get_dataframe(self, filter_metric: str | None = None, filter_mode: str | None = None) -> pd.DataFrame:
         """One row per trial, as ``ExperimentAnalysis.dataframe()``.
 
@@ -339,6 +374,26 @@ class ResultGrid(_Experiment):
         trial's last result, not the one best in ``filter_metric``.
         """
         return _dataframe(self._trials)
+
+
+def _objectives(
+    searched: tuple[tuple[str, str], ...], metric: Sequence[str] | None, mode: Sequence[str] | None
+) -> list[tuple[str, str]]:
+    if metric is None and mode is None:
+        if not searched:
+            raise ValueError(
+                "pareto_front needs the objectives: pass metric=[...] and mode=[...], or search with "
+                "OptunaSearch(metric=[...], mode=[...])"
+            )
+        return list(searched)
+    if isinstance(metric, str) or isinstance(mode, str) or metric is None or mode is None or len(metric) != len(mode):
+        raise ValueError(
+            f"pareto_front(metric={metric!r}, mode={mode!r}): give a list of metrics and a list of modes of the "
+            "same length, e.g. metric=['loss', 'acc'], mode=['min', 'max']"
+        )
+    if any(m not in ("min", "max") for m in mode):
+        raise ValueError(f"pareto_front(mode={mode!r}): each mode must be 'min' or 'max'")
+    return list(zip(metric, mode, strict=True))
 
 
 def _dataframe(results: Sequence[TrialResult]) -> pd.DataFrame:

@@ -102,7 +102,7 @@ def run(
         num_samples=num_samples,
     )
     sweep, record = runner.run(experiment)
-    analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
+    analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives)
     return finish(
         analysis,
         searchers.shown(experiment.searched, experiment.sampler),
@@ -368,7 +368,7 @@ class Tuner:
             return self._results
         experiment = self._request()
         trials, record = runner.results_of(experiment)
-        return ResultGrid(trials, metric=experiment.metric, mode=experiment.mode, record=record)
+        return ResultGrid(trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives)
 
     def _request(self) -> runner.TuneRequest:
         """What ``fit()`` runs, every argument checked."""
@@ -442,13 +442,13 @@ class Tuner:
         experiment = self._request()
         sweep, record = runner.run(experiment)
         finish(  # the trials table; a Tuner's failed trials are in its ResultGrid (``result.error``), not raised
-            ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record),
+            ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives),
             searchers.shown(experiment.searched, experiment.sampler),
             verbose=rc.verbose,
             progress_reporter=rc.progress_reporter,
             raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
         )
-        self._results = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record)
+        self._results = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives)
         return self._results
 
 
@@ -528,4 +528,5 @@ def _experiment(
         checkpoint_config=checkpoint_config,
         resume="restore" if restoring else resume_mode,
         search_space=search.search_space,
+        objectives=search.objectives,
     )

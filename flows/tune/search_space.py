@@ -141,12 +141,14 @@ class SearchSampler(Sampler):
         param_space: Mapping[str, Any],
         *,
         num_samples: int,
-        metric: str,
-        mode: str,
+        metric: str | None,
+        mode: str | None,
         seed: int | None,
         n_startup_trials: int,
         points_to_evaluate: Sequence[Mapping[str, Any]] = (),
         evaluated_rewards: Sequence[float] = (),
+        objectives: Sequence[tuple[str, str]] = (),
+        optuna_sampler: Any = None,
     ):
         params: list[tuple[str, Any]] = []
         for path, value in config_leaves(dict(param_space)):
@@ -157,8 +159,15 @@ class SearchSampler(Sampler):
                 )
             params.append(("/".join(path), value if isinstance(value, Domain) else Constant(value)))
         self._tpe = TPESampler(
-            SearchSpace(tuple(params)), mode=mode, seed=seed, num_samples=num_samples, n_startup_trials=n_startup_trials
+            SearchSpace(tuple(params)),
+            mode=mode,
+            seed=seed,
+            num_samples=num_samples,
+            n_startup_trials=n_startup_trials,
+            modes=[m for _, m in objectives],
+            sampler=optuna_sampler,
         )
+        self.objectives = tuple(objectives)
         self.total = num_samples
         names = {name for name, _ in params}
         points = [flat_point(point, names) for point in points_to_evaluate]
@@ -210,6 +219,14 @@ class SearchSampler(Sampler):
         """Tell TPE trial ``number``'s result: the best value of the metric it reached, or None if it failed.
         """
         self._tpe.tell(number, value)
+
+    def tell_result(self, number: int, result: Any) -> None:
+        """An ended trial: its best value of the metric, or (several objectives) each one's last value, as Ray's
+        multi-objective ``OptunaSearch`` tells them."""
+        if self.objectives:
+            self._tpe.tell(number, [result.last.get(name) for name, _ in self.objectives] if result.status.selectable else None)
+        else:
+            super().tell_result(number, result)
 
 
 def flat_point(point: Mapping[str, Any], names: set[str] | None = None, prefix: str = "") -> dict[str, Any]:

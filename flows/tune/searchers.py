@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweepflow.tasks.sweep.samplers import RandomSampler, Sampler, SamplerExhausted
+from sweepflow.tasks.sweep.samplers import RandomSampler, Sampler, SamplerExhausted, optuna_study, tell_study
 from sweepflow.tasks.sweep.schedulers import merge_search_properties
 from sweepflow.tasks.sweep.space import config_leaves, is_grid, parse_param_space, plain, set_leaf
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
@@ -35,6 +35,7 @@ class SearchPlan:
     searched: tuple[str, ...]  # config paths the trials table shows ("a/b" for nested keys)
     varying_names: tuple[str, ...]  # searched top-level keys (trial names show them)
     search_space: dict[str, Any]  # the space's top level as data (the sweep report's axes)
+    objectives: tuple[tuple[str, str], ...] = ()  # a multi-objective search's (metric, mode) pairs
 
 
 def unwrap(
@@ -94,8 +95,20 @@ def plan(
         sampler = RandomSampler(parse_param_space(param_space), seed=seed, num_samples=configs)
         label = "random"
     elif isinstance(search_alg, OptunaSearch):
-        # The searcher's metric/mode become the experiment's (a different one was refused), and so the scheduler's.
-        metric, mode = merge_search_properties("OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode))
+        objectives = search_alg.objectives
+        if objectives:  # the experiment ranks by one of them, or by none (as in Ray)
+            metric, mode = _ranking_objective(objectives, metric, mode)
+            if repeater is not None:
+                raise ValueError(
+                    "a Repeater around a multi-objective OptunaSearch is not built (each objective's average would "
+                    "be told); run each config once, or search one metric"
+                )
+        else:
+            # The searcher's metric/mode become the experiment's (a different one was refused), and so the
+            # scheduler's.
+            metric, mode = merge_search_properties(
+                "OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode)  # type: ignore[arg-type]
+            )
         searched_in_config = [
             "/".join(p) for p, v in config_leaves(dict(param_space)) if isinstance(v, Domain) or is_grid(v)
         ]
@@ -117,18 +130,23 @@ def plan(
             "seed": optuna_seed,
             "n_startup_trials": search_alg.n_startup_trials,
             "points_to_evaluate": search_alg.points_to_evaluate,
+            "objectives": objectives,
+            "optuna_sampler": search_alg.sampler,
         }
+        which = type(search_alg.sampler).__name__ if search_alg.sampler is not None else "tpe"
+        if objectives:
+            which += ", objectives " + ", ".join(f"{m} {d}" for m, d in objectives)
         if search_alg.define_by_run:
             sampler = DefineByRunSampler(
                 search_alg.space,  # type: ignore[arg-type]  # callable: define_by_run
                 constants=param_space,
                 **tpe,
             )
-            label = f"tpe (optuna, define-by-run {qualified_name(search_alg.space)})"
+            label = f"{which} (optuna, define-by-run {qualified_name(search_alg.space)})"
         else:
             space = _deep_merged(param_space, search_alg.space or {})  # type: ignore[arg-type]  # a dict here
             sampler = SearchSampler(space, metric=metric, evaluated_rewards=search_alg.evaluated_rewards, **tpe)
-            label = "tpe (optuna)"
+            label = f"{which} (optuna)"
     else:
         raise TypeError(
             f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...) or "
@@ -144,11 +162,44 @@ def plan(
         sampler=sampler,
         metric=metric,
         mode=mode,
+        objectives=search_alg.objectives if isinstance(search_alg, OptunaSearch) else (),
         label=label,
         searched=searched,
         varying_names=tuple(v for v in varying if "/" not in v),
         search_space=space_as_data(space),
     )
+
+
+def _ranking_objective(
+    objectives: tuple[tuple[str, str], ...], metric: str | None, mode: str | None
+) -> tuple[str | None, str | None]:
+    """The experiment's own metric/mode with a multi-objective search: none (trials are not ranked, as in Ray's
+    multi-objective example), or one of the objectives, in its mode."""
+    modes = dict(objectives)
+    if metric is None:
+        if mode is not None:
+            raise ValueError(f"mode={mode!r} without a metric: give metric= one of the objectives {list(modes)}")
+        return None, None
+    if metric not in modes:
+        raise ValueError(
+            f"metric={metric!r} is not one of OptunaSearch's objectives {list(modes)}: the experiment ranks its "
+            "trials by one of them (or give no metric: ResultGrid.get_best_result(metric, mode) and pareto_front() "
+            "still work)"
+        )
+    if mode is not None and mode != modes[metric]:
+        raise ValueError(
+            f"mode={mode!r} for {metric!r}, but OptunaSearch searches {metric!r} with mode={modes[metric]!r}: give "
+            "the same mode, or none"
+        )
+    return metric, modes[metric]
+
+
+def last_values(result: Any, objectives: Sequence[tuple[str, str]]) -> list[Any] | None:
+    """What a multi-objective study is told of an ended trial (as Ray's ``OptunaSearch``): each objective's value
+    in its last report; None for a failed trial."""
+    if not result.status.selectable:
+        return None
+    return [result.last.get(name) for name, _ in objectives]
 
 
 def shown(searched: tuple[str, ...], sampler: Sampler) -> tuple[str, ...]:
@@ -171,16 +222,6 @@ def _deep_merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, 
     return merged
 
 
-def _tell(study: Any, number: int, value: float | None) -> None:
-    """A finished trial's result to an Optuna study: its best value, or a failure (None, NaN, inf)."""
-    import optuna
-
-    if value is None or not math.isfinite(value):
-        study.tell(number, state=optuna.trial.TrialState.FAIL)
-    else:
-        study.tell(number, float(value))
-
-
 class DefineByRunSampler(Sampler):
     """Ray's ``OptunaSearch(space=fn)``: each config is what ``fn`` suggests on a trial of an Optuna study
     (``study.ask()``; TPE proposes the values from the results told so far), merged over the constants of the
@@ -198,6 +239,8 @@ class DefineByRunSampler(Sampler):
         seed: int | None,
         n_startup_trials: int,
         points_to_evaluate: Sequence[Mapping[str, Any]] = (),
+        objectives: Sequence[tuple[str, str]] = (),
+        optuna_sampler: Any = None,
     ) -> None:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
@@ -215,10 +258,11 @@ class DefineByRunSampler(Sampler):
         self._space = space
         self._constants = dict(constants)
         # Constant liar: with several trials running, proposals do not pile onto one point (as TPESampler does).
-        self._study = optuna.create_study(
-            direction="maximize" if mode == "max" else "minimize",
-            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, constant_liar=True),
+        self._study = optuna_study(
+            optuna, mode=mode, modes=[m for _, m in objectives], seed=seed, n_startup_trials=n_startup_trials,
+            sampler=optuna_sampler,
         )
+        self.objectives = tuple(objectives)
         self._points = deque(flat_point(p) for p in points_to_evaluate)
         self._given_points = len(self._points)
         self.total = num_samples
@@ -254,7 +298,14 @@ class DefineByRunSampler(Sampler):
         """Tell the study trial ``number``'s result: the best value of the metric it reached, or None if it
         failed.
         """
-        _tell(self._study, number, value)
+        tell_study(self._study, number, value)
+
+    def tell_result(self, number: int, result: Any) -> None:
+        """An ended trial: its best value of the metric, or (several objectives) each one's last value."""
+        if self.objectives:
+            tell_study(self._study, number, last_values(result, self.objectives))
+        else:
+            super().tell_result(number, result)
 
     def _check_left(self) -> None:
         if self._asked >= self.total:

@@ -242,7 +242,7 @@ class Sweep:
                 runtime.notify("step_end")
                 continue  # the sweep was stopping when its task began
             # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
-            self.sampler.tell(number, result.best if result.status.selectable else None)
+            self.sampler.tell_result(number, result)
             finished.append(self._with_bookkeeping(result, submitted_at))
             runtime.notify("trial_ended", finished[-1])
             runtime.notify("step_end")
@@ -256,7 +256,7 @@ class Sweep:
         """An ended trial of the resumed sweep: not trained again. The sampler and the scheduler learn its
         result as they did the first time, and its turn to start is over."""
         number = self.sampler.ask_known(result.config)
-        self.sampler.tell(number, result.best if result.status.selectable else None)
+        self.sampler.tell_result(number, result)
         replay(runtime.scheduler, result)
         runtime.slots.forfeit(result.index)
         runtime.progress.update(result.trial_id, metrics={self.template.selection_metric: result.best}, status=result.status)

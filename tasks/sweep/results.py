@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -323,3 +324,23 @@ def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def pareto_front(trials: Sequence[TrialResult], objectives: Sequence[tuple[str, str]]) -> list[TrialResult]:
+    """The trials no other trial dominates on ``objectives`` ((metric, mode) pairs), by each one's value in the
+    trial's last report (what a multi-objective search was told), in trial order. A trial dominates another when
+    it is at least as good on every objective and better on one. Failed trials, and those without a finite value
+    of every objective, are left out."""
+    points: list[tuple[TrialResult, tuple[float, ...]]] = []
+    for t in trials:
+        if not t.status.selectable:
+            continue
+        values = [t.last.get(name) for name, _ in objectives]
+        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            signs = [1.0 if mode == "max" else -1.0 for _, mode in objectives]
+            points.append((t, tuple(sign * float(v) for sign, v in zip(signs, values, strict=True))))
+
+    def dominated(p: tuple[float, ...]) -> bool:
+        return any(all(a >= b for a, b in zip(q, p, strict=True)) and q != p for _, q in points)
+
+    return sorted((t for t, p in points if not dominated(p)), key=lambda t: t.index)

@@ -5,10 +5,12 @@ Imports nothing heavier than numpy (Optuna only when TPE is used).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
+import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -71,6 +73,11 @@ class Sampler(ABC):
 
     def tell(self, number: int, value: float | None) -> None:  # noqa: B027 - optional for list samplers
         """The trial's result: the best value its selection metric reached, or None if it failed."""
+
+    def tell_result(self, number: int, result: Any) -> None:
+        """An ended trial's ``TrialResult``: by default ``tell`` gets the best value of the selection metric it
+        reached (None if it failed); a multi-objective search reads every objective's last value from it."""
+        self.tell(number, result.best if result.status.selectable else None)
 
     def ask_known(self, config: dict[str, Any]) -> int:
         """The next trial is ``config``, which a resumed sweep's trial already ran with; returns its number
@@ -259,7 +266,11 @@ class TPESampler(Sampler):
         seed: int | None = None,
         n_startup_trials: int = 4,
         num_samples: int | None = None,
+        modes: Sequence[str] = (),
+        sampler: Any = None,
     ) -> None:
+        """``modes``: one ``"min"``/``"max"`` per objective of a multi-objective study (``mode`` is then unused and
+        ``tell`` takes a list of values); ``sampler``: an Optuna sampler to use instead of TPE."""
         if num_samples is not None:
             _check_num_samples(num_samples)
         self.total = num_samples  # type: ignore[assignment]  # None: asks are not limited
@@ -268,8 +279,8 @@ class TPESampler(Sampler):
             import optuna
         except ImportError as exc:
             raise ImportError("sampler='tpe' needs Optuna: pip install 'optuna>=4'") from exc
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if any(m not in ("min", "max") for m in (*modes, *(() if modes else (mode,)))):
+            raise ValueError(f"mode must be 'min' or 'max', got {list(modes) or mode!r}")
         self.space = parse_space(space)
         grids = self.space.grid_names
         if grids:
@@ -302,12 +313,8 @@ class TPESampler(Sampler):
                     "choice/uniform/loguniform/randint/qrandint/pow2, or the random sampler"
                 )
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self._study = optuna.create_study(
-            direction="maximize" if mode == "max" else "minimize",
-            sampler=optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=n_startup_trials, constant_liar=True
-            ),
-        )
+        self._study = optuna_study(optuna, mode=mode, modes=modes, seed=seed, n_startup_trials=n_startup_trials,
+                                   sampler=sampler)
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         """(trial number for ``tell``, the config)."""
@@ -379,13 +386,39 @@ class TPESampler(Sampler):
                 internal[name] = value
         return internal
 
-    def tell(self, number: int, value: float | None) -> None:
-        """The trial's result (its best metric value), or None if it failed."""
-        state = self._optuna.trial.TrialState
-        if value is None or not math.isfinite(value):
-            self._study.tell(number, state=state.FAIL)
-        else:
-            self._study.tell(number, float(value))
+    def tell(self, number: int, value: float | Sequence[float] | None) -> None:
+        """The trial's result (its best metric value; a multi-objective study's: one value per objective), or
+        None if it failed."""
+        tell_study(self._study, number, value)
+
+
+def optuna_study(
+    optuna: Any, *, mode: str, modes: Sequence[str] = (), seed: int | None, n_startup_trials: int, sampler: Any = None
+) -> Any:
+    """An Optuna study to ask/tell: one direction (``mode``) or one per objective (``modes``), on ``sampler`` or,
+    by default, TPE (multi-objective TPE for several objectives, as Ray's default) with the constant liar, so
+    concurrent proposals do not pile onto one point."""
+    if sampler is None:
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, constant_liar=True)
+    else:
+        sampler = copy.deepcopy(sampler)  # each experiment's study learns on its own copy
+    if modes:
+        return optuna.create_study(directions=["maximize" if m == "max" else "minimize" for m in modes], sampler=sampler)
+    return optuna.create_study(direction="maximize" if mode == "max" else "minimize", sampler=sampler)
+
+
+def tell_study(study: Any, number: int, value: float | Sequence[float] | None) -> None:
+    """Tell an Optuna study trial ``number``'s result: a value, or a list (one per objective); None or any value
+    that is not a finite number marks the trial failed."""
+    import optuna
+
+    values = list(value) if isinstance(value, Sequence) else [value]
+    if not values or any(not isinstance(v, numbers.Real) or not math.isfinite(v) for v in values):
+        study.tell(number, state=optuna.trial.TrialState.FAIL)
+    elif isinstance(value, Sequence):
+        study.tell(number, [float(v) for v in values])
+    else:
+        study.tell(number, float(values[0]))
 
 
 SAMPLERS = ("random", "grid", "tpe")
