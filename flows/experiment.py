@@ -82,34 +82,24 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp))
             stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
             best = name_best(sweep, tracker, parent, exp)
-            best_run_id = best.run_id if best is not None else None
-            if exp.finalize is None:
-                views = leaderboard.publish(best_run_id=best_run_id)  # once: one version in the flow run
-                return ExperimentRun(
-                    sweep,
-                    tracker.experiment_id,
-                    parent,
-                    best,
-                    board,
-                    leaderboard.report_url,
-                    views,
-                    stages.timings,
-                    view_key=leaderboard.view_key,
-                )
-            if best is None:
-                leaderboard.publish()
-                raise NoBestTrial(
-                    f"no trial reported {exp.metric} ({len(sweep.failed)} of {len(sweep.trials)} failed); see the "
-                    "MLflow child runs' sweepflow.error tags"
-                )
+            evaluation = registration = None
             try:
-                evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
-            except BaseException:
-                leaderboard.publish(best_run_id=best.run_id)  # the trials are recorded; nothing was registered
-                raise
-            mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
-            views = publish(leaderboard, best, registration)
-            stages.lap("publish_s")  # the winner's tags, the report with the registered version
+                if exp.finalize is not None:
+                    if best is None:
+                        raise NoBestTrial(
+                            f"no trial reported {exp.metric} ({len(sweep.failed)} of {len(sweep.trials)} failed); "
+                            "see the MLflow child runs' sweepflow.error tags"
+                        )
+                    evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
+                    mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
+            finally:
+                # Once per flow run, however the stages after the sweep ended: the trials are recorded, and the
+                # best trial and the registered version are linked when there are ones.
+                views = leaderboard.publish(
+                    best_run_id=best.run_id if best is not None else None,
+                    registered=(registration["name"], registration["version"]) if registration else None,
+                )
+            stages.lap("publish_s")  # the winner's tags, the artifact with its links
     return ExperimentRun(
         sweep,
         tracker.experiment_id,
@@ -270,12 +260,6 @@ def check_champion_metric(stage: Finalize, metrics: dict[str, float]) -> None:
             f"{sorted(metrics)}: name one of them (what evaluate_fn returns, prefixed test_); nothing was "
             "registered, the trials are in MLflow"
         )
-
-
-def publish(
-    leaderboard: LeaderboardArtifact, best: TrialResult, registration: dict[str, Any]
-) -> dict[str, str | None]:
-    return leaderboard.publish(best_run_id=best.run_id, registered=(registration["name"], registration["version"]))
 
 
 class StageTimer:

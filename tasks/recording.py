@@ -117,8 +117,8 @@ def _reopen(tracker: RunTracker, parent: str, spec: ParentRun) -> str:
 @dataclass(frozen=True)
 class LeaderboardArtifact:
     """The flow run's Prefect markdown artifact ``sweep-leaderboard``: links to the sweep's MLflow views and its
-    report, then the leaderboard. Published when the sweep ends, and again (a new version of the same key, the
-    one the UI shows) once the best trial is known (and registered), with links to both."""
+    report, then the leaderboard. Published once per flow run, when the stages after the sweep have ended (also
+    when one failed), with links to the best trial and the registered version when there are ones."""
 
     mlflow_ui: MlflowLinks
     experiment_id: str

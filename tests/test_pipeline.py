@@ -197,18 +197,21 @@ def test_pipeline_end_to_end_registers_a_good_model_and_tracks_every_trial(
         for task_run_id in task_runs:
             inputs = prefect.read_task_run(task_run_id).task_inputs
             assert not [i for values in inputs.values() for i in values], inputs
-    # One link artifact per trial task run (Prefect 3 stores it as markdown: "[text](url)"), without a key (no
-    # artifact collection per trial), described with how it ended; the trial's MLflow description leads with the
-    # same.
+    # One link artifact per trial task run (Prefect 3 stores it as markdown: "[text](url)"), titled (keyed) with
+    # the trial, its description's first line the result, best value first; the trial's MLflow description leads
+    # with the same outcome.
     assert len(links) == 3 and all(f"]({mlflow_server}/#/experiments/" in str(a.data) for a in links), links
-    assert all(a.key is None for a in links), [a.key for a in links]
     by_task_run = {str(a.task_run_id): a for a in links}
     for child in children:
         artifact = by_task_run[child.data.tags["prefect.task_run_id"]]
         assert f"/runs/{child.info.run_id}?" in str(artifact.data), artifact.data
-        outcome = f"{child.data.tags['sweepflow.trial_name']}: {child.data.tags['sweepflow.outcome']}; best val_accuracy"
-        assert outcome in artifact.description, artifact.description
-        assert f"**Outcome:** {outcome}" in child.data.tags["mlflow.note.content"]  # the winner's adds its version
+        name = child.data.tags["sweepflow.trial_name"]
+        assert artifact.key == name.split("-", 1)[0].replace("_", "-"), (artifact.key, name)
+        first, rest = artifact.description.split("\n\n", 1)
+        assert first.startswith("**val_accuracy ") and child.data.tags["sweepflow.outcome"] in first, first
+        assert rest == name
+        outcome = f"**Outcome:** {name}: {child.data.tags['sweepflow.outcome']}; best val_accuracy"
+        assert outcome in child.data.tags["mlflow.note.content"]  # the winner's adds its version
     # Published once, with the best trial and the registered version (one version in the Artifacts tab).
     assert len(board) == 1, board
     latest = max(board, key=lambda a: a.created).data
