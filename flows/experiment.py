@@ -19,7 +19,7 @@ from typing import Any
 
 from ddp_runtime.cluster import cluster_client
 from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best
-from sweepflow.tasks.recording import LeaderboardArtifact, ParentRun, SweepRecord, parent_run, record_sweep
+from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
 from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize
 from sweepflow.tasks.sweep.placement import place_trials
