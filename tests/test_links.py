@@ -135,8 +135,8 @@ def test_the_leaderboard_markdown_is_rounded_ordered_as_its_heading_says_and_lin
 
 
 def test_a_trials_prefect_card_is_titled_with_the_trial_and_opens_on_its_result():
+    from sweepflow.tasks.sweep.naming import trial_card
     from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
-    from sweepflow.tasks.sweep.trial_groups import trial_card
 
     stopped = TrialResult(
         trial_id="trial_0003", index=3, name="trial_0003-lr=0.01", config={"lr": 0.01}, status=TrialStatus.STOPPED,

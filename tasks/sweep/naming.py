@@ -1,13 +1,17 @@
 """A trial's short readable name from its sampled values (``l1=64,l2=16,lr=3.2e-03``): Prefect task-run and MLflow
-run names, where a human scans a list of trials."""
+run names, where a human scans a list of trials; and the title and line of its Prefect artifact card."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sweepflow.tasks.sweep.results import TrialResult
 
 
 def _format_float(value: float, precision: int) -> str:
@@ -47,3 +51,19 @@ def describe_trial(
     if missing:
         raise ValueError(f"describe_trial: keys {missing} are not in the config (its keys: {list(config)})")
     return ",".join(f"{k}={_format_value(config[k], precision)}" for k in selected)
+
+
+def trial_card(trial_id: str, name: str, result: TrialResult, metric: str | None) -> tuple[str, str]:
+    """The key and description of a trial's Prefect artifact. Prefect titles an artifact's card with its key
+    and shows one line of its description, so the key names the trial ("trial-0003") and the first line is the
+    result (best value first, then how it ended); the hyperparameters follow for the artifact's own page. A key
+    is a collection on Prefect's Artifacts page: the same key in every sweep makes trial 3 of each sweep a
+    version of one collection, so the page lists as many as the largest sweep has trials, not one per trial
+    ever run."""
+    result_line = (
+        f"**{metric} {result.best:.4g}** (epoch {result.best_epoch}) · {result.outcome()}"
+        if metric and result.best is not None
+        else result.outcome()
+    )
+    # Prefect's keys: lowercase letters, digits and dashes only.
+    return re.sub(r"[^a-z0-9-]", "-", trial_id.lower()), f"{result_line}\n\n{name}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
 from ddp_runtime.torch import TorchTrainer, Verdict
 from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tasks.sweep.naming import trial_card
 from sweepflow.tasks.sweep.pbt import Exploit
 from sweepflow.tasks.sweep.results import (
     ResourceUsage,
@@ -89,22 +89,6 @@ def show_outcome(spec: SweepTrial, rt: SweepRuntime, writer: RunWriter, result: 
     if url and prefect_task_run_id():
         key, description = trial_card(spec.trial_id, spec.name, result, metric)
         create_link_artifact(key=key, link=url, link_text=f"{spec.name} in MLflow", description=description)
-
-
-def trial_card(trial_id: str, name: str, result: TrialResult, metric: str | None) -> tuple[str, str]:
-    """The key and description of a trial's Prefect artifact. Prefect titles an artifact's card with its key
-    and shows one line of its description, so the key names the trial ("trial-0003") and the first line is the
-    result (best value first, then how it ended); the hyperparameters follow for the artifact's own page. A key
-    is a collection on Prefect's Artifacts page: the same key in every sweep makes trial 3 of each sweep a
-    version of one collection, so the page lists as many as the largest sweep has trials, not one per trial
-    ever run."""
-    result_line = (
-        f"**{metric} {result.best:.4g}** (epoch {result.best_epoch}) · {result.outcome()}"
-        if metric and result.best is not None
-        else result.outcome()
-    )
-    # Prefect's keys: lowercase letters, digits and dashes only.
-    return re.sub(r"[^a-z0-9-]", "-", trial_id.lower()), f"{result_line}\n\n{name}"
 
 
 class TrialGroups:
