@@ -122,6 +122,25 @@ def select_config(
     Returns:
         The chosen hyperparameters, each in ``[0, 1]``.
     """
+    from threadpoolctl import threadpool_limits  # installed with scikit-learn
+
+    # Small matrices: one BLAS thread is faster than several, many times over on a busy machine (and leaves the
+    # flow's process its other cores).
+    with threadpool_limits(limits=1):
+        return _select_config(observations, changes, now=now, donor=donor, pending=pending, rng=rng,
+                              candidates=candidates)
+
+
+def _select_config(
+    observations: np.ndarray,
+    changes: np.ndarray,
+    *,
+    now: np.ndarray,
+    donor: np.ndarray,
+    pending: np.ndarray | None,
+    rng: np.random.Generator,
+    candidates: int,
+) -> np.ndarray:
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
