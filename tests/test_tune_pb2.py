@@ -127,3 +127,29 @@ def test_pb2_beats_pbts_random_explore_on_a_drifting_optimum():
         random.seed(seed)
         pb2.append(_toy(PB2(hyperparam_bounds={"h": [0.0, 1.0]}, **common), seed))
     assert np.median(pb2) > np.median(pbt) + 3, (pbt, pb2)
+
+
+# ------------------------------------------------------------------------------------------- a real experiment
+
+
+def test_tune_run_with_pb2_exploits_with_gp_chosen_rates_within_the_bounds(services):
+    """Ray's pb2_example as its users write it (PB2 imported from Ray's module path), on the PBT tests' toy
+    trainable: the bottom trial of each pair continues from the top one's checkpoint with a rate the GP chose,
+    recorded as PBT's exploits are."""
+    from mlflow.tracking import MlflowClient
+    from test_tune_pbt import schedule_matters
+
+    random.seed(0)
+    pb2 = PB2(time_attr="training_iteration", perturbation_interval=4, hyperparam_bounds={"lr": [0.001, 0.1]})
+    analysis = tune.run(
+        schedule_matters, name="toy-pb2", scheduler=pb2, config={"lr": tune.loguniform(1e-3, 1e-1)}, num_samples=4,
+        metric="accuracy", mode="max", seed=8, verbose=0,
+    )
+    assert all(t.status == "TERMINATED" for t in analysis.trials)
+    exploited = [t for t in analysis.trials if len(t.result.config_history) > 1]
+    assert exploited and pb2.num_perturbations >= sum(len(t.result.config_history) - 1 for t in exploited)
+    for trial in exploited:
+        assert all(0.001 <= h["config"]["lr"] <= 0.1 for h in trial.result.config_history[1:])
+        assert trial.config == trial.result.config_history[-1]["config"]
+    parent = MlflowClient(services["mlflow"]).get_run(analysis.record.parent_run_id)
+    assert parent.data.params["scheduler"].startswith("PB2(")
