@@ -3,12 +3,24 @@
     import ddp_runtime as train
     from ddp_runtime.torch import TorchTrainer, prepare_model, prepare_data_loader
 
+Ray's object store too (``ray.put`` / ``ray.get`` / ``ray.wait``): ``from ddp_runtime import put, get, wait``
+(``ddp_runtime.object_store``).
+
 Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
 """
 
 from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime.checkpoint import Checkpoint
 from ddp_runtime.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
+from ddp_runtime.object_store import (
+    GetTimeoutError,
+    ObjectLostError,
+    ObjectRef,
+    get,
+    object_store,
+    put,
+    wait,
+)
 from ddp_runtime.result import RankError, RankHangError, Result, TrainingFailedError
 from ddp_runtime.session import StopTraining, TrainContext, get_checkpoint, get_context, report
 
@@ -16,7 +28,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointConfig",
     "FailureConfig",
+    "GetTimeoutError",
     "InsufficientResourcesError",
+    "ObjectLostError",
+    "ObjectRef",
     "RankError",
     "RankHangError",
     "Result",
@@ -26,7 +41,11 @@ __all__ = [
     "TorchConfig",
     "TrainContext",
     "TrainingFailedError",
+    "get",
     "get_checkpoint",
     "get_context",
+    "object_store",
+    "put",
     "report",
+    "wait",
 ]

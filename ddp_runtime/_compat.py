@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     import torch.distributed
-    from distributed import Client, Worker
+    from distributed import Client, Future, Worker
     from distributed.scheduler import Scheduler, WorkerState
 
 T = TypeVar("T")
@@ -148,6 +148,23 @@ def client_singleton(client: Client, name: str, create: Callable[[], T]) -> T:
     if value is None:  # setdefault: threads sharing the client (concurrent trials) all get the first one made
         value = client.extensions.setdefault(name, create())
     return value
+
+
+def future_of_key(client: Client, key: str) -> Future:
+    """A future for a key another client computed (``ddp_runtime.get`` on a worker: the object's key, which an
+    ``ObjectRef`` carries alone), that resolves like one of ``client``'s own.
+
+    Works around: ``Future(key, client)`` only registers the key with the client; the scheduler is not told
+    that the client wants it, so it never reports the key's state and ``result()`` waits forever. Dask's own
+    ``Variable.get`` sends the client's ``client-desires-keys`` message itself (``Client._send_to_scheduler``,
+    undocumented). Written for distributed 2026.8. If it breaks: ``client.publish_dataset`` the future where it
+    is made and ``client.get_dataset`` it here.
+    """
+    from distributed import Future
+
+    future = Future(key, client)
+    client._send_to_scheduler({"op": "client-desires-keys", "keys": [key]})
+    return future
 
 
 # ------------------------------------------------------------------------------------------------------ torch

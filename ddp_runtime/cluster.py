@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster
 from ddp_runtime import _compat, _warmup
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
+from ddp_runtime.object_store import object_store
 from ddp_runtime.span_pruner import FinishedSpanPruner
 
 PRELOAD = "ddp_runtime._preload"
@@ -178,16 +179,18 @@ def cluster_client(
     preload: list[str] | None = None,
 ) -> Iterator[Client]:
     """A client of the scheduler at ``address``; without one, of a local cluster started for the caller (one
-    worker per GPU with ``use_gpu``, else ``n_workers`` CPU workers). Closed on exit."""
-    if address:
-        client = Client(address)
-        try:
-            yield client
-        finally:
-            client.close()
-    elif use_gpu:
-        with gpu_local_cluster() as client:
-            yield client
-    else:
-        with local_cluster(n_workers=n_workers, preload=preload) as client:
+    worker per GPU with ``use_gpu``, else ``n_workers`` CPU workers). Closed on exit.
+
+    Every experiment's cluster (``run_experiment``: ``tune.run``, ``Tuner.fit``, the pipeline) comes from here,
+    so this is also its ``object_store`` scope: the objects the script ``put`` are placed on the cluster while
+    the client is open and released from it before it closes."""
+    with contextlib.ExitStack() as stack:
+        if address:
+            client = Client(address)
+            stack.callback(client.close)
+        elif use_gpu:
+            client = stack.enter_context(gpu_local_cluster())
+        else:
+            client = stack.enter_context(local_cluster(n_workers=n_workers, preload=preload))
+        with object_store(client):
             yield client

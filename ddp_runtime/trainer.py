@@ -25,6 +25,7 @@ from ddp_runtime._group import GroupRun, ReportCallback, Verdict
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
 from ddp_runtime.cluster import gpu_count, local_cluster
 from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
+from ddp_runtime.object_store import object_store
 from ddp_runtime.result import Result, TrainingFailedError
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class TorchTrainer:
             InsufficientResourcesError: the cluster cannot hold the group (e.g. ``use_gpu=True`` on a machine
                 without a GPU and no cluster connected).
         """
-        with self._client() as client:
+        with self._client() as client, object_store(client):  # the objects put so far are on its cluster
             result = self._fit(client)
         if self.run_config.verbose:  # RunConfig(verbose=0): nothing but warnings
             last = result.metrics_history[-1] if result.metrics_history else {}

@@ -517,6 +517,20 @@ def test_client_singleton_keeps_one_object_per_client():
     _with_cluster(body)
 
 
+@pytest.mark.dask
+def test_future_of_key_resolves_a_key_another_client_computed():
+    from distributed import Client
+
+    async def body(scheduler, workers, client) -> None:
+        made = client.submit(lambda: 41 + 1, key="ddp_runtime-compat-key")
+        assert await made == 42
+        async with Client(scheduler.address, asynchronous=True) as other:
+            future = ddp_compat.future_of_key(other, "ddp_runtime-compat-key")
+            assert await asyncio.wait_for(future, 10) == 42
+
+    _with_cluster(body)
+
+
 # ------------------------------------------------------------------------------------------------------ torch
 
 

@@ -70,10 +70,10 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         )
     },
     "sweepflow.tune.utils": {
-        "pin_in_object_store": "there is no Ray object store; pass large objects with "
-        "tune.with_parameters(trainable, name=obj), sent to every worker once",
-        "get_pinned_object": "there is no Ray object store; pass large objects with "
-        "tune.with_parameters(trainable, name=obj), which the trainable gets as keyword arguments",
+        "pin_in_object_store": "is Tune's old object store helper; call ddp_runtime.put(obj) (ray.put), or pass "
+        "large objects with tune.with_parameters(trainable, name=obj), sent to every worker once",
+        "get_pinned_object": "is Tune's old object store helper; call ddp_runtime.get(ref) (ray.get) on the "
+        "ref ddp_runtime.put returned, or pass large objects with tune.with_parameters(trainable, name=obj)",
         "wait_for_gpu": "a trial's GPU is a Dask worker resource it holds alone until it ends, so there is nothing "
         "to wait for; give GPUs with tune.with_resources(trainable, {'gpu': 1})",
         "diagnose_serialization": "is not built; call cloudpickle.dumps(trainable) in your script to see what "

@@ -1,0 +1,172 @@
+"""Ray's object store on Dask (``ddp_runtime.put`` / ``get`` / ``wait``, ``ObjectRef``), against real Dask
+LocalClusters with worker processes: a script makes the calls a Ray script makes (``ray.put`` in the driver,
+``ray.get`` in the trainable or the ranks, ``ray.wait``)."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+import ddp_runtime as ray  # what a Ray script's `import ray` becomes for the object store
+from ddp_runtime.object_store import KEY_PREFIX
+from ddp_runtime.torch import TorchTrainer
+
+
+def _objects_on(client) -> dict[str, list[str]]:
+    """The object store's keys the scheduler knows, with the workers holding each."""
+
+    def listing(dask_scheduler=None):
+        return {
+            k: [ws.address for ws in ts.who_has or ()]
+            for k, ts in dask_scheduler.tasks.items()
+            if isinstance(k, str) and k.startswith("ddp_runtime-object-")
+        }
+
+    return client.run_on_scheduler(listing)
+
+
+def _wanted_by(client, key: str) -> list[str]:
+    """The clients the scheduler keeps ``key`` for."""
+
+    def wanting(dask_scheduler=None):
+        ts = dask_scheduler.tasks.get(key)
+        return sorted(cs.client_key for cs in (ts.who_wants or ())) if ts is not None else []
+
+    return client.run_on_scheduler(wanting)
+
+
+def _eventually_no_objects(client, timeout_s: float = 10.0) -> dict[str, list[str]]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _objects_on(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def read_sum(ref) -> float:
+    """On a worker: the object a ref passed as a task argument points at (a dict holding an array)."""
+    return float(ray.get(ref)["weights"].sum())
+
+
+def read_nested(box: dict) -> list[float]:
+    """On a worker: refs inside a container (a trial config's shape)."""
+    return [float(v["weights"].sum()) for v in ray.get(box["refs"])]
+
+
+def sleep_then(value: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return value
+
+
+@pytest.fixture
+def own_cluster():
+    """Two 1-thread worker processes of our own (the test restarts one); not the process's default client, so
+    only ``object_store`` places objects on it."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
+def test_refs_pickle_to_their_key_and_the_driver_reads_its_own_copy():
+    model = {"weights": np.arange(10.0)}
+    ref = ray.put(model)
+    model["weights"][:] = 0  # put took a snapshot, as Ray's does
+    assert isinstance(ref, ray.ObjectRef) and ref.hex().startswith(KEY_PREFIX)
+    assert len(pickle.dumps(ref)) < 200 and pickle.loads(pickle.dumps(ref)) == ref
+    first, second = ray.get([ref, ref])
+    assert first["weights"].sum() == 45.0 and first is not second  # a fresh copy per get
+    assert ray.wait([ref], timeout=0) == ([ref], [])
+    with pytest.raises(ValueError, match="unique"):
+        ray.wait([ref, ref])
+
+
+@pytest.mark.dask
+def test_objects_are_read_on_workers_survive_a_worker_restart_and_are_freed_when_the_scope_ends(own_cluster):
+    client = own_cluster
+    with ray.object_store(client):
+        ref = ray.put({"weights": np.arange(1000.0)})
+        other = ray.put({"weights": np.ones(3)})
+        assert client.submit(read_sum, ref, pure=False).result(timeout=30) == 499500.0  # a task argument
+        assert client.submit(read_nested, {"refs": [ref, other]}, pure=False).result(timeout=30) == [499500.0, 3.0]
+
+        holder = _objects_on(client)[ref.key]
+        assert len(holder) == 1  # one copy on the cluster
+        client.restart_workers(holder, timeout=60)  # the worker holding it is restarted: its memory is gone
+        assert client.submit(read_sum, ref, pure=False).result(timeout=30) == 499500.0  # the task ran again
+        assert _objects_on(client)[ref.key]
+
+        # ray.wait: a put object is ready at once; a running task only when it finishes.
+        slow = client.submit(sleep_then, 7, 1.5, pure=False)
+        ready, not_ready = ray.wait([slow, ref], num_returns=1, timeout=5)
+        assert ready == [ref] and not_ready == [slow]
+        ready, not_ready = ray.wait([slow, ref], num_returns=2, timeout=0.2)
+        assert ready == [ref] and not_ready == [slow]  # the timeout passed with one ready
+        with pytest.raises(ray.GetTimeoutError):
+            ray.get(slow, timeout=0.1)
+        ready, not_ready = ray.wait([slow, ref], num_returns=2)  # no timeout: until both are
+        assert ready == [slow, ref] and not_ready == [] and ray.get([slow, ref])[0] == 7
+        del slow
+
+    assert _eventually_no_objects(client) == {}  # released at the scope's end, while the refs still live
+    with pytest.raises(ray.ObjectLostError, match="not on this Dask cluster"):
+        client.submit(read_sum, ref, pure=False).result(timeout=30)
+    assert ray.get(ref)["weights"].sum() == 499500.0  # the driver still holds it: the next scope places it again
+
+
+def rank_reads(config: dict) -> None:
+    """A TorchTrainer's train_loop_per_worker: every rank reads the object the driver put."""
+    ctx = ray.get_context()
+    weights = ray.get(config["model_ref"])["weights"]
+    if weights.sum() != 499500.0:
+        raise AssertionError(f"rank {ctx.get_world_rank()} read {weights.sum()}")
+    ray.report({"sum": float(weights.sum()), "world_size": ctx.get_world_size()})
+
+
+def test_every_rank_of_a_torch_trainer_reads_an_object_put_in_the_driver(cluster, tmp_path):
+    model_ref = ray.put({"weights": np.arange(1000.0)})
+    result = TorchTrainer(
+        rank_reads,
+        train_loop_config={"model_ref": model_ref},
+        scaling_config=ray.ScalingConfig(num_workers=2),
+        run_config=ray.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+        client=cluster,
+    ).fit()
+    assert result.metrics["sum"] == 499500.0 and result.metrics["world_size"] == 2
+    assert model_ref.key in _objects_on(cluster)  # the default client put it: it lives while its ref does
+    del model_ref
+    gc.collect()
+    assert _eventually_no_objects(cluster) == {}
+
+
+def test_a_tune_function_trainable_gets_the_object_and_the_experiment_releases_its_copy(services, cluster):
+    from sweepflow import tune
+
+    model_ref = ray.put({"weights": np.arange(1000.0)})
+    scale = 2.0
+
+    def trainable(config):  # Tune's DCGAN PBT example's shape: the model comes from the driver's put
+        weights = ray.get(config["model_ref"])["weights"]
+        tune.report({"score": float(weights.sum()) * scale * config["x"]})
+
+    grid = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1.0, 2.0]), "model_ref": model_ref},
+        tune_config=tune.TuneConfig(metric="score", mode="max"),
+        run_config=tune.RunConfig(name="object-store", verbose=0),
+    ).fit()
+    assert not grid.errors and sorted(r.metrics["score"] for r in grid) == [999000.0, 1998000.0]
+    # The experiment's own client released it; what is left is this process's default client's placement (a
+    # Ray script's `ray.init()`), which lives while the ref does, or until a scope on that client ends.
+    assert _wanted_by(cluster, model_ref.key) == [cluster.id]
+    with ray.object_store(cluster):
+        pass
+    assert _eventually_no_objects(cluster) == {}
