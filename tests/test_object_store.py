@@ -97,6 +97,7 @@ def test_objects_are_read_on_workers_survive_a_worker_restart_and_are_freed_when
         other = ray.put({"weights": np.ones(3)})
         assert client.submit(read_sum, ref, pure=False).result(timeout=30) == 499500.0  # a task argument
         assert client.submit(read_nested, {"refs": [ref, other]}, pure=False).result(timeout=30) == [499500.0, 3.0]
+        assert client.submit(lambda: read_sum(ref), pure=False).result(timeout=30) == 499500.0  # in a closure
 
         holder = _objects_on(client)[ref.key]
         assert len(holder) == 1  # one copy on the cluster
