@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 import numpy as np
+import optuna
 import pytest
 from tune_planning import catching_plans
 
@@ -247,6 +248,10 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
         _run(search_alg=OptunaSearch(**_OPTUNA)),
         _run(search_alg=OptunaSearch(seed=1, n_startup_trials=1)),
     ),
+    ("OptunaSearch", "sampler"): (  # Optuna's own sampler instead of TPE
+        _run(search_alg=OptunaSearch(**_OPTUNA)),
+        _run(search_alg=OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=0), **_OPTUNA)),
+    ),
     ("OptunaSearch", "n_startup_trials"): (
         _run(search_alg=OptunaSearch(**_OPTUNA)),
         _run(search_alg=OptunaSearch(seed=0, n_startup_trials=4)),
@@ -337,6 +342,7 @@ REFUSED: dict[tuple[str, str], Any] = {
     ("HyperBandScheduler", "stop_last_trials"): lambda: HyperBandScheduler(stop_last_trials=False),
     # Given twice with different values: only one could be used.
     ("OptunaSearch", "metric+run"): _run(search_alg=OptunaSearch(metric="acc")),
+    ("OptunaSearch", "sampler+not-a-sampler"): lambda: OptunaSearch(sampler="nsga2"),
     # Two search spaces (the searcher's and config's domains): only one could be searched (Ray refuses it too).
     ("OptunaSearch", "space+config-domains"): _run(search_alg=OptunaSearch(space=lambda t: t.suggest_float("a", 0, 1))),
     ("OptunaSearch", "points_to_evaluate+unknown-name"): _run(search_alg=OptunaSearch(points_to_evaluate=[{"z": 1}])),
