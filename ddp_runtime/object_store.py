@@ -21,7 +21,10 @@ How an object lives:
   with the same key, for every ``ObjectRef`` already handed out. Scattered data (``broadcast=False``) has no
   task behind it and would be lost with its worker; ``broadcast=True`` / ``client.replicate`` copies are
   trimmed back to one by Dask's active memory manager within seconds. The cost: the scheduler holds one
-  pickled copy per object while the object is placed, one worker another.
+  pickled copy per object while the object is placed, one worker another. The task runs again in a free worker
+  thread: a ``get`` waiting for it keeps its own thread (it does not secede, which would let the worker take
+  another rank beside it), so if every worker thread is held by ranks waiting on a lost object, the
+  recomputation waits for one of them to end (their group's hang timeout).
 * Freed: from the cluster when the scope that placed it ends (an experiment's end; the last scope open on that
   client), or when the ``ObjectRef`` returned by ``put`` is garbage-collected; from this process (the pickled
   bytes) when that ``ObjectRef`` is garbage-collected. Keep it referenced while trials use it (a variable or
