@@ -36,7 +36,8 @@ from sweepflow.tasks.sweep.resume import PriorSweep, find_interrupted_parent, re
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.tracking.runs import RunTracker, flatten, public_params
+from sweepflow.tasks.tracking.params import flatten, public_params
+from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import project_importable
 
 __all__ = ["EvaluationMismatch", "build_sweep", "experiment_for", "run_tracker", "training_pipeline"]

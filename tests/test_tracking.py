@@ -105,7 +105,7 @@ def test_a_runs_writes_linger_and_go_out_together_and_its_end_cuts_the_linger_sh
 
 
 def test_public_params_remove_credentials_and_storage_options():
-    from sweepflow.tasks.tracking.runs import public_params
+    from sweepflow.tasks.tracking.params import public_params
 
     params = public_params(
         {

@@ -85,7 +85,7 @@ class PriorSweep:
 def resume_key(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The flat settings a resumed run must share with the interrupted one, from a pipeline config dump
     (credential-free: the flow's public parameters)."""
-    from sweepflow.tasks.tracking.runs import flatten, public_params
+    from sweepflow.tasks.tracking.params import flatten, public_params
 
     sections = ("data", "sweep", "scheduler", "training", "resources", "selection")
     kept = {name: dict(settings.get(name) or {}) for name in sections}

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from sweepflow.tasks.tracking.params import flatten
+
 #: The MLflow run tag whose markdown the UI shows as the run's description.
 DESCRIPTION_TAG = "mlflow.note.content"
 
@@ -121,21 +123,12 @@ def varying_params(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The MLflow param names (dotted, as trial runs log them) whose values differ between these trial
     configs, in the order they first appear: the hyperparameters worth a column. A name some trials lack
     varies too (PBT adds mutated names; conditional spaces)."""
-    flat = [_flat("", config) for config in configs]
+    flat = [flatten("", dict(config)) for config in configs]
     seen: dict[str, set[str]] = {}
     for config in flat:
         for name, value in config.items():
             seen.setdefault(name, set()).add(repr(value))
     return [name for name, values in seen.items() if len(values) > 1 or any(name not in c for c in flat)]
-
-
-def _flat(prefix: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(_flat(f"{prefix}.{key}" if prefix else str(key), sub))
-        return out
-    return {prefix: value}
 
 
 def sweep_view_state(

@@ -44,6 +44,7 @@ from sweepflow.tasks.compat import (
 )
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_payload, send_finish
+from sweepflow.tasks.tracking.params import flatten
 from sweepflow.tasks.tracking.server_routes import server_routes
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -111,26 +112,6 @@ def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list[
         for key, value in metrics.items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     ]
-
-
-def flatten(prefix: str, value: Any) -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}: MLflow params are flat."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), sub))
-        return out
-    return {prefix: value}
-
-
-def public_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Params everyone who can read the experiment may see: credentials in URIs (``user:token@``) removed, and
-    storage options (keys, secrets, tokens) left out entirely."""
-    return {
-        key: redact(value) if isinstance(value, str) else value
-        for key, value in params.items()
-        if "storage_options" not in key
-    }
 
 
 class RunTracker:
