@@ -79,8 +79,8 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
             with on_cluster(exp, client, template, log=log) as template:  # e.g. objects every worker holds once
                 sweep = sweep_on(exp, client, tracker, parent, template, at_once, prior=prior, log=log).run()
             stages.lap("sweep_s")
-            board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp))
-            stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record
+            board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp), log=log)
+            stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record (Pareto front too)
             best = name_best(sweep, tracker, parent, exp)
             evaluation = registration = None
             try:
@@ -193,6 +193,7 @@ def sweep_record(exp: Experiment) -> SweepRecord:
         title=exp.recording.title,
         tracking_uri=exp.recording.tracking_uri,
         scratch_dir=os.path.join(exp.root_dir, "tmp"),
+        objectives=exp.objectives,
     )
 
 

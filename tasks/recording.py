@@ -2,7 +2,7 @@
 (``parent_run``: started or reopened, its settings and resume key as artifacts, FINISHED or FAILED at the end)
 and the recording step once the sweep has ended (``record_sweep``: the leaderboard as a CSV artifact and as the
 flow run's Prefect markdown artifact with links, the sweep report, the sweep's resource totals and best value as
-parent-run metrics, its failed trials as a tag). Each trial's own summary and outcome tags are written by the
+parent-run metrics, its failed trials as a tag, and a multi-objective sweep's Pareto front). Each trial's own summary and outcome tags are written by the
 sweep driver as the trial ends."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 
-from sweepflow.tasks.sweep.results import SweepResult
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult, pareto_front
 from sweepflow.tasks.sweep.resume import RESUME_KEY_ARTIFACT, TAG_RESUME_KEY, TAG_RESUMES, digest
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,
@@ -167,12 +167,22 @@ class SweepRecord:
     title: str  # the report's title
     tracking_uri: str  # for links into the MLflow UI (a server's; none for a local store)
     scratch_dir: str
+    # A multi-objective search's (metric, mode) pairs: its Pareto front is recorded (and drawn in the report)
+    objectives: tuple[tuple[str, str], ...] = ()
 
 
-def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: SweepRecord) -> tuple[Any, LeaderboardArtifact]:
+def record_sweep(
+    sweep: SweepResult,
+    tracker: RunTracker,
+    parent: str,
+    record: SweepRecord,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Any, LeaderboardArtifact]:
     """The leaderboard (CSV artifact on the parent run; the markdown artifact in Prefect is returned, to publish
     once, when the best trial and any registered version are known), the sweep report, the sweep's resource
-    totals and best value as parent-run metrics, and its failed trials as a tag."""
+    totals and best value as parent-run metrics, its failed trials as a tag, and with ``record.objectives`` its
+    Pareto front (``record_pareto_front``; ``log``: the flow run's logger, told which trials are on it)."""
     board = sweep.leaderboard()
     os.makedirs(record.scratch_dir, exist_ok=True)
     board_path = os.path.join(record.scratch_dir, f"leaderboard-{parent}.csv")
@@ -223,7 +233,45 @@ def record_sweep(sweep: SweepResult, tracker: RunTracker, parent: str, record: S
         metrics[f"best_{record.metric}"] = best.best
     tracker.log_metrics(parent, metrics, step=0)
     tracker.set_tags(parent, {"sweepflow.failed_trials": ",".join(t.trial_id for t in sweep.failed) or "none"})
+    if record.objectives:
+        front = record_pareto_front(sweep.trials, tracker, parent, record.objectives)
+        if log is not None:
+            names = ", ".join(m for m, _ in record.objectives)
+            log(f"Pareto front of {names}: {[t.trial_id for t in front]} ({PARETO_FRONT_FILE})")
     return board, artifact
+
+
+#: A multi-objective sweep's Pareto front on its parent run: the artifact and the tag (its trial ids, or "none").
+PARETO_FRONT_FILE = "pareto_front.json"
+PARETO_FRONT_TAG = "sweepflow.pareto_front"
+
+
+def pareto_front_data(front: Sequence[TrialResult], objectives: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """What ``pareto_front.json`` holds: the objectives, and each trial on the front (id, MLflow run, config,
+    objective values)."""
+    return {
+        "objectives": [{"metric": m, "mode": d} for m, d in objectives],
+        "trials": [
+            {
+                "trial_id": t.trial_id,
+                "mlflow_run_id": t.run_id,
+                "config": t.config,
+                "values": {m: t.last.get(m) for m, _ in objectives},
+            }
+            for t in front
+        ],
+    }
+
+
+def record_pareto_front(
+    trials: Sequence[TrialResult], tracker: RunTracker, parent: str, objectives: Sequence[tuple[str, str]]
+) -> list[TrialResult]:
+    """A multi-objective search's Pareto front (``results.pareto_front``) on the parent run: the artifact
+    ``pareto_front.json`` and the tag ``sweepflow.pareto_front``; returns the front's trials."""
+    front = pareto_front(trials, objectives)
+    tracker.log_dict(parent, pareto_front_data(front, objectives), PARETO_FRONT_FILE)
+    tracker.set_tags(parent, {PARETO_FRONT_TAG: ",".join(t.trial_id for t in front) or "none"})
+    return front
 
 
 def share_sweep_view(sweep: SweepResult, tracker: RunTracker, parent: str, record: SweepRecord) -> str:

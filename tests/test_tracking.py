@@ -236,3 +236,32 @@ def test_the_server_answers_the_uis_bulk_metric_history_for_a_hundred_runs(mlflo
     assert sorted((m["run_id"], m["value"]) for m in metrics) == sorted(
         (run_id, float(i)) for i, run_id in enumerate(run_ids)
     )
+
+
+def test_a_sweeps_pareto_front_goes_on_its_parent_run_through_the_tracker(mlflow_server):
+    """record_sweep's Pareto front: the artifact pareto_front.json and the tag sweepflow.pareto_front, written by
+    the RunTracker (its retrying calls), as Tune's multi-objective experiments read them."""
+    from sweepflow.tasks.recording import PARETO_FRONT_FILE, record_pareto_front
+    from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+
+    def ended(index: int, loss: float, acc: float, status: str = "COMPLETED") -> TrialResult:
+        return TrialResult(trial_id=f"t{index}", index=index, name=f"t{index}", config={"lr": index / 10},
+                           status=TrialStatus(status), run_id=f"run{index}", last={"loss": loss, "acc": acc})
+
+    tracker = RunTracker(mlflow_server, f"pareto-{uuid.uuid4().hex[:8]}")
+    parent = tracker.start_run("parent")
+    trials = [ended(0, 1.0, 0.5), ended(1, 2.0, 0.9), ended(2, 2.0, 0.4), ended(3, 0.1, 1.0, "FAILED")]
+    front = record_pareto_front(trials, tracker, parent, (("loss", "min"), ("acc", "max")))
+    assert [t.trial_id for t in front] == ["t0", "t1"]
+    assert tracker.client.get_run(parent).data.tags["sweepflow.pareto_front"] == "t0,t1"
+    with open(tracker.client.download_artifacts(parent, PARETO_FRONT_FILE)) as f:
+        data = json.load(f)
+    assert data == {
+        "objectives": [{"metric": "loss", "mode": "min"}, {"metric": "acc", "mode": "max"}],
+        "trials": [
+            {"trial_id": "t0", "mlflow_run_id": "run0", "config": {"lr": 0.0}, "values": {"loss": 1.0, "acc": 0.5}},
+            {"trial_id": "t1", "mlflow_run_id": "run1", "config": {"lr": 0.1}, "values": {"loss": 2.0, "acc": 0.9}},
+        ],
+    }
+    record_pareto_front(trials[3:], tracker, parent, (("loss", "min"), ("acc", "max")))  # only a failed trial
+    assert tracker.client.get_run(parent).data.tags["sweepflow.pareto_front"] == "none"

@@ -15,7 +15,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from sweepflow.tasks.checks import check_tracking_server, check_tracking_uri_sch
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.placement import place_trials
-from sweepflow.tasks.sweep.results import SweepResult, TrialResult, pareto_front
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
@@ -335,8 +335,6 @@ def _experiment_flow(exp: TuneRequest, place: ExperimentRecord, **shown: Any) ->
     log = get_run_logger().info
     log(f"Experiment path: {place.experiment_path} (Tuner.restore(path, trainable) picks the experiment up from here)")
     run = run_experiment(lowered(exp, place, run_name=flow_run.get_name() or exp.name), log=log)
-    if exp.objectives:
-        record_pareto_front(place.tracking_uri, run.parent_run_id, run.sweep.trials, exp.objectives, log=log)
     recorded = replace(
         place,
         experiment_id=run.experiment_id,
@@ -344,41 +342,6 @@ def _experiment_flow(exp: TuneRequest, place: ExperimentRecord, **shown: Any) ->
         prefect_flow_run_id=str(flow_run.get_id() or ""),
     )
     return run.sweep, recorded
-
-
-PARETO_FRONT_FILE = "pareto_front.json"
-
-
-def record_pareto_front(
-    tracking_uri: str,
-    parent_run_id: str,
-    trials: Sequence[TrialResult],
-    objectives: Sequence[tuple[str, str]],
-    *,
-    log: Callable[[str], None],
-) -> None:
-    """A multi-objective search's Pareto front on the experiment's MLflow parent run: the artifact
-    ``pareto_front.json`` (the objectives, and each trial on the front: id, MLflow run, config, objective values)
-    and the tag ``sweepflow.pareto_front`` (the trial ids)."""
-    from mlflow.tracking import MlflowClient
-
-    front = pareto_front(trials, objectives)
-    data = {
-        "objectives": [{"metric": m, "mode": d} for m, d in objectives],
-        "trials": [
-            {
-                "trial_id": t.trial_id,
-                "mlflow_run_id": t.run_id,
-                "config": t.config,
-                "values": {m: t.last.get(m) for m, _ in objectives},
-            }
-            for t in front
-        ],
-    }
-    client = MlflowClient(tracking_uri)
-    client.log_dict(parent_run_id, data, PARETO_FRONT_FILE)
-    client.set_tag(parent_run_id, "sweepflow.pareto_front", ",".join(t.trial_id for t in front) or "none")
-    log(f"Pareto front of {', '.join(m for m, _ in objectives)}: {[t.trial_id for t in front]} ({PARETO_FRONT_FILE})")
 
 
 def lowered(exp: TuneRequest, place: ExperimentRecord, *, run_name: str) -> sweep_experiment.Experiment:
@@ -441,6 +404,7 @@ def lowered(exp: TuneRequest, place: ExperimentRecord, *, run_name: str) -> swee
         resume=sweep_experiment.Resume(place.resume_from, errored=exp.errored) if place.resume_from else None,
         observer=exp.observer,
         on_cluster=functools.partial(_on_cluster, reuse_token=reuse_token),
+        objectives=exp.objectives,  # recorded with the sweep (its Pareto front), as the sweep report draws it
     )
 
 

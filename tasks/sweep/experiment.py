@@ -103,6 +103,9 @@ class Experiment:
     finalize: Finalize | None = None
     observer: SweepObserver | None = None  # told the sweep's events as they happen (a Tune script's callbacks)
     on_cluster: OnCluster | None = None
+    # A multi-objective search's (metric, mode) pairs (the Tune face's OptunaSearch): the sweep's Pareto front is
+    # recorded on the parent run and drawn in the report. Empty: the sweep has one objective, its metric.
+    objectives: tuple[tuple[str, str], ...] = ()
 
     @property
     def metric(self) -> str | None:

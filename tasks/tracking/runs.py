@@ -386,6 +386,14 @@ class RunTracker:
             f"reading MLflow run {run_id}", lambda _: self.client.get_run(run_id).info.artifact_uri
         )
 
+    def log_dict(self, run_id: str, data: dict[str, Any], artifact_file: str) -> None:
+        """``data`` as the JSON artifact ``artifact_file`` (e.g. "pareto_front.json") of the run."""
+        # A repeated upload overwrites the same file, so a retry needs no read-back.
+        self._call(
+            f"uploading {artifact_file} to MLflow run {run_id}",
+            lambda _: self.client.log_dict(run_id, data, artifact_file),
+        )
+
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
         # An upload that is repeated overwrites the same files.
         if os.path.isdir(local_path):
