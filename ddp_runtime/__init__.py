@@ -3,6 +3,9 @@
     import ddp_runtime as train
     from ddp_runtime.torch import TorchTrainer, prepare_model, prepare_data_loader
 
+Ray Data's subset: ``import ddp_runtime.data`` (``ray.data``), with ``TorchTrainer(datasets=...)``,
+``DataConfig`` and ``get_dataset_shard`` (``ray.train``'s).
+
 Ray's object store too (``ray.put`` / ``ray.get`` / ``ray.wait``): ``from ddp_runtime import put, get, wait``
 (``ddp_runtime.object_store``).
 
@@ -11,7 +14,14 @@ Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
 
 from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime.checkpoint import Checkpoint
-from ddp_runtime.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
+from ddp_runtime.config import (
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TorchConfig,
+)
 from ddp_runtime.object_store import (
     GetTimeoutError,
     ObjectLostError,
@@ -22,11 +32,19 @@ from ddp_runtime.object_store import (
     wait,
 )
 from ddp_runtime.result import RankError, RankHangError, Result, TrainingFailedError
-from ddp_runtime.session import StopTraining, TrainContext, get_checkpoint, get_context, report
+from ddp_runtime.session import (
+    StopTraining,
+    TrainContext,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    report,
+)
 
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "DataConfig",
     "FailureConfig",
     "GetTimeoutError",
     "InsufficientResourcesError",
@@ -44,6 +62,7 @@ __all__ = [
     "get",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "object_store",
     "put",
     "report",

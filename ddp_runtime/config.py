@@ -231,3 +231,30 @@ def stop_met(stop: StopCriteria | None, trial_id: str, metrics: Mapping[str, Any
     if callable(stop):
         return bool(stop(trial_id, dict(metrics)))
     return any(key in metrics and metrics[key] >= bound for key, bound in stop.items())
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which of a ``TorchTrainer``'s ``datasets`` are split between its ranks (Ray: ``ray.train.DataConfig``).
+
+    ``datasets_to_split="all"`` (the default) splits every dataset: each rank's ``get_dataset_shard(name)``
+    yields its own disjoint rows, the same number on every rank (the last ``rows % num_workers`` rows are
+    dropped, so the ranks' batch counts match and DDP never waits on a rank with one batch more). A list names
+    the datasets to split; the others are given whole to every rank (e.g. a validation set each rank scores).
+    """
+
+    datasets_to_split: Literal["all"] | list[str] | tuple[str, ...] = "all"
+
+    def __post_init__(self) -> None:
+        value = self.datasets_to_split
+        if value == "all":
+            return
+        if (
+            isinstance(value, str)
+            or not isinstance(value, list | tuple)
+            or not all(isinstance(v, str) for v in value)
+        ):
+            raise ValueError(
+                f'DataConfig.datasets_to_split must be "all" or a list of dataset names, got {value!r}'
+            )
+        object.__setattr__(self, "datasets_to_split", list(value))

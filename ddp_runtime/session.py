@@ -129,6 +129,36 @@ def side_channel(*, flush_after_s: float) -> Callable[[Any], None] | None:
     return lambda payload: post(payload, flush_after_s=flush_after_s)
 
 
+def _install_shards(shards: dict[str, Any] | None) -> None:
+    """Set (None: clear) the calling rank's dataset shards, by name (``TorchTrainer(datasets=...)``)."""
+    _local.shards = shards
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This rank's shard of the dataset given as ``TorchTrainer(datasets={name: ...})`` (Ray's
+    ``ray.train.get_dataset_shard``): a ``ddp_runtime.data.DataIterator``.
+
+    A dataset that ``DataConfig.datasets_to_split`` names (all, by default) is split: every rank gets its own
+    disjoint rows, the same number on each (the last ``rows % world_size`` rows, at most ``world_size - 1``,
+    are dropped), so ``iter_torch_batches(batch_size=b)`` yields the same number of batches on every rank.
+    Any other dataset is given whole to every rank. Each ``iter_*`` call is one pass (an epoch), streamed from
+    the Dask workers partition by partition.
+
+    Raises:
+        RuntimeError: called outside a training function that ``TorchTrainer.fit()`` runs.
+        KeyError: no dataset of that name was given (the message lists the names that were).
+    """
+    _current()
+    shards = getattr(_local, "shards", None) or {}
+    if name not in shards:
+        given = sorted(shards) or "none"
+        raise KeyError(
+            f"get_dataset_shard({name!r}): no dataset of that name was given to TorchTrainer(datasets=...); "
+            f"given: {given}"
+        )
+    return shards[name]
+
+
 def get_checkpoint() -> Checkpoint | None:
     """The checkpoint to resume from after a restart (the latest committed one), or None on a fresh start."""
     return _current().resume_from

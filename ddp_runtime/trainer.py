@@ -12,6 +12,7 @@ process that drives a sweep does not pay its import (~5 s) or its memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,9 +25,10 @@ from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime._group import GroupRun, ReportCallback, Verdict
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
 from ddp_runtime.cluster import gpu_count, local_cluster
-from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path
+from ddp_runtime.config import DataConfig, RunConfig, ScalingConfig, TorchConfig, default_storage_path
 from ddp_runtime.object_store import object_store
 from ddp_runtime.result import Result, TrainingFailedError
+from ddp_runtime.session import _install_shards, get_context
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,12 @@ class TorchTrainer:
     (kept when its function offers one: ``report(..., checkpoint_on_request=...)``). ``on_side(payload)`` is
     called on the driver, in order, for what rank 0 sent through ``ddp_runtime.session.side_channel`` (e.g. its
     system metrics). ``client`` defaults to the current Dask client; with none, ``fit`` starts a local cluster.
+
+    ``datasets`` (Ray's): ``ddp_runtime.data.Dataset`` objects by name, read in the training function with
+    ``ddp_runtime.get_dataset_shard(name)``; ``dataset_config`` (a ``DataConfig``) says which are split between
+    the ranks (all, by default: equal disjoint shards, the last ``rows % num_workers`` rows dropped) and which
+    every rank gets whole. ``fit`` counts the split datasets' rows per partition on the cluster before the group
+    starts; the ranks then stream their partitions from the Dask workers.
     """
 
     def __init__(
@@ -56,6 +64,8 @@ class TorchTrainer:
         client: Client | None = None,
         on_report: ReportCallback | None = None,
         on_side: Callable[[Any], None] | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
     ) -> None:
         if not callable(train_loop_per_worker):
             raise TypeError(
@@ -70,6 +80,19 @@ class TorchTrainer:
         self.client = client
         self.on_report = on_report
         self.on_side = on_side
+        self.datasets = _checked_datasets(datasets)
+        if dataset_config is not None and not isinstance(dataset_config, DataConfig):
+            raise TypeError(
+                f"dataset_config must be a ddp_runtime.DataConfig(datasets_to_split=...), got {dataset_config!r}"
+            )
+        self.dataset_config = dataset_config or DataConfig()
+        to_split = self.dataset_config.datasets_to_split
+        unknown = [] if to_split == "all" else [n for n in to_split if n not in self.datasets]
+        if unknown:
+            raise ValueError(
+                f"DataConfig(datasets_to_split=...) names {unknown}, which are not in TorchTrainer(datasets=...); "
+                f"given: {sorted(self.datasets) or 'none'}"
+            )
         if self.run_config.progress_reporter is not None:
             raise ValueError(
                 "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "
@@ -152,8 +175,9 @@ class TorchTrainer:
         self._held_s = 0.0
         self._startup_s = 0.0
         self._rank0_window: tuple[str, float, float] | None = None
+        group_view = _GroupView(self, self._with_shards(client)) if self.datasets else self
         while True:
-            outcome = GroupRun(self, client, attempt, resume, committed, history).run()
+            outcome = GroupRun(group_view, client, attempt, resume, committed, history).run()
             self._train_time_s += outcome.train_time_s
             self._held_s += outcome.held_s
             self._startup_s += outcome.startup_s
@@ -171,6 +195,31 @@ class TorchTrainer:
             attempt += 1
             resume = committed[-1].checkpoint if committed else resume
         return self._result(history, committed, errors, stopped=stopped, error=None)
+
+    def _with_shards(self, client: Client) -> Callable[..., Any]:
+        """The training function wrapped to hand each rank its dataset shards: the split datasets' partition row
+        counts are computed here, on the cluster (only counts come back), and cut into equal row ranges."""
+        from ddp_runtime.data import DataIterator, _row_ranges
+
+        n = self.scaling_config.num_workers
+        to_split = self.dataset_config.datasets_to_split
+        shards: dict[str, list[Any]] = {}
+        for name, dataset in self.datasets.items():
+            if to_split != "all" and name not in to_split:
+                shards[name] = [DataIterator(dataset, None, name=name)] * n
+                continue
+            lengths = dataset._partition_lengths(client)
+            per = sum(lengths) // n  # every rank the same rows: the last sum % n are dropped
+            shards[name] = [
+                DataIterator(dataset, _row_ranges(lengths, rank * per, (rank + 1) * per), name=name)
+                for rank in range(n)
+            ]
+            dropped = sum(lengths) - per * n
+            if dropped:
+                log.info(
+                    "dataset %r: %d row(s) split %d ways, the last %d dropped", name, sum(lengths), n, dropped
+                )
+        return _WithShards(self.train_loop_per_worker, shards)
 
     def _result(
         self,
@@ -203,3 +252,55 @@ class TorchTrainer:
             started_at=self._rank0_window[1] if self._rank0_window else None,
             ended_at=self._rank0_window[2] if self._rank0_window else None,
         )
+
+
+def _checked_datasets(datasets: Any) -> dict[str, Any]:
+    """``TorchTrainer(datasets=...)`` checked before any work: a dict of name -> ``ddp_runtime.data.Dataset``."""
+    if datasets is None:
+        return {}
+    if not isinstance(datasets, dict):
+        raise TypeError(
+            f'TorchTrainer(datasets=...) takes a dict of name -> Dataset, e.g. {{"train": ds}}, got '
+            f"{type(datasets).__name__}"
+        )
+    if not datasets:
+        return {}
+    from ddp_runtime.data import Dataset  # pandas and dask.dataframe: only for trainers given datasets
+
+    wrong = {name: type(ds).__name__ for name, ds in datasets.items() if not isinstance(ds, Dataset)}
+    if wrong or not all(isinstance(name, str) for name in datasets):
+        raise TypeError(
+            f"TorchTrainer(datasets=...) takes ddp_runtime.data.Dataset values under string names (build them with "
+            f"ddp_runtime.data.read_csv, from_pandas, ...); not datasets: {wrong or 'non-string names'} among the "
+            f"names given: {sorted(map(str, datasets))}"
+        )
+    return dict(datasets)
+
+
+class _WithShards:
+    """A training function that first installs the calling rank's dataset shards (``get_dataset_shard``).
+    Keeps the function's signature (``__wrapped__``), so it is called with ``train_loop_config`` or without, as
+    the function itself would be."""
+
+    def __init__(self, fn: Callable[..., Any], shards: dict[str, list[Any]]) -> None:
+        functools.update_wrapper(self, fn)
+        self.shards = shards
+
+    def __call__(self, *args: Any) -> Any:
+        rank = get_context().get_world_rank()
+        _install_shards({name: per_rank[rank] for name, per_rank in self.shards.items()})
+        try:
+            return self.__wrapped__(*args)
+        finally:
+            _install_shards(None)
+
+
+class _GroupView:
+    """The trainer as its groups see it, with the training function wrapped (``_WithShards``)."""
+
+    def __init__(self, trainer: TorchTrainer, train_loop_per_worker: Callable[..., Any]) -> None:
+        self._trainer = trainer
+        self.train_loop_per_worker = train_loop_per_worker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
