@@ -319,6 +319,7 @@ def _sweep_report(
         title=record.title,
         links={k: v for k, v in links.items() if v},
         page_url=page,
+        objectives=record.objectives,  # two or more: the report draws the Pareto front
     )
     tracker.log_artifact(parent, out_dir, "report")
     return page or mlflow_ui.run_artifact(eid, parent, REPORT_PATH)

@@ -20,6 +20,7 @@ from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 
 from sweepflow.tasks.reporting.importance import MAX_TRIALS, MIN_TRIALS, param_importances
+from sweepflow.tasks.reporting.report_data import pareto_data
 from sweepflow.tasks.reporting.sweep_report import HTML_NAME, axis_positions, make_axis, write_sweep_report
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 
@@ -772,3 +773,90 @@ def test_the_trials_table_fits_its_box_with_a_pipelines_columns(tmp_path) -> Non
     needed, box = map(int, re.search(r'data-table="(\d+)/(\d+)"', dom).groups())
     assert needed <= box, f"the table needs {needed} px in a box of {box}"
     assert "last val_<wbr>accuracy" in dom and len(re.findall(r"<th[ >]", dom)) == 17
+
+
+# --------------------------------------------------------------------------------------------------
+# A multi-objective sweep: its Pareto front
+# --------------------------------------------------------------------------------------------------
+
+OBJECTIVES = (("loss", "min"), ("gain", "max"))
+
+
+def _objective_sweep() -> SweepResult:
+    """Six trials told (loss, gain): t01, t05 and t03 are the front (by loss); t00 and t02 are beaten by t01; t04
+    failed (no point, though its last report would beat every other)."""
+    values = [(0.5, 0.2), (0.3, 0.4), (0.6, 0.3), (0.8, 0.9), (0.1, 1.0), (0.4, 0.6)]
+    trials = []
+    for i, (loss, gain) in enumerate(values):
+        t = _trial(i, [1.0, loss], TrialStatus.FAILED if i == 4 else TrialStatus.COMPLETED,
+                   {"l1": 4 * (1 + i % 2), "lr": 10 ** -(1 + i / 2), "batch_size": 32}, metric="loss")
+        trials.append(replace(t, last={**t.last, "gain": gain}))
+    return SweepResult(trials=tuple(trials), metric="loss", mode="min")
+
+
+def test_the_pareto_fronts_data_is_every_finished_trial_with_the_front_and_its_step_line() -> None:
+    data = pareto_data(_objective_sweep().trials, OBJECTIVES)
+    assert data["x"] == {"metric": "loss", "mode": "min", "better": "lower"}
+    assert data["y"] == {"metric": "gain", "mode": "max", "better": "higher"}
+    assert [(p["id"], p["x"], p["y"], p["front"]) for p in data["points"]] == [
+        ("t00", 0.5, 0.2, False), ("t01", 0.3, 0.4, True), ("t02", 0.6, 0.3, False), ("t03", 0.8, 0.9, True),
+        ("t05", 0.4, 0.6, True),
+    ]  # t04 failed: no point
+    assert data["front"] == ["t01", "t05", "t03"]  # by loss
+    # From each front trial to the next through the corner both dominate (worse loss, worse gain).
+    assert data["step"] == [[0.3, 0.4], [0.4, 0.4], [0.4, 0.6], [0.8, 0.6], [0.8, 0.9]]
+    assert pareto_data(_objective_sweep().trials, OBJECTIVES[:1]) is None  # one objective: no front to draw
+    # Both maximised: the corner is the lower of each pair (the line goes down, then right).
+    two = [replace(t, last={"a": a, "b": b}) for t, (a, b) in zip(_objective_sweep().trials[:2], [(1, 5), (2, 3)], strict=True)]
+    assert pareto_data(two, (("a", "max"), ("b", "max")))["step"] == [[1, 5], [1, 3], [2, 3]]
+
+
+def test_a_multi_objective_sweeps_report_draws_its_front_and_lists_its_trials(tmp_path) -> None:
+    files = write_sweep_report(_objective_sweep(), out_dir=str(tmp_path), search_space=SPACE, title="two",
+                               links=LINKS, objectives=OBJECTIVES)
+    text, parsed = _parse(files["html"])
+    assert "Pareto front: loss against gain" in parsed.headings and 'id="plot-pareto"' in text
+    assert "loss (min: lower is better) and gain (max: higher is better)" in text
+    assert _data(text)["pareto"]["front"] == ["t01", "t05", "t03"]
+    front = re.search(r'<table class="front">(.*?)</table>', text, re.S).group(1)
+    table = _Page()
+    table.feed(front)
+    assert table.header == ["trial", "loss (min)", "gain (max)", "l1", "lr", "batch_size", "MLflow run"]
+    assert table.body_rows == [
+        ["t01", "0.3", "0.4", "8", "0.03162", "32", "01ababab"],
+        ["t05", "0.4", "0.6", "8", "0.0003162", "32", "05ababab"],
+        ["t03", "0.8", "0.9", "8", "0.003162", "32", "03ababab"],
+    ]
+    assert f'href="{RUN_URL.replace("{run_id}", "01" + "ab" * 15)}"' in front  # each links its MLflow run
+    # One objective (or none): no such section.
+    single = write_sweep_report(_objective_sweep(), out_dir=str(tmp_path / "one"), search_space=SPACE, title="one")
+    text, parsed = _parse(single["html"])
+    assert not any(h.startswith("Pareto") for h in parsed.headings) and _data(text)["pareto"] is None
+
+
+def test_a_front_over_three_objectives_is_shown_on_the_first_two_without_a_step_line(tmp_path) -> None:
+    sweep = _objective_sweep()
+    sweep = replace(sweep, trials=tuple(replace(t, last={**t.last, "time": float(t.index)}) for t in sweep.trials))
+    three = (*OBJECTIVES, ("time", "min"))
+    data = pareto_data(sweep.trials, three)
+    assert data["front"] == ["t01", "t05", "t00", "t03"] and data["step"] == []  # t00, beaten on two, is fastest
+    files = write_sweep_report(sweep, out_dir=str(tmp_path), search_space=SPACE, title="three", objectives=three)
+    text, _ = _parse(files["html"])
+    assert "no other beats on all of loss, gain, time (the front) are ringed; shown here on the first two" in text
+
+
+@pytest.mark.browser
+def test_the_script_draws_the_pareto_front(tmp_path) -> None:
+    """Every finished trial a point, the front's three ringed and joined by the step line, axes named with their
+    direction; ``#highlight=`` reaches the front's points and table rows too."""
+    files = write_sweep_report(_objective_sweep(), out_dir=str(tmp_path), search_space=SPACE, title="two",
+                               links=LINKS, objectives=OBJECTIVES)
+    dom = rendered_dom(f"file://{os.path.abspath(files['html'])}#highlight=t05", str(tmp_path / "p"), wait_ms=3000)
+    plot = re.search(r'<div class="plot" id="plot-pareto">(.*?)</div>', dom, re.S).group(1)
+    assert plot.startswith("<svg")
+    assert plot.count('<g class="trial') == 5 and plot.count("front-mark") == 3
+    assert sorted(re.findall(r'data-trial="([^"]+)"[^>]*data-front="true"', plot)) == ["t01", "t03", "t05"]
+    assert plot.count('class="pareto-step"') == 1
+    assert "loss (min: lower is better)" in plot and "gain (max: higher is better)" in plot
+    assert re.search(r'<g class="trial hl" data-trial="t05"', plot)
+    assert re.search(r'<tr data-trial="t05" class="hl">', dom)

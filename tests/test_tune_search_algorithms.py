@@ -8,6 +8,7 @@ user writes it, against the session's services."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -433,3 +434,24 @@ def test_tune_run_with_a_multi_objective_optuna_search_records_its_pareto_front(
         data = json.load(f)
     assert data["objectives"] == [{"metric": "loss", "mode": "min"}, {"metric": "gain", "mode": "max"}]
     assert [t["trial_id"] for t in data["trials"]] == ids
+
+
+def test_a_multi_objective_experiment_ranked_by_one_objective_draws_its_front_in_the_sweep_report(services):
+    """Ranked by one of its objectives, a multi-objective experiment has a sweep report, and the report draws the
+    Pareto front the parent run records (the recording step hands the report the objectives)."""
+    tuner = tune.Tuner(
+        two_objectives,
+        tune_config=tune.TuneConfig(search_alg=OptunaSearch(metric=["loss", "gain"], mode=["min", "max"], seed=1),
+                                    num_samples=4, metric="loss", mode="min"),
+        param_space={"x": tune.uniform(0, 1)},
+        run_config=tune.RunConfig(verbose=0),
+    )
+    results = tuner.fit()
+    client = MlflowClient(services["mlflow"])
+    parent_id = results.record.parent_run_id
+    front = client.get_run(parent_id).data.tags["sweepflow.pareto_front"].split(",")
+    with open(client.download_artifacts(parent_id, "report/sweep_report.html"), encoding="utf-8") as f:
+        page = f.read()
+    data = json.loads(re.search(r'<script type="application/json" id="sweep-data">(.*?)</script>', page, re.S).group(1))
+    assert "Pareto front: loss against gain" in page
+    assert sorted(data["pareto"]["front"]) == sorted(front) and len(data["pareto"]["points"]) == 4

@@ -2,7 +2,8 @@
 
 ``report_data`` gives each trial its colour (the same in every plot), its curve of the selection metric and its
 best point; each parallel-coordinates axis its ticks and every trial's position on it (``ParamAxis``,
-report_axes.py); the sweep's best value as trials ended; and the hyperparameter importances (importance.py).
+report_axes.py); the sweep's best value as trials ended; the hyperparameter importances (importance.py); and for
+a multi-objective sweep its Pareto front on the first two objectives (``pareto_data``).
 ``json_for_script`` serialises it so that it cannot end the ``<script>`` element it sits in. Pure: built and
 tested without a browser.
 """
@@ -27,9 +28,9 @@ from sweepflow.tasks.reporting.report_axes import (
     make_axis,
     varying_params,
 )
-from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus, pareto_front
 
-__all__ = ["MAX_LEGEND_TRIALS", "STATUS_WORDS", "json_for_script", "report_data"]
+__all__ = ["MAX_LEGEND_TRIALS", "STATUS_WORDS", "json_for_script", "pareto_data", "report_data"]
 
 MAX_LEGEND_TRIALS = 20  # more trials than this: coloured by their best value, not each named in a legend
 
@@ -176,8 +177,51 @@ def _importances(result: SweepResult, search_space: Mapping[str, Any], params: S
     )
 
 
-def report_data(result: SweepResult, search_space: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything the page's script draws, as JSON-ready data (``importance`` included, computed here)."""
+def _worse(a: float, b: float, mode: str) -> float:
+    return min(a, b) if mode == "max" else max(a, b)
+
+
+def pareto_data(trials: Sequence[TrialResult], objectives: Sequence[tuple[str, str]]) -> dict[str, Any] | None:
+    """A multi-objective sweep's Pareto front as the report draws it, on the first two objectives: every
+    finished trial with a finite value of both as a point (its last report's values, what the search was told),
+    the front's trials (``results.pareto_front`` over all the objectives, as recorded on the parent run) marked,
+    and for two objectives the step line joining them: from each front trial to the next by x, through the
+    corner both dominate, which bounds the region the front dominates. None with fewer than two objectives."""
+    if len(objectives) < 2:
+        return None
+    (xm, xmode), (ym, ymode) = objectives[0], objectives[1]
+    front = pareto_front(trials, objectives)
+    on_front = {t.trial_id for t in front}
+    points = [
+        {"id": t.trial_id, "x": float(t.last[xm]), "y": float(t.last[ym]), "front": t.trial_id in on_front}
+        for t in trials
+        if t.status.selectable and is_number(t.last.get(xm)) and is_number(t.last.get(ym))
+    ]
+    ordered = sorted((p for p in points if p["front"]), key=lambda p: (p["x"], p["y"]))
+    step: list[list[float]] = []
+    if len(objectives) == 2:  # with more, the front projected on two objectives is no staircase
+        for i, p in enumerate(ordered):
+            if i:
+                q = ordered[i - 1]
+                step.append([_worse(q["x"], p["x"], xmode), _worse(q["y"], p["y"], ymode)])
+            step.append([p["x"], p["y"]])
+    return {
+        "x": {"metric": xm, "mode": xmode, "better": better(xmode)},
+        "y": {"metric": ym, "mode": ymode, "better": better(ymode)},
+        "objectives": [{"metric": m, "mode": d, "better": better(d)} for m, d in objectives],
+        "points": points,
+        "front": [p["id"] for p in ordered],  # by the first objective's value
+        "step": step,
+        "xLog": _log_worthy([p["x"] for p in points]),
+        "yLog": _log_worthy([p["y"] for p in points]),
+    }
+
+
+def report_data(
+    result: SweepResult, search_space: Mapping[str, Any], objectives: Sequence[tuple[str, str]] = ()
+) -> dict[str, Any]:
+    """Everything the page's script draws, as JSON-ready data (``importance`` included, computed here);
+    ``objectives``: a multi-objective sweep's (metric, mode) pairs, whose Pareto front is drawn (``pareto``)."""
     params = varying_params(search_space, result.trials)
     colors, color_by = _trial_colors(result)
     best = result.best()
@@ -195,6 +239,7 @@ def report_data(result: SweepResult, search_space: Mapping[str, Any]) -> dict[st
         "axes": _axes_data(result, search_space, params),
         "bestSoFar": _best_so_far_data(result),
         "importance": {"values": importance.values, "note": importance.note},
+        "pareto": pareto_data(result.trials, objectives),
     }
 
 

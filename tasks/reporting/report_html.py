@@ -35,6 +35,7 @@ __all__ = [
     "no_trials_notice",
     "page_html",
     "parallel_card",
+    "pareto_card",
     "pbt_card",
     "table_html",
 ]
@@ -369,6 +370,60 @@ def importance_card(data: Mapping[str, Any]) -> str:
         )
         body = f'<p class="caption">{_e(importance["note"])}</p><ul class="importance">{rows}</ul>'
     return f'<section class="card" id="importance"><h2>Hyperparameter importance</h2>{body}</section>'
+
+
+def _objective_words(objective: Mapping[str, Any]) -> str:
+    return f'{objective["metric"]} ({objective["mode"]}: {objective["better"]} is better)'
+
+
+def pareto_card(data: Mapping[str, Any], result: SweepResult, links: Mapping[str, str]) -> str:
+    """A multi-objective sweep's Pareto front: the script's scatter of the finished trials on the first two
+    objectives (``data["pareto"]``, report_data.pareto_data), then a table of the front's trials (their value of
+    every objective, their varying hyperparameters, their MLflow run). Empty without two objectives."""
+    pareto = data.get("pareto")
+    if not pareto:
+        return ""
+    x, y, objectives = pareto["x"], pareto["y"], pareto["objectives"]
+    heading = f"Pareto front: {x['metric']} against {y['metric']}"
+    if not pareto["front"]:
+        return _plot_card(heading, "", "", missing="No finished trial reported a finite value of every objective.")
+    more = len(objectives) > 2
+    caption = (
+        f"Every finished trial at its last reported {_objective_words(x)} and {_objective_words(y)}. The "
+        + ("trials no other beats on all of " + ", ".join(o["metric"] for o in objectives) + " (the front) are "
+           "ringed; shown here on the first two objectives."
+           if more else "trials no other beats on both (the front) are ringed and joined by the step line.")
+    )
+    by_id = {t.trial_id: t for t in result.trials}
+    colors = {t["id"]: t["color"] for t in data["trials"]}
+    params = list(data["params"])
+    head = (
+        "<th>trial</th>"
+        + "".join(f'<th class="num">{_breakable(o["metric"])} <small>({_e(o["mode"])})</small></th>' for o in objectives)
+        + "".join(f"<th>{_breakable(p)}</th>" for p in params)
+        + "<th>MLflow run</th>"
+    )
+    rows = []
+    for trial_id in pareto["front"]:
+        t = by_id[trial_id]
+        swatch = f'<span class="swatch-cell" style="background:{_e(colors.get(trial_id, ""))}"></span>'
+        url = _run_url(links, t.run_id)
+        run = (t.run_id or "")[:8] or EMPTY_CELL  # as in the trials table: 32 hex digits would dominate
+        rows.append(
+            f'<tr data-trial="{_e(trial_id)}"><td>{swatch}<b>{_e(trial_id)}</b></td>'
+            + "".join(f'<td class="num">{_e(fmt(t.last.get(o["metric"])))}</td>' for o in objectives)
+            + "".join(f"<td>{_e(fmt(t.config.get(p)))}</td>" for p in params)
+            + f'<td title="{_e(t.run_id or "")}"><code>{_anchor(url, run) if url else _e(run)}</code></td></tr>'
+        )
+    n = len(pareto["front"])
+    return (
+        f'<section class="card" id="pareto"><h2>{_e(heading)}</h2><p class="caption">{_e(caption)}</p>'
+        '<div class="plot" id="plot-pareto"></div>'
+        f'<h3>The front: {n} trial{"s" if n != 1 else ""}, by {_e(x["metric"])}</h3>'
+        f'<div class="table-wrap"><table class="front"><thead><tr>{head}</tr></thead><tbody>'
+        + "".join(rows)
+        + "</tbody></table></div></section>"
+    )
 
 
 def pbt_card(png: bytes) -> str:

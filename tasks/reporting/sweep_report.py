@@ -16,6 +16,9 @@ of its own from the tracking server (report_page.py), and fetches nothing. It sh
 - best so far: how the sweep's best value improved as trials ended;
 - hyperparameter importance: fANOVA over the finished trials, computed here (importance.py), or a sentence
   saying why not (too few trials);
+- a multi-objective sweep (``objectives``: two or more): its Pareto front, a scatter of the finished trials on
+  the first two objectives (the front's trials ringed and, for two objectives, joined by a step line) and a
+  table of the front's trials;
 - Population Based Training sweeps: the mutated hyperparameters over time and who copied whom (a PNG);
 - the leaderboard, best first, with links to each trial's MLflow run.
 
@@ -50,6 +53,7 @@ display is needed, and no global figure state is shared between threads (Prefect
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from sweepflow.tasks.reporting.report_axes import (
@@ -69,6 +73,7 @@ from sweepflow.tasks.reporting.report_html import (
     no_trials_notice,
     page_html,
     parallel_card,
+    pareto_card,
     pbt_card,
     table_html,
 )
@@ -101,6 +106,7 @@ def write_sweep_report(
     title: str,
     links: dict[str, str] | None = None,
     page_url: str | None = None,
+    objectives: Sequence[tuple[str, str]] = (),
 ) -> dict[str, str]:
     """Write ``sweep_report.html`` (its plots drawn by its own script from data it embeds; nothing external) into
     ``out_dir``, and ``pbt.png`` for a Population Based Training sweep; return name -> path of each file
@@ -110,7 +116,8 @@ def write_sweep_report(
     parallel-coordinates axes (log for loguniform/pow2, categorical for choice/grid) and which importances are
     judged on a log scale. ``links`` are shown as anchors in the header, except ``"run_url_template"`` (with
     ``{run_id}``), which turns run ids into links. ``page_url``: where the report opens as a page of its own
-    (the tracking server's report route), named on the page when it is shown inside a frame.
+    (the tracking server's report route), named on the page when it is shown inside a frame. ``objectives``: a
+    multi-objective search's (metric, mode) pairs; with two or more, the page draws the sweep's Pareto front.
     """
     links = dict(links or {})
     search_space = dict(search_space or {})
@@ -125,11 +132,12 @@ def write_sweep_report(
     if not result.trials:
         sections.append(no_trials_notice(result))
     else:
-        data = report_data(result, search_space)
+        data = report_data(result, search_space, objectives)
         order = [str(r) for r in result.leaderboard()["trial"]]  # best first, as the table
         colors = {t["id"]: t["color"] for t in data["trials"]}
         sections += [
             curves_card(data, order),
+            pareto_card(data, result, links),  # a multi-objective sweep's answer; "" otherwise
             parallel_card(data),
             f'<div class="row">{best_so_far_card(data)}{importance_card(data)}</div>',
         ]

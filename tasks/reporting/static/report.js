@@ -397,9 +397,65 @@
     });
   }
 
+  // ---------------------------------------------------------------------------------------------- Pareto front
+  function drawPareto(container) {
+    var p = data.pareto;
+    if (!p || !p.points.length) return;
+    var W = width(container), H = 380, m = { l: 66, r: 20, t: 14, b: 44 };
+    var svg = newSvg(container, W, H, "Pareto front: " + p.x.metric + " against " + p.y.metric);
+    function axisOf(vals, log) {  // a transform, its padded range and ticks
+      var tv = function (v) { return log ? Math.log10(v) : v; };
+      var lo = Math.min.apply(null, vals.map(tv)), hi = Math.max.apply(null, vals.map(tv));
+      var pad = (hi - lo) * 0.07 || Math.abs(lo) * 0.05 || 1;
+      lo -= pad; hi += pad;
+      return { tv: tv, lo: lo, hi: hi, ticks: log ? logTicks(lo, hi) : niceTicks(lo, hi, 6) };
+    }
+    var ax = axisOf(p.points.map(function (q) { return q.x; }), p.xLog);
+    var ay = axisOf(p.points.map(function (q) { return q.y; }), p.yLog);
+    var X0 = scale(ax.lo, ax.hi, m.l, W - m.r), Y0 = scale(ay.lo, ay.hi, H - m.b, m.t);
+    var X = function (v) { return X0(ax.tv(v)); }, Y = function (v) { return Y0(ay.tv(v)); };
+    var grid = svgEl("g", { "class": "grid" }, svg), axis = svgEl("g", { "class": "axis" }, svg);
+    ay.ticks.forEach(function (v) {
+      svgEl("line", { x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }, grid);
+      text(axis, m.l - 6, Y(v) + 4, fmt(v), { "text-anchor": "end" });
+    });
+    ax.ticks.forEach(function (v) {
+      svgEl("line", { x1: X(v), x2: X(v), y1: m.t, y2: H - m.b }, grid);
+      text(axis, X(v), H - m.b + 16, fmt(v), { "text-anchor": "middle" });
+    });
+    svgEl("line", { x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }, axis);
+    svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: H - m.b }, axis);
+    function words(o, log) { return o.metric + " (" + o.mode + ": " + o.better + " is better" + (log ? ", log" : "") + ")"; }
+    text(axis, (m.l + W - m.r) / 2, H - 8, words(p.x, p.xLog), { "text-anchor": "middle", "class": "axis-title",
+                                                                  "data-axis": "x" });
+    text(axis, 14, (m.t + H - m.b) / 2, words(p.y, p.yLog),
+         { "text-anchor": "middle", "class": "axis-title", "data-axis": "y",
+           transform: "rotate(-90 14 " + (m.t + H - m.b) / 2 + ")" });
+    if (p.step.length > 1) {
+      svgEl("path", { d: pathD(p.step.map(function (q) { return [X(q[0]), Y(q[1])]; })), fill: "none",
+                      stroke: "#1f2328", "stroke-width": 2, "class": "pareto-step" }, svg);
+    }
+    var layer = svgEl("g", { "class": "layer" }, svg);
+    // The others first, so the front's rings are drawn over them.
+    var ordered = p.points.filter(function (q) { return !q.front; }).concat(p.points.filter(function (q) { return q.front; }));
+    ordered.forEach(function (q, i) {
+      var t = byId[q.id], g = trialGroup(layer, t, i), cx = X(q.x), cy = Y(q.y);
+      if (q.front) {
+        g.setAttribute("data-front", "true");
+        svgEl("circle", { cx: cx, cy: cy, r: 7, fill: t.color, stroke: "#1f2328", "stroke-width": 2.2,
+                          "class": "mark front-mark" }, g);
+      } else {
+        svgEl("circle", { cx: cx, cy: cy, r: 4.8, fill: t.color, "fill-opacity": 0.6, stroke: t.labelColor,
+                          "stroke-width": 1.2, "class": "mark" }, g);
+      }
+      svgEl("circle", { cx: cx, cy: cy, r: 10, fill: "transparent", "class": "mark" }, g);
+    });
+  }
+
   // ---------------------------------------------------------------------------------------------- page
   function renderAll() {
-    var plots = [["plot-curves", drawCurves], ["plot-parallel", drawParallel], ["plot-best-so-far", drawBestSoFar]];
+    var plots = [["plot-curves", drawCurves], ["plot-parallel", drawParallel], ["plot-best-so-far", drawBestSoFar],
+                 ["plot-pareto", drawPareto]];
     plots.forEach(function (p) {
       var node = document.getElementById(p[0]);
       if (node) p[1](node);
