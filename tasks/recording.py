@@ -31,8 +31,8 @@ from sweepflow.tasks.tracking.links import (
     prefect_ui_url,
     sweep_view_state,
     sweep_views,
-    varying_params,
 )
+from sweepflow.tasks.tracking.params import varying_params
 from sweepflow.tasks.tracking.runs import RunTracker, check_direct_writes, direct_storage_uri
 
 

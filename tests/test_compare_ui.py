@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import training_pipeline
 from sweepflow.tasks.reporting.report_page import REPORT_PATH, page_url
-from sweepflow.tasks.tracking.links import MlflowLinks, sweep_views, varying_params
+from sweepflow.tasks.tracking.links import MlflowLinks, sweep_views
+from sweepflow.tasks.tracking.params import varying_params
 
 
 def _drawn(path: str) -> float:

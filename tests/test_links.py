@@ -15,7 +15,6 @@ from sweepflow.tasks.tracking.links import (
     prefect_ui_url,
     sweep_view_state,
     sweep_views,
-    varying_params,
 )
 
 
@@ -42,17 +41,6 @@ def test_the_runs_table_link_lists_one_sweeps_trials_best_first():
     assert query["searchFilter"] == ["tags.`mlflow.parentRunId` = 'p1'"]
     assert query["orderByKey"] == ["metrics.`best_val_loss`"] and query["orderByAsc"] == ["true"]
     assert query["workflowType"] == ["machine_learning"]
-
-
-def test_the_hyperparameters_worth_a_column_are_those_that_vary():
-    configs = [
-        {"lr": 0.1, "batch_size": 32, "model": {"hidden": 64, "act": "relu"}, "epochs": 4},
-        {"lr": 0.01, "batch_size": 32, "model": {"hidden": 128, "act": "relu"}, "epochs": 4},
-        {"lr": 0.01, "batch_size": 32, "model": {"hidden": 64, "act": "relu"}, "epochs": 4, "mutated": 1},
-    ]
-    # Dotted as the trial runs' params are; constants left out; a name only some trials have varies.
-    assert varying_params(configs) == ["lr", "model.hidden", "mutated"]
-    assert varying_params(configs[:1]) == [] and varying_params([]) == []
 
 
 def test_a_sweeps_saved_view_shows_its_metric_and_varying_hyperparameters():

@@ -325,6 +325,30 @@ def test_every_varying_hyperparameter_gets_an_axis(tmp_path) -> None:
     assert "Log axes for log-sampled parameters (l1, lr)" in text
 
 
+def test_the_table_the_axes_and_the_importances_agree_on_what_varied(tmp_path) -> None:
+    """One answer (tracking.params.varying_params): a config value outside the space that some trials lack
+    varied (a table column and an axis; no importance, which needs every trial's value), a constant did not
+    (neither), a nested value that differs is a table column but has no axis."""
+    trials = tuple(
+        _trial(
+            i,
+            [2.0 - 0.1 * i, 1.5 - 0.13 * i * i],
+            TrialStatus.COMPLETED,
+            {"l1": 4 * 2 ** (i % 3), "lr": 10.0 ** -(i + 1), "batch_size": 32, "seed": 7,
+             "opt": {"name": "sgd"}, "sched": {"gamma": 0.1 * i}, **({"warm": 1} if i < 2 else {})},
+        )
+        for i in range(5)
+    )
+    files = write_sweep_report(SweepResult(trials=trials, metric="val_loss", mode="min"), out_dir=str(tmp_path),
+                               search_space=SPACE, title="agree")
+    text, parsed = _parse(files["html"])
+    data = _data(text)
+    assert [a["name"] for a in data["axes"]] == ["l1", "lr", "batch_size", "warm", "best val_loss"]
+    config_columns = [h for h in parsed.header if h in ("l1", "lr", "batch_size", "seed", "opt", "sched", "warm", "l2")]
+    assert config_columns == ["l1", "lr", "batch_size", "sched", "warm"]
+    assert set(data["importance"]["values"]) == {"l1", "lr"}
+
+
 def test_best_so_far_follows_the_order_trials_ended(page) -> None:
     _, _, data = page
     b = data["bestSoFar"]

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sweepflow.tasks.tracking.params import varying_params
+
 __all__ = ["MIN_TRIALS", "Importances", "param_importances"]
 
 MIN_TRIALS = 3  # finished trials (completed or stopped early, with a value): fewer say nothing
@@ -83,9 +85,9 @@ def param_importances(
             f"Not computed: {len(configs)} finished trial{'s' if len(configs) != 1 else ''} with a value; "
             f"hyperparameter importances need at least {MIN_TRIALS}.",
         )
-    varying = [
-        p for p in params if len({label(c.get(p)) for c in configs}) > 1 and all(p in c for c in configs)
-    ]
+    # fANOVA needs a value from every trial: a name some trials lack (varying for the report) is left out here.
+    changed = set(varying_params(configs, nested=False))
+    varying = [p for p in params if p in changed and all(p in c for c in configs)]
     if len(varying) < 2:
         what = (
             f"only {varying[0]} took different values"

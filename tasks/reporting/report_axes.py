@@ -1,7 +1,7 @@
 """The sweep report's values as a person reads them, and its parallel-coordinates axes.
 
 Formatting (``fmt``: floats to 4 significant digits, missing values as a dash), which hyperparameters the report
-shows (``sampled_params``, ``fixed_params``, ``varying_params``) and ``ParamAxis``: how a parameter's values map
+shows (``sampled_params``, ``fixed_params``, ``axis_params``) and ``ParamAxis``: how a parameter's values map
 to a position on its axis (log axes for log-sampled parameters, categories in the order the search space lists
 them) and its ticks. Pure: no drawing, so the scaling is testable on its own (sweep_report.py re-exports
 ``make_axis`` and ``axis_positions``).
@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sweepflow.tasks.sweep.results import TrialResult
+from sweepflow.tasks.tracking.params import varying_params
 
 __all__ = [
     "CATEGORICAL_TYPES",
@@ -26,6 +27,7 @@ __all__ = [
     "LOG_TYPES",
     "NUMERIC_TYPES",
     "ParamAxis",
+    "axis_params",
     "axis_positions",
     "better",
     "fixed_params",
@@ -34,7 +36,6 @@ __all__ = [
     "make_axis",
     "sampled_params",
     "sort_key_words",
-    "varying_params",
 ]
 
 LOG_TYPES = frozenset({"loguniform", "pow2"})  # sampled uniformly over the exponent: shown on log axes
@@ -233,16 +234,16 @@ def fixed_params(search_space: Mapping[str, Any], sampled: Sequence[str]) -> dic
     return fixed
 
 
-def varying_params(search_space: Mapping[str, Any], trials: Sequence[TrialResult]) -> list[str]:
+def axis_params(search_space: Mapping[str, Any], trials: Sequence[TrialResult]) -> list[str]:
     """The parallel-coordinates axes: the search space's sampled parameters (in its order), then any other
-    top-level config value that differs between trials (a space given as code, a value a callback set), so no
-    hyperparameter that varied is left out."""
+    top-level config value that varied between trials (``tracking.params.varying_params``: a space given as
+    code, a value a callback set), so no hyperparameter that varied is left out. A nested value has no place on
+    an axis."""
     sampled = sampled_params(search_space, trials)
-    others: list[str] = []
-    for t in trials:
-        for name, value in t.config.items():
-            if name in sampled or name in others or name in search_space or isinstance(value, Mapping):
-                continue
-            if len({fmt(u.config.get(name)) for u in trials}) > 1:
-                others.append(name)
+    nested = {name for t in trials for name, value in t.config.items() if isinstance(value, Mapping)}
+    others = [
+        name
+        for name in varying_params([t.config for t in trials], nested=False)
+        if name not in sampled and name not in search_space and name not in nested
+    ]
     return [*sampled, *others]

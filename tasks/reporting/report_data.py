@@ -22,11 +22,11 @@ from matplotlib.colors import to_hex, to_rgb
 from sweepflow.tasks.reporting.importance import Importances, param_importances
 from sweepflow.tasks.reporting.report_axes import (
     LOG_TYPES,
+    axis_params,
     better,
     fmt,
     is_number,
     make_axis,
-    varying_params,
 )
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus, pareto_front
 
@@ -222,7 +222,7 @@ def report_data(
 ) -> dict[str, Any]:
     """Everything the page's script draws, as JSON-ready data (``importance`` included, computed here);
     ``objectives``: a multi-objective sweep's (metric, mode) pairs, whose Pareto front is drawn (``pareto``)."""
-    params = varying_params(search_space, result.trials)
+    params = axis_params(search_space, result.trials)
     colors, color_by = _trial_colors(result)
     best = result.best()
     all_y = [y for t in result.trials for y in _curve(t, result.metric)[1].tolist()]

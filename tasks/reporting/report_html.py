@@ -12,7 +12,7 @@ import base64
 import html
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from sweepflow.tasks.reporting.report_axes import EMPTY_CELL, better, fmt, is_nu
 from sweepflow.tasks.reporting.report_data import STATUS_WORDS, json_for_script
 from sweepflow.tasks.reporting.report_script import CSS, SCRIPT
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
+from sweepflow.tasks.tracking.params import varying_params
 
 __all__ = [
     "RUN_URL_TEMPLATE_KEY",
@@ -143,13 +144,16 @@ def header_html(
     return f'<header class="top"><div>{"".join(out)}</div>{side}</header>'
 
 
-def _ordered_columns(frame: pd.DataFrame, metric: str, sampled: Sequence[str]) -> list[str]:
-    """Key columns, then the sampled hyperparameters, then the other config values and the rest; the MLflow run
-    id last. Resource columns that are all zero (nothing measured) or all empty say nothing and are dropped."""
+def _ordered_columns(
+    frame: pd.DataFrame, metric: str, sampled: Sequence[str], varying: Collection[str]
+) -> list[str]:
+    """Key columns, then the sampled hyperparameters, then the other config values that varied (``varying``:
+    the trials' top-level config names, ``tracking.params.varying_params``) and the rest; the MLflow run id
+    last. Resource columns that are all zero (nothing measured) or all empty say nothing and are dropped."""
     key = [c for c in ("trial", "status", f"best_{metric}", "best_epoch", "epochs") if c in frame.columns]
     config_cols = [c for c in frame.columns if c.startswith("config/")]
     hyper = [f"config/{p}" for p in sampled if f"config/{p}" in frame.columns]
-    varying_config = [c for c in config_cols if c not in hyper and frame[c].astype(str).nunique() > 1]
+    varying_config = [c for c in config_cols if c not in hyper and c.removeprefix("config/") in varying]
     rest = [c for c in frame.columns if c not in key and not c.startswith("config/") and c != "mlflow_run_id"]
     rest = [c for c in rest if not _all_empty_or_zero(frame[c])]
     tail = (
@@ -193,7 +197,8 @@ def table_html(
     frame = result.leaderboard()
     by_id = {t.trial_id: t for t in result.trials}
     last_keys = {k for t in result.trials for k in t.last}
-    columns = _ordered_columns(frame, result.metric, sampled)
+    varying = set(varying_params([t.config for t in result.trials], nested=False))
+    columns = _ordered_columns(frame, result.metric, sampled, varying)
     numeric = {c for c in columns if c != "trial" and all(is_number(v) or _is_missing(v) for v in frame[c])}
     head = "".join(
         ('<th class="num">' if c in numeric else "<th>")

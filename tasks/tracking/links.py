@@ -16,12 +16,10 @@ every method returns None. Credentials in a URI (``user:pass@``) never reach a l
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
-
-from sweepflow.tasks.tracking.params import flatten
 
 #: The MLflow run tag whose markdown the UI shows as the run's description.
 DESCRIPTION_TAG = "mlflow.note.content"
@@ -117,18 +115,6 @@ class MlflowLinks:
         # Last: MLflow's compare view reads its runs and experiments only when they lead the query.
         pairs = [*(kv for kv in query if kv[0] != "workflowType"), ("workflowType", "machine_learning")]
         return f"{self.ui}/#{route}?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in pairs)
-
-
-def varying_params(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The MLflow param names (dotted, as trial runs log them) whose values differ between these trial
-    configs, in the order they first appear: the hyperparameters worth a column. A name some trials lack
-    varies too (PBT adds mutated names; conditional spaces)."""
-    flat = [flatten("", dict(config)) for config in configs]
-    seen: dict[str, set[str]] = {}
-    for config in flat:
-        for name, value in config.items():
-            seen.setdefault(name, set()).add(repr(value))
-    return [name for name, values in seen.items() if len(values) > 1 or any(name not in c for c in flat)]
 
 
 def sweep_view_state(
