@@ -21,10 +21,11 @@ from ddp_runtime.cluster import cluster_client
 from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best
 from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
 from sweepflow.tasks.sweep.driver import Sweep
-from sweepflow.tasks.sweep.experiment import Experiment, Finalize
+from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement
 from sweepflow.tasks.sweep.placement import place_trials
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, load_prior_sweep
+from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.runs import RunTracker
 
@@ -115,14 +116,42 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
     )
 
 
-def place(exp: Experiment, client: Any, *, log: Callable[[str], None]) -> tuple[TrialTemplate, int]:
-    """The experiment's template placed on ``client``'s cluster, and how many trials run at once; refused at
-    once, naming the setting, when the cluster can never hold one trial (or a synchronous population)."""
-    template, fits = place_trials(
-        client, exp.template, share_cores=exp.placement.share_cores, asked_by=exp.placement.asked_by, log=log
+def fit_trials(
+    client: Any,
+    template: TrialTemplate,
+    placement: Placement,
+    scheduler: TrialScheduler,
+    *,
+    trials: int,
+    max_concurrent_trials: int | None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[TrialTemplate, int, int]:
+    """The cluster can hold the experiment's trials, else it is refused, naming the setting: ``template`` placed
+    on ``client``'s cluster (``place_trials``: refused naming ``placement.asked_by`` when no worker can ever hold
+    a trial), and the scheduler's room check (a synchronous population needs ``trials`` at once). Returns the
+    placed template, how many trials run at once and how many the cluster fits. ``log``: told how shared cores
+    were granted. The lifecycle's ``place`` runs it; a Tune script also runs it before its flow run starts, so
+    a refusal comes before any service work."""
+    placed, fits = place_trials(
+        client, template, share_cores=placement.share_cores, asked_by=placement.asked_by, log=log
     )
-    at_once = min(exp.max_concurrent_trials or fits, fits)
-    exp.scheduler.check_room(trials=exp.sampler.total, at_once=at_once)
+    at_once = min(max_concurrent_trials or fits, fits)
+    scheduler.check_room(trials=trials, at_once=at_once)
+    return placed, at_once, fits
+
+
+def place(exp: Experiment, client: Any, *, log: Callable[[str], None]) -> tuple[TrialTemplate, int]:
+    """The experiment's template placed on ``client``'s cluster (``fit_trials``), and how many trials run at
+    once, said in the sweep's log line."""
+    template, at_once, fits = fit_trials(
+        client,
+        exp.template,
+        exp.placement,
+        exp.scheduler,
+        trials=exp.sampler.total,
+        max_concurrent_trials=exp.max_concurrent_trials,
+        log=log,
+    )
     log(
         f"sweep: {exp.sampler.total} trials ({exp.search_label}), {min(at_once, exp.sampler.total)} at a "
         f"time (cluster fits {fits}), {template.num_ranks} rank(s) each"

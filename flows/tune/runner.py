@@ -27,7 +27,6 @@ from sweepflow.flows.run_services import use_run_services
 from sweepflow.tasks.checks import check_tracking_server, check_tracking_uri_scheme
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
-from sweepflow.tasks.sweep.placement import place_trials
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
@@ -156,13 +155,19 @@ def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     )
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
     if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
+        # Imported here, as _experiment_flow imports run_experiment: `import sweepflow.tune` loads no lifecycle.
+        from sweepflow.flows.experiment import fit_trials
+
         with cluster_client(scheduler_address) as client:
-            _, fits = place_trials(
-                client, experiment.template, share_cores=True, asked_by=_asked_by(experiment.template)
+            # No log: the lifecycle's place() checks again inside the flow run and says it there, once.
+            fit_trials(
+                client,
+                experiment.template,
+                _placement(experiment, scheduler_address),
+                experiment.scheduler,
+                trials=experiment.sampler.total,
+                max_concurrent_trials=experiment.max_concurrent_trials,
             )
-        experiment.scheduler.check_room(
-            trials=experiment.sampler.total, at_once=min(experiment.max_concurrent_trials or fits, fits)
-        )
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     path = experiment_path(experiment, settings.home)
     if experiment.restore_state is not None:
@@ -374,12 +379,7 @@ def lowered(exp: TuneRequest, place: ExperimentRecord, *, run_name: str) -> swee
         template=template,
         search_space=exp.search_space,
         search_label=f"{exp.search} search",
-        placement=sweep_experiment.Placement(
-            scheduler_address=place.scheduler_address,
-            use_gpu=exp.template.use_gpu,
-            share_cores=True,
-            asked_by=_asked_by(exp.template),
-        ),
+        placement=_placement(exp, place.scheduler_address),
         recording=sweep_experiment.Recording(
             tracking_uri=place.tracking_uri,
             experiment_name=exp.mlflow_experiment_name,
@@ -447,6 +447,17 @@ def _retention(checkpoint: CheckpointConfig | None) -> dict[str, Any]:
         "checkpoint_score": checkpoint.checkpoint_score_attribute,
         "checkpoint_score_mode": checkpoint.checkpoint_score_order if checkpoint.checkpoint_score_attribute else None,
     }
+
+
+def _placement(exp: TuneRequest, scheduler_address: str | None) -> sweep_experiment.Placement:
+    """How a Tune experiment's trials are fitted onto the cluster: Ray's rule of shared cores on one host, and
+    the setting a refusal names."""
+    return sweep_experiment.Placement(
+        scheduler_address=scheduler_address,
+        use_gpu=exp.template.use_gpu,
+        share_cores=True,
+        asked_by=_asked_by(exp.template),
+    )
 
 
 def _asked_by(template: TrialTemplate) -> str:
