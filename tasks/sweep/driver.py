@@ -19,21 +19,18 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from distributed import Client
-from prefect.utilities.annotations import quote
-
 from ddp_runtime.cluster import warm_up_workers
 from ddp_runtime.config import ScalingConfig
-from sweepflow.tasks.compat import forget_ended_task_run
 from sweepflow.tasks.sweep.events import SweepObserver
+from sweepflow.tasks.sweep.launch import PrefectTasks, TrialLauncher
 from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 from sweepflow.tasks.sweep.resume import PriorSweep, replay
+from sweepflow.tasks.sweep.runtime import SweepRuntime, Trainer
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.sweep.trial import SweepRuntime, run_trial
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import TrainFunction
 
@@ -51,7 +48,7 @@ class Sweep:
         *,
         sampler: Sampler,
         template: TrialTemplate,
-        cluster: Client,
+        cluster: Any,
         tracker: RunTracker,
         parent_run_id: str,
         scheduler: TrialScheduler,
@@ -63,10 +60,15 @@ class Sweep:
         fail_fast: bool = False,
         log: Callable[[str], None] = print,
         observer: SweepObserver | None = None,
+        launcher: TrialLauncher | None = None,
+        trainer: Trainer | None = None,
     ) -> None:
         """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``);
         ``fail_fast``: the first failed trial ends the sweep (the running trials stop, none starts);
-        ``observer``: told the sweep's events as they happen (``events.py``)."""
+        ``observer``: told the sweep's events as they happen (``events.py``); ``launcher``: how trials start
+        (default: as ``train-trial`` Prefect task runs; ``launch.Threads()``: plain threads, no Prefect);
+        ``trainer``: what runs a trial's group (default ``TorchTrainer`` on ``cluster``; tests give a fake one,
+        and ``cluster`` None, for a sweep held wholly in memory)."""
         if getattr(sampler, "total", None) is None:
             raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
         if concurrency < 1:
@@ -85,6 +87,8 @@ class Sweep:
         self.fail_fast = fail_fast
         self.log = log
         self.observer = observer
+        self.launcher = launcher or PrefectTasks()
+        self.trainer = trainer
 
     def run(self) -> SweepResult:
         """Run every trial the sampler proposes (or as many as the time budget allows); return their results.
@@ -107,11 +111,13 @@ class Sweep:
             artifacts_destination=self.artifacts_destination,
             fail_fast=self.fail_fast,
             observer=self.observer,
+            **({"trainer": self.trainer} if self.trainer is not None else {}),
         )
         started = time.perf_counter()
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(runtime.writers.join)  # raises if a trial's results did not reach MLflow
             cleanup.callback(runtime.progress.close)
+            cleanup.callback(self.launcher.close)
             in_flight: dict[Any, tuple[int, float]] = {}  # task future -> (sampler's number, submitted at)
             try:
                 startup_s = self._start_up_workers()
@@ -122,7 +128,7 @@ class Sweep:
                 # their next report, the queued ones start nothing, and the sweep ends with the first error.
                 runtime.abort(f"the sweep is stopping: {type(exc).__name__}")
                 for future in list(in_flight):
-                    future.wait()
+                    self.launcher.wait(future)
                 raise
         runtime.notify("sweep_ended", tuple(trials))
         if runtime.observer_error is not None:  # the trials have ended (as after any error): now it is raised
@@ -143,6 +149,8 @@ class Sweep:
         worker-seconds; returns its seconds (0.0: the workers were warm). Best effort: a worker that did not
         finish is finished by its first rank, whose group reports those seconds apart (``startup_seconds``)."""
         t = self.template
+        if self.cluster is None:  # a sweep held in memory (a fake trainer): nothing to start
+            return 0.0
         scaling = ScalingConfig(
             num_workers=t.num_ranks, use_gpu=t.use_gpu, resources_per_worker=t.resources_per_rank or None
         )
@@ -211,10 +219,7 @@ class Sweep:
                 # trials into groups (HyperBand's brackets) deals the same trials together on every run.
                 self.scheduler.on_trial_add(spec.trial_id)
                 try:
-                    # quote(): Prefect would otherwise look for earlier tasks' results among the arguments (by
-                    # object identity: a shared int or string is enough) and draw dependency arrows between
-                    # independent trials.
-                    future = run_trial.submit(quote(spec), quote(runtime))
+                    future = self.launcher.submit(spec, runtime)
                 except BaseException:
                     runtime.take_grant(spec.index)[0].release()
                     self.scheduler.on_trial_error(spec.trial_id)
@@ -237,7 +242,7 @@ class Sweep:
             number, submitted_at = in_flight[event]
             result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
             del in_flight[event]
-            forget_ended_task_run(event.task_run_id)
+            self.launcher.ended(event)
             if result.status is TrialStatus.NOT_STARTED:
                 runtime.notify("step_end")
                 continue  # the sweep was stopping when its task began

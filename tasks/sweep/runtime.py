@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from distributed import Client
 
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
@@ -18,12 +17,22 @@ from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError
 from sweepflow.tasks.tracking.writers import RunWriters
 
+# What runs one group of a trial: called with ``TorchTrainer``'s arguments, returns an object whose ``fit()``
+# returns a ``ddp_runtime.Result`` (or raises ``TrainingFailedError``).
+Trainer = Callable[..., Any]
+
+
+def _torch_trainer(*args: Any, **kwargs: Any) -> Any:
+    from ddp_runtime.torch import TorchTrainer  # imported by the sweeps that run groups, not by its importers
+
+    return TorchTrainer(*args, **kwargs)
+
 
 @dataclass
 class SweepRuntime:
     """What the trials of one sweep share, in the flow's process."""
 
-    client: Client
+    client: Any  # the Dask client the groups run on (None: a fake trainer that needs none)
     slots: TrialSlots
     scheduler: TrialScheduler
     tracker: RunTracker
@@ -44,6 +53,7 @@ class SweepRuntime:
     _grants: dict[int, tuple[HeldSlot, float]] = field(
         default_factory=dict
     )  # trial index -> (slot, queued s)
+    trainer: Trainer = _torch_trainer  # runs each group (TorchTrainer on ``client``; a fake one in tests)
     observer: SweepObserver | None = None  # told the sweep's events (events.py), one at a time
     observer_error: Exception | None = None  # what the observer raised: the sweep stops, then raises it
     _observer_lock: threading.RLock = field(default_factory=threading.RLock)

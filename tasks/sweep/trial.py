@@ -39,7 +39,7 @@ from sweepflow.tasks.tracking.links import (
 from sweepflow.tasks.tracking.writers import RunWriter
 from sweepflow.tasks.training.function import TrainFunction
 
-__all__ = ["MetricNotReported", "SweepRuntime", "final_state", "run_trial"]
+__all__ = ["MetricNotReported", "SweepRuntime", "final_state", "run_trial", "train_trial"]
 
 TAG_QUEUED_S = "sweepflow.queued_s"  # seconds the trial waited for a slot before its run started
 
@@ -56,20 +56,27 @@ def run_trial(spec: SweepTrial, rt: SweepRuntime) -> TrialResult:
 
     The sweep submits a trial once it has taken a slot for it, so this task run, and the MLflow run it opens,
     start when the trial can train; its wait for the slot is the run's ``sweepflow.queued_s`` tag."""
+    result = train_trial(spec, rt, get_run_logger())
+    return result if result.status is TrialStatus.NOT_STARTED else final_state(result)
+
+
+def train_trial(spec: SweepTrial, rt: SweepRuntime, logger: Any) -> TrialResult:
+    """The trial's work, whoever runs it (the ``train-trial`` task, or a thread: ``launch.py``): take the slot the
+    sweep granted it, open its MLflow run, let ``TrialGroups`` train it, give the slot back."""
     slot, queued_s = rt.take_grant(spec.index)
     try:
         if rt.aborted:
-            get_run_logger().warning("%s: not started (%s)", spec.name, rt.aborted)
+            logger.warning("%s: not started (%s)", spec.name, rt.aborted)
             rt.scheduler.on_trial_error(spec.trial_id)  # the sweep added it when it submitted this task
             return TrialResult(**spec.identity(), status=TrialStatus.NOT_STARTED)
         opened = time.perf_counter()
         try:
-            writer, artifact_uri = _open_run(spec, rt, queued_s)
+            writer, artifact_uri = _open_run(spec, rt, queued_s, logger)
         except BaseException:
             rt.scheduler.on_trial_error(spec.trial_id)
             raise
         mlflow_start_s = time.perf_counter() - opened
-        trial_run = TrialGroups(spec, rt, writer, slot, get_run_logger())
+        trial_run = TrialGroups(spec, rt, writer, slot, logger)
         try:
             result = trial_run.train(artifact_uri)
             if rt.fail_fast and result.status is TrialStatus.FAILED:  # before its slot frees: none starts
@@ -85,16 +92,14 @@ def run_trial(spec: SweepTrial, rt: SweepRuntime) -> TrialResult:
             trial_run.slot.release()  # the one it holds now (a paused trial gets another)
     finally:
         slot.release()
-    return final_state(
-        replace(
-            result,
-            slot_wait_s=queued_s,
-            phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s},
-        )
+    return replace(
+        result,
+        slot_wait_s=queued_s,
+        phases_s={"mlflow_start": round(mlflow_start_s, 4), **result.phases_s},
     )
 
 
-def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunWriter, str]:
+def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float, logger: Any) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
     the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
     trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
@@ -126,7 +131,7 @@ def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float) -> tuple[RunW
     try:
         url = MlflowLinks.for_tracking_uri(rt.tracker.tracking_uri).run(rt.tracker.experiment_id, run_id)
         # The task run's first log line: where the trial's MLflow run is, one click from Prefect.
-        get_run_logger().info("%s: MLflow run %s", spec.name, url or run_id)
+        logger.info("%s: MLflow run %s", spec.name, url or run_id)
     except BaseException:
         writer.finish(TrialStatus.FAILED.mlflow_status)  # or the writers' join waits for its end for ever
         raise

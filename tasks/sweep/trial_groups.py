@@ -22,7 +22,7 @@ from prefect.settings import PREFECT_API_URL
 
 import ddp_runtime as train
 from ddp_runtime.checkpoint import RunStorage, StoredCheckpoint
-from ddp_runtime.torch import TorchTrainer, Verdict
+from ddp_runtime.torch import Verdict
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.sweep.naming import trial_card
 from sweepflow.tasks.sweep.pbt import Exploit
@@ -461,9 +461,9 @@ class TrialGroups:
             auth_env=tracking_auth_env(),
         )
 
-    def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> TorchTrainer:
+    def _trainer(self, storage: str, resume_from: train.Checkpoint | None = None) -> Any:
         spec = self.spec  # its config may have changed since the trial started (PBT)
-        return TorchTrainer(
+        return self.rt.trainer(
             TrainFunction(
                 spec.template.train_fn,
                 system_metrics=self._system_metrics(),
