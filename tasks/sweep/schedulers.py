@@ -23,16 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "Decision",
-    "CONTINUE",
-    "STOP",
-    "ASHAScheduler",
-    "AsyncHyperBandScheduler",
-    "FIFOScheduler",
-    "TrialScheduler",
-    "make_scheduler",
-]
+__all__ = ["Decision", "CONTINUE", "STOP", "ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler",
+           "TrialScheduler", "make_scheduler"]  # fmt: skip
 
 class Decision(StrEnum):
     """A scheduler's answer to a trial's report."""
