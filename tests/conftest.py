@@ -62,6 +62,7 @@ LONGEST_FIRST = (
     "test_cli.py",
     "test_own_project.py",
     "test_tune.py",
+    "test_tune_search_algorithms.py",
     "test_ddp_runtime.py",
     "test_faults_services.py",
     "test_sgd_pytorch.py",
