@@ -161,7 +161,8 @@ class SweepRecord:
     """How ``record_sweep`` presents a sweep."""
 
     metric: str | None  # the selection metric: the leaderboard's order and the parent's best_<metric>; None
-    # (a Tune experiment without one): trials in order, no best and no report (its plots compare by the metric)
+    # (a Tune experiment without one): trials in order, no best and no report (its plots compare by the metric),
+    # unless there are two or more objectives: then the report ranks by the first (and draws the Pareto front)
     mode: str
     search_space: Mapping[str, Any]  # as data ({"lr": {"type": "loguniform", ...}}): the report's axes
     title: str  # the report's title
@@ -211,7 +212,12 @@ def record_sweep(
         experiment_id=eid,
         parent_run_id=parent,
         trial_run_ids=trial_run_ids,
-        report_url=_sweep_report(sweep, tracker, parent, record, mlflow_ui, views) if record.metric else None,
+        # Without a metric, a multi-objective sweep's report is ranked by the first objective (and draws the front).
+        report_url=(
+            _sweep_report(sweep, tracker, parent, record, mlflow_ui, views)
+            if record.metric or len(record.objectives) >= 2
+            else None
+        ),
         table=leaderboard_markdown(
             rows,
             metric=record.metric,

@@ -869,6 +869,52 @@ def test_a_front_over_three_objectives_is_shown_on_the_first_two_without_a_step_
     assert "no other beats on all of loss, gain, time (the front) are ringed; shown here on the first two" in text
 
 
+def _unranked_objective_sweep() -> SweepResult:
+    """``_objective_sweep`` as a Tune experiment without a metric of its own holds it (Ray's multi-objective
+    example): no best values, no order; every report has both objectives, and t03's loss was lowest at its first
+    report (0.2), though its last (0.8, what the search was told and the front is drawn by) is the worst."""
+    trials = []
+    for t in _objective_sweep().trials:
+        history = [{**r, "gain": t.last["gain"]} for r in t.history]
+        if t.trial_id == "t03":
+            history[0]["loss"] = 0.2
+        trials.append(replace(t, history=tuple(history), best=None, best_epoch=None))
+    return SweepResult(trials=tuple(trials), metric=None, mode="max")
+
+
+def test_a_multi_objective_sweep_without_a_metric_is_ranked_by_its_first_objective(tmp_path) -> None:
+    """No metric of its own (Ray's multi-objective example), two objectives: the report ranks and plots by the
+    first (each trial's best loss over its reports), says so, and draws the front as before; the sweep's results
+    are left as they were."""
+    sweep = _unranked_objective_sweep()
+    files = write_sweep_report(sweep, out_dir=str(tmp_path), search_space=SPACE, title="two", links=LINKS,
+                               objectives=OBJECTIVES)
+    text, parsed = _parse(files["html"])
+    assert ("Ranked by <b>loss</b> (min: lower is better), the first of the search's objectives; its Pareto "
+            "front below") in text and "Selection metric" not in text
+    data = _data(text)
+    assert (data["metric"], data["mode"]) == ("loss", "min")
+    bests = {t["id"]: (t["best"], t["bestEpoch"]) for t in data["trials"]}
+    assert bests == {"t00": (0.5, 2), "t01": (0.3, 2), "t02": (0.6, 2), "t03": (0.2, 1), "t04": (0.1, 2),
+                     "t05": (0.4, 2)}
+    # The best trial is the best finished one by its best loss (t04, lower, failed), at the epoch it came.
+    best = re.search(r'<section class="best" data-trial="([^"]+)".*?</section>', text, re.S)
+    assert best.group(1) == "t03" and "best loss = 0.2" in best.group(0) and "at epoch 1 of 2" in best.group(0)
+    assert "Trials, best first by best loss (lower is better)" in parsed.headings
+    table = re.search(r'<section class="card"><h2>Trials, best first.*?</table>', text, re.S).group(0)
+    table = re.findall(r'<tr[^>]* data-trial="([^"]+)"', table)
+    assert table == ["t04", "t03", "t01", "t05", "t00", "t02"]
+    assert data["pareto"]["front"] == ["t01", "t05", "t03"]  # by the last values, as the search was told
+    assert "Pareto front: loss against gain" in parsed.headings
+    assert all(t.best is None for t in sweep.trials) and sweep.metric is None  # the caller's results unchanged
+    # A metric of its own: the header names it as before; one objective and no metric: nothing to rank by here
+    # (record_sweep writes no report then).
+    ranked = write_sweep_report(_objective_sweep(), out_dir=str(tmp_path / "m"), search_space=SPACE, title="m",
+                                objectives=OBJECTIVES)
+    text, _ = _parse(ranked["html"])
+    assert "Selection metric <b>loss</b> (lower is better)" in text and "first of the search" not in text
+
+
 @pytest.mark.browser
 def test_the_script_draws_the_pareto_front(tmp_path) -> None:
     """Every finished trial a point, the front's three ringed and joined by the step line, axes named with their

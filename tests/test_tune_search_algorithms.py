@@ -434,6 +434,12 @@ def test_tune_run_with_a_multi_objective_optuna_search_records_its_pareto_front(
         data = json.load(f)
     assert data["objectives"] == [{"metric": "loss", "mode": "min"}, {"metric": "gain", "mode": "max"}]
     assert [t["trial_id"] for t in data["trials"]] == ids
+    # No metric of its own: the sweep report is ranked by the first objective, and draws the front.
+    with open(client.download_artifacts(results.record.parent_run_id, "report/sweep_report.html"), encoding="utf-8") as f:
+        page = f.read()
+    assert "Ranked by <b>loss</b> (min: lower is better), the first of the search's objectives" in page
+    assert "Pareto front: loss against gain" in page
+    assert "Sweep report:" in parent.data.tags["mlflow.note.content"]  # the parent run's description links it
 
 
 def test_a_multi_objective_experiment_ranked_by_one_objective_draws_its_front_in_the_sweep_report(services):

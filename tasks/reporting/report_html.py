@@ -97,7 +97,12 @@ def header_html(
     best: TrialResult | None,
     links: Mapping[str, str],
     fixed: Mapping[str, Any],
+    *,
+    first_objective: bool = False,
 ) -> str:
+    """The page's header: title, what ranks the trials, counts, links, fixed parameters, the best trial.
+    ``first_objective``: the experiment has no metric of its own and ``result`` is ranked by the first of its
+    search's objectives (``sweep_report.ranked_by``), which the header says."""
     counts = {status: sum(t.status is status for t in result.trials) for status in TrialStatus}
     parts = [f"{len(result.trials)} trial{'s' if len(result.trials) != 1 else ''}"]
     parts += [f"{n} {STATUS_WORDS[s]}" for s, n in counts.items() if n and s is not TrialStatus.NOT_STARTED]
@@ -108,10 +113,15 @@ def header_html(
     if starts and ends and max(ends) >= min(starts):
         parts.append(f"{(max(ends) - min(starts)) / 60:.1f} min wall time")
     meta = " · ".join(parts)
+    ranking = (
+        f"Ranked by <b>{_e(result.metric)}</b> ({_e(result.mode)}: {_e(better(result.mode))} is better), the first "
+        "of the search's objectives; its Pareto front below"
+        if first_objective
+        else f"Selection metric <b>{_e(result.metric)}</b> ({_e(better(result.mode))} is better)"
+    )
     out = [
         f"<h1>{_e(title)}</h1>",
-        f'<p class="meta">Selection metric <b>{_e(result.metric)}</b> ({_e(better(result.mode))} is better) · '
-        f"{_e(meta)} · generated {_e(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}</p>",
+        f'<p class="meta">{ranking} · {_e(meta)} · generated {_e(time.strftime("%Y-%m-%d %H:%M:%S %Z"))}</p>',
     ]
     anchors = [_anchor(url, name) for name, url in links.items() if name != RUN_URL_TEMPLATE_KEY and url]
     if anchors:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sweepflow.tasks.reporting.report_axes import (
@@ -78,9 +79,17 @@ from sweepflow.tasks.reporting.report_html import (
     table_html,
 )
 from sweepflow.tasks.reporting.report_plots import plot_pbt
-from sweepflow.tasks.sweep.results import SweepResult
+from sweepflow.tasks.sweep.results import SweepResult, best_of
 
-__all__ = ["HTML_NAME", "ParamAxis", "axis_positions", "make_axis", "report_data", "write_sweep_report"]
+__all__ = [
+    "HTML_NAME",
+    "ParamAxis",
+    "axis_positions",
+    "make_axis",
+    "ranked_by",
+    "report_data",
+    "write_sweep_report",
+]
 
 HTML_NAME = "sweep_report.html"
 
@@ -96,6 +105,18 @@ def _write_bytes(path: str, data: bytes) -> None:
 # --------------------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------------------
+
+
+def ranked_by(result: SweepResult, metric: str, mode: str) -> SweepResult:
+    """``result`` as a sweep selecting by ``metric`` in ``mode`` would hold it: each trial's best value of
+    ``metric`` over its reports (``best_of`` on its history) and the epoch it came at. What the report draws for an
+    experiment without a metric of its own, by the first of its search's objectives; the experiment's own results
+    are left as they are."""
+    trials = []
+    for t in result.trials:
+        best, best_epoch = best_of(t.history, metric, mode)
+        trials.append(replace(t, best=best, best_epoch=best_epoch))
+    return replace(result, trials=tuple(trials), metric=metric, mode=mode)
 
 
 def write_sweep_report(
@@ -117,15 +138,20 @@ def write_sweep_report(
     judged on a log scale. ``links`` are shown as anchors in the header, except ``"run_url_template"`` (with
     ``{run_id}``), which turns run ids into links. ``page_url``: where the report opens as a page of its own
     (the tracking server's report route), named on the page when it is shown inside a frame. ``objectives``: a
-    multi-objective search's (metric, mode) pairs; with two or more, the page draws the sweep's Pareto front.
+    multi-objective search's (metric, mode) pairs; with two or more, the page draws the sweep's Pareto front, and
+    a sweep without a metric of its own (a Tune experiment given none) is ranked and plotted by the first of them
+    (``ranked_by``), as the header says.
     """
+    first_objective = not result.metric and len(objectives) >= 2
+    if first_objective:
+        result = ranked_by(result, *objectives[0])
     links = dict(links or {})
     search_space = dict(search_space or {})
     os.makedirs(out_dir, exist_ok=True)
     best = result.best()
     sampled = sampled_params(search_space, result.trials)
     fixed = fixed_params(search_space, sampled)
-    sections = [framed_notice(page_url), header_html(result, title, best, links, fixed)]
+    sections = [framed_notice(page_url), header_html(result, title, best, links, fixed, first_objective=first_objective)]
     written: dict[str, str] = {}
     data: dict[str, Any] | None = None
 
