@@ -364,9 +364,9 @@ class Dataset:
 
         ``fn(batch, *fn_args, **fn_kwargs)`` gets a ``pandas.DataFrame`` (``batch_format="pandas"``) or a dict
         of column -> ndarray (``"numpy"``) and returns the same kind (with any rows and columns). ``batch_size``:
-        rows per call within a partition (None, the default: the whole partition at once). Ray's scheduling
-        options (``num_cpus``, ``concurrency``, ``compute``...) are accepted and ignored: Dask places the
-        partition tasks. A class (Ray's callable class) is refused: pass a function.
+        rows per call within a partition (None, the default: the whole partition at once). Ray's hints
+        ``num_cpus``, ``concurrency`` and ``memory`` change nothing here (Dask places the partition tasks);
+        ``compute``/``num_gpus`` and callable classes (actor pools) are refused: pass a function.
         """
         if not callable(fn) or isinstance(fn, type):
             raise TypeError(
@@ -375,9 +375,7 @@ class Dataset:
             )
         _check_batch_format(batch_format)
         _check_batch_size(batch_size, allow_none=True)
-        unknown = set(ray_options) - _RAY_SCHEDULING_OPTIONS
-        if unknown:
-            raise TypeError(f"map_batches got unexpected argument(s) {sorted(unknown)}")
+        _check_options("map_batches", ray_options)
         args, kwargs = tuple(fn_args or ()), dict(fn_kwargs or {})
         return self._map_frames(_BatchMapper(fn, batch_format, batch_size, args, kwargs))
 
@@ -387,12 +385,14 @@ class Dataset:
         Slower than ``map_batches``: prefer that for vectorised work."""
         if not callable(fn):
             raise TypeError(f"map takes a function of a row (a dict), got {fn!r}")
+        _check_options("map", ray_options)
         return self._map_frames(_RowMapper(fn))
 
     def filter(self, fn: Callable[[dict[str, Any]], bool], **ray_options: Any) -> Dataset:
         """Keep the rows for which ``fn(row)`` is true, lazily (Ray's ``Dataset.filter``)."""
         if not callable(fn):
             raise TypeError(f"filter takes a function of a row (a dict) returning a bool, got {fn!r}")
+        _check_options("filter", ray_options)
         return Dataset(self._ddf.map_partitions(_RowFilter(fn), meta=self._ddf._meta, enforce_metadata=False))
 
     def random_shuffle(self, *, seed: int | None = None, num_blocks: int | None = None) -> Dataset:
@@ -663,18 +663,28 @@ class Dataset:
         self._ddf.to_json(f"{target}/*.json", storage_options=storage_options, orient="records", lines=True)
 
 
-_RAY_SCHEDULING_OPTIONS = frozenset(
-    {
-        "compute",
-        "concurrency",
-        "num_cpus",
-        "num_gpus",
-        "memory",
-        "zero_copy_batch",
-        "ray_remote_args",
-        "fn_constructor_args",
-    }
+#: Ray's hints that change no result here (Dask places the tasks; one partition is always prefetched): accepted.
+_HINTS = frozenset(
+    {"concurrency", "num_cpus", "memory", "zero_copy_batch", "prefetch_batches", "prefetch_blocks"}
 )
+
+
+def _check_options(where: str, options: dict[str, Any]) -> None:
+    """Ray options this subset cannot honour are refused by name, never silently ignored."""
+    for name in options:
+        if name in _HINTS:
+            continue
+        if name in ("local_shuffle_buffer_size", "local_shuffle_seed"):
+            raise ValueError(
+                f"{where}({name}=...): local shuffling is not built; call random_shuffle() on the dataset before "
+                "giving it to the trainer"
+            )
+        if name in ("compute", "num_gpus", "fn_constructor_args", "fn_constructor_kwargs", "ray_remote_args"):
+            raise ValueError(
+                f"{where}({name}=...): Ray's actor pools and task resources are not built; partitions run as Dask "
+                "tasks on any worker: pass a function and drop it"
+            )
+        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
 
 
 def _probe_meta(fn: Callable[[pd.DataFrame], pd.DataFrame], meta: pd.DataFrame) -> pd.DataFrame:
@@ -819,11 +829,12 @@ class DataIterator:
     ) -> Iterator[Any]:
         """One pass in batches of ``batch_size`` rows (formed across partition boundaries, so only the last is
         shorter; None: one batch per partition), each a dict of column -> ndarray (``"numpy"``, the default) or
-        a ``pandas.DataFrame``. Ray's prefetch and local-shuffle options are accepted and ignored."""
+        a ``pandas.DataFrame``. ``prefetch_batches`` is accepted (one partition is always computed ahead);
+        ``local_shuffle_buffer_size`` is refused (``random_shuffle`` the dataset instead)."""
+        _check_options("iter_batches", ray_options)
         _check_batch_size(batch_size, allow_none=True)
         _check_batch_format(batch_format)
-        for frame in _rebatch(self._frames(), batch_size, drop_last):
-            yield _format(frame, batch_format)
+        return (_format(frame, batch_format) for frame in _rebatch(self._frames(), batch_size, drop_last))
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """One pass, row by row, each a dict of column -> value."""
@@ -849,14 +860,18 @@ class DataIterator:
         """
         import torch
 
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be a function of a numpy batch (a dict), got {collate_fn!r}")
         target = _device(device)
-        for batch in self.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=drop_last):
-            if collate_fn is not None:
-                yield collate_fn(batch)
-                continue
-            yield {
-                name: _tensor(values, _dtype(dtypes, name), target, torch) for name, values in batch.items()
-            }
+        batches = self.iter_batches(
+            batch_size=batch_size, batch_format="numpy", drop_last=drop_last, **ray_options
+        )
+        if collate_fn is not None:
+            return (collate_fn(batch) for batch in batches)
+        return (
+            {name: _tensor(values, _dtype(dtypes, name), target, torch) for name, values in batch.items()}
+            for batch in batches
+        )
 
     def materialize(self) -> Dataset:
         """Ray's ``DataIterator.materialize`` is refused for a shard: iterate it (each call is one epoch)."""
