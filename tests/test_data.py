@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import traceback
 
 import numpy as np
 import pandas as pd
@@ -164,6 +165,13 @@ def test_what_is_not_built_is_refused_in_one_sentence():
         ds.map_batches(lambda b: b, batch_format="pyarrow")
     with pytest.raises(TypeError, match="callable classes"):
         ds.map_batches(dict)
+    with pytest.raises(ValueError, match="actor pools and task resources are not built"):
+        ds.map_batches(lambda b: b, compute="actors")
+    with pytest.raises(ValueError, match=r"local shuffling is not built; call random_shuffle\(\)"):
+        ds.iter_torch_batches(local_shuffle_buffer_size=100)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        ds.iter_batches(batchsize=3)
+    assert len(list(ds.iter_batches(batch_size=2, prefetch_batches=4))) == 2  # a hint: accepted
     assert rd.DataConfig is train.DataConfig
 
 
@@ -379,6 +387,11 @@ def test_ray_trains_regression_example_runs_on_s3(small_workers, s3_endpoint, tm
     frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(y=x @ np.array([2.0, -1.0, 0.5]) + 0.1)
     with fs.open("regression/data.csv", "w") as f:
         frame.to_csv(f, index=False)
+
+    secret = {**options, "secret": "s3cr3t-never-shown"}  # moto takes any credentials
+    with pytest.raises(FileNotFoundError) as missing:
+        rd.read_csv("s3://no-such-bucket/data.csv", storage_options=secret)
+    assert "s3cr3t" not in "".join(traceback.format_exception(missing.value))
 
     dataset = rd.read_csv("s3://regression/data.csv", storage_options=options)
     dataset = dataset.map_batches(_standardize, batch_format="pandas")
