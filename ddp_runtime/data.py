@@ -46,6 +46,7 @@ __all__ = [
     "DataIterator",
     "Dataset",
     "NotBuiltError",
+    "Schema",
     "from_dask",
     "from_items",
     "from_numpy",
@@ -292,6 +293,26 @@ _NOT_BUILT_METHODS: dict[str, str] = {
 }
 
 
+class Schema:
+    """A dataset's columns and their types (Ray's ``ray.data.Schema``): ``names`` and ``types`` (numpy/pandas
+    dtypes), in column order."""
+
+    def __init__(self, names: list[str], types: list[Any]) -> None:
+        self.names = names
+        self.types = types
+
+    def __repr__(self) -> str:
+        width = max([len("Column"), *(len(n) for n in self.names)])
+        lines = [f"{'Column':<{width}}  Type", f"{'------':<{width}}  ----"]
+        lines += [f"{name:<{width}}  {dtype}" for name, dtype in zip(self.names, self.types, strict=True)]
+        return "\n".join(lines)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and (self.names, self.types) == (other.names, other.types)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Dataset:
     """A lazy table of rows whose blocks are the partitions of a ``dask.dataframe`` (Ray: ``ray.data.Dataset``).
 
@@ -400,6 +421,11 @@ class Dataset:
 
         The order is fixed when this is called (``seed=None`` draws a seed now), so every pass over the
         result (each epoch, each rank's shard) sees the same order; call it again for another order.
+
+        Its cost: every output partition is made from all the input partitions, and a partition is computed
+        when it is read (nothing is kept), so each partition a pass reads reads the whole input again. Fine for
+        data of a few partitions; for large data shuffle the files once beforehand, or use
+        ``randomize_block_order`` (partition order only, no cost).
         """
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
@@ -520,15 +546,16 @@ class Dataset:
         """The number of partitions (Ray's blocks)."""
         return int(self._ddf.npartitions)
 
-    def schema(self) -> pd.Series:
-        """The columns' dtypes, as ``pandas.Series`` column -> dtype (Ray's ``Dataset.schema``: Ray returns its
-        own ``Schema``); read from the first rows, so a ``map_batches`` result's types are exact."""
+    def schema(self) -> Schema:
+        """The columns and their types (Ray's ``Dataset.schema``), read from the first rows, so a
+        ``map_batches`` result's types are exact."""
         head = self._head(1)
-        return head.dtypes if len(head.columns) else self._ddf._meta.dtypes
+        dtypes = head.dtypes if len(head.columns) else self._ddf._meta.dtypes
+        return Schema([str(c) for c in dtypes.index], list(dtypes))
 
     def columns(self) -> list[str]:
         """The column names (Ray's ``Dataset.columns``)."""
-        return [str(c) for c in self.schema().index]
+        return self.schema().names
 
     def take(self, limit: int = 20) -> list[dict[str, Any]]:
         """The first ``limit`` rows, as dicts (Ray's ``Dataset.take``); reads only the partitions it needs."""

@@ -64,7 +64,7 @@ def test_readers_give_the_rows_written(files):
         _same(ds.to_pandas(), df)
         assert ds.count() == len(df)
         assert ds.columns() == ["id", "x", "k"]
-        assert ds.schema()["x"] == np.float64
+        assert dict(zip(ds.schema().names, ds.schema().types, strict=True))["x"] == np.float64
         _same(pd.DataFrame(ds.take(3)), df.iloc[:3])  # JSON keeps 10 significant digits
     assert rd.read_parquet(str(d / "pq")).num_blocks() == 3
     assert rd.read_parquet(str(d / "pq"), columns=["x"]).columns() == ["x"]
