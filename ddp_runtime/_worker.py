@@ -328,12 +328,15 @@ def _working_in(directory: str, *, own_process: bool, enabled: bool = True) -> I
             )
         yield
         return
-    previous = os.getcwd()
+    try:
+        previous = os.getcwd()
+    except FileNotFoundError:  # the worker was started in a directory deleted since: go back to its parent's
+        previous = None
     os.chdir(directory)
     try:
         yield
     finally:
-        os.chdir(previous)
+        os.chdir(previous if previous is not None else os.path.dirname(os.path.abspath(directory)))
 
 
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:

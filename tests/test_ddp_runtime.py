@@ -364,6 +364,25 @@ def test_ranks_sharing_a_worker_process_each_work_in_their_own_directory(tmp_pat
     assert os.getcwd() == here
 
 
+def test_a_rank_on_a_worker_whose_working_directory_was_deleted_still_runs_in_its_trial_directory(tmp_path):
+    """A worker started in a directory deleted since (a script's temporary one): the rank runs in its trial's
+    directory all the same, then the worker is left in that directory's parent, which exists."""
+    from ddp_runtime._worker import _working_in
+
+    here = os.getcwd()
+    gone, trial = tmp_path / "gone", tmp_path / "experiment" / "trial_0000"
+    gone.mkdir()
+    trial.mkdir(parents=True)
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        with _working_in(str(trial), own_process=True):
+            assert os.getcwd() == str(trial)
+        assert os.getcwd() == str(trial.parent)
+    finally:
+        os.chdir(here)
+
+
 def test_config_errors_say_what_to_fix():
     with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
         train.ScalingConfig(num_workers=0)

@@ -39,6 +39,23 @@ def test_a_service_is_reused_while_its_code_key_matches_and_replaced_when_it_cha
         services.stop(state, "web")
 
 
+def test_a_service_runs_in_its_state_directory_not_the_directory_of_the_command_that_started_it(tmp_path):
+    """A service outlives the command that started it: were it to keep that command's working directory, a
+    script's temporary directory deleted after it would fail every later trial on the local Dask workers."""
+    state, caller = tmp_path / "state", tmp_path / "caller"
+    caller.mkdir()
+    port = services.free_port()
+    here = os.getcwd()
+    os.chdir(caller)
+    try:
+        services.ensure(str(state), _http_service(port, "v1"))
+        pid = services.read_record(str(state), "web")["pid"]
+        assert os.readlink(f"/proc/{pid}/cwd") == str(state)
+    finally:
+        os.chdir(here)
+        services.stop(str(state), "web")
+
+
 def test_the_code_fingerprint_follows_a_training_modules_file(tmp_path):
     module = tmp_path / "my_train.py"
     module.write_text("def train(config):\n    pass\n")

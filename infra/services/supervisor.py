@@ -128,7 +128,7 @@ class ServiceSpec:
     address: str | None = None  # what clients use; None: read from ``ready_file`` once written
     ready_file: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
+    cwd: str | None = None  # None: the state directory (never the caller's: the service outlives it)
     health_from_address: Callable[[str], dict[str, Any]] | None = None  # for ready_file services
     # The code it runs (see code_fingerprint): a running service started with another key is replaced, so a
     # long-lived process never runs code older than the files on disk.
@@ -261,7 +261,9 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
         proc = subprocess.Popen(
             list(spec.argv),
             env={**os.environ, **spec.env, SERVICE_ID_ENV: service_id},
-            cwd=spec.cwd,
+            # Not the caller's directory: a service outlives the command that started it, and a working directory
+            # deleted after it (a script's temporary one) would fail every later trial on its workers.
+            cwd=spec.cwd or state_dir,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
