@@ -1110,11 +1110,12 @@ NOT_BUILT: dict[str, str] = {
     "from_pandas_refs": "is not built: use from_pandas, or from_dask for a distributed frame",
     "from_numpy_refs": "is not built: use from_numpy",
     "from_arrow_refs": "is not built: use from_dask",
-    "ActorPoolStrategy": "map_batches runs functions as Dask tasks: pass a function, not a class with compute=",
-    "DataContext": "there is no Ray Data context: Dask's own config (dask.config) applies",
-    "Preprocessor": "ray.data.preprocessors are not built: do the preprocessing in map_batches",
-    "preprocessors": "ray.data.preprocessors are not built: do the preprocessing in map_batches",
-    "set_progress_bars": "there are no progress bars: the Dask dashboard shows every partition task",
+    "ActorPoolStrategy": "is not built: map_batches runs functions as Dask tasks; pass a function, not a class "
+    "with compute=",
+    "DataContext": "is not built: Dask's own config (dask.config) applies",
+    "Preprocessor": "is not built: do the preprocessing in map_batches",
+    "preprocessors": "is not built: do the preprocessing in map_batches",
+    "set_progress_bars": "is not built: the Dask dashboard shows every partition task",
 }
 
 
