@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from prefect_records import final_task_run, final_task_runs
 
 import ddp_runtime as train
+import ddp_runtime.data as ray_data
 from ddp_runtime.torch import TorchTrainer
 from sweepflow import tune
 from sweepflow.sgd.integration.torch import DistributedTrainableCreator
@@ -168,8 +169,9 @@ def ddp_loop(config):
     ctx = train.get_context()
     if config["x"] == 0:
         raise ValueError("x must not be 0")
+    rows = train.get_dataset_shard("train").count()  # this rank's shard of the trainer's dataset
     for step in range(1, 3):
-        train.report({"score": config["x"] * step + config["base"], "world_size": ctx.get_world_size()})
+        train.report({"score": config["x"] * step + config["base"], "world_size": ctx.get_world_size(), "rows": rows})
 
 
 def test_tuner_with_a_torch_trainer_runs_a_ddp_group_per_trial_and_collects_errors(services):
@@ -177,6 +179,7 @@ def test_tuner_with_a_torch_trainer_runs_a_ddp_group_per_trial_and_collects_erro
         ddp_loop,
         train_loop_config={"base": 100},
         scaling_config=train.ScalingConfig(num_workers=2),
+        datasets={"train": ray_data.range(10)},  # every trial's group gets it, each rank its half
     )
     grid = tune.Tuner(
         trainer,
@@ -187,7 +190,7 @@ def test_tuner_with_a_torch_trainer_runs_a_ddp_group_per_trial_and_collects_erro
     assert len(grid) == 3 and grid.num_errors == 1 and "x must not be 0" in grid.errors[0]
     best = grid.get_best_result()
     assert best.config == {"train_loop_config": {"x": 2}}
-    assert best.metrics["score"] == 104 and best.metrics["world_size"] == 2
+    assert best.metrics["score"] == 104 and best.metrics["world_size"] == 2 and best.metrics["rows"] == 5
     assert best.metrics_dataframe["score"].tolist() == [102, 104]
 
 

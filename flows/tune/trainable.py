@@ -219,11 +219,15 @@ def plan_trial(
     if torch_trainer is not None:
         scaling = torch_trainer.scaling_config
         per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
-        return _template(
+        template = _template(
             _ConfigUnder(torch_trainer.train_loop_per_worker, "train_loop_config"),
             scaling.num_workers,
             per_rank,
             base_config=dict(torch_trainer.train_loop_config or {}),
+        )
+        # Its datasets go to every trial's group (each rank reads its shard), not only its loop.
+        return replace(
+            template, datasets=dict(torch_trainer.datasets), dataset_config=torch_trainer.dataset_config
         )
     if inspect.isclass(trainable):
         raise TypeError(

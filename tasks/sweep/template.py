@@ -49,6 +49,10 @@ class TrialTemplate:
     run_tags: dict[str, str] = field(default_factory=dict)  # on every trial's MLflow run, from its creation
     # A project's directory (PipelineConfig.project_dir): on the ranks' import path while train_fn runs
     import_dir: str | None = None
+    # A TorchTrainer trainable's ``datasets`` (ddp_runtime.data.Dataset by name) and ``dataset_config``: every
+    # trial's group gets them, each rank its shard (``get_dataset_shard``)
+    datasets: dict[str, Any] = field(default_factory=dict)
+    dataset_config: Any = None
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:

@@ -492,6 +492,8 @@ class TrialGroups:
             ),
             torch_config=train.TorchConfig(hang_timeout_s=spec.template.hang_timeout_s),
             client=self.rt.client,
+            datasets=spec.template.datasets or None,
+            dataset_config=spec.template.dataset_config,
             on_report=self.on_report,
             on_side=self.on_side,
             resume_from_checkpoint=resume_from,
