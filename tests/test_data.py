@@ -393,6 +393,11 @@ def test_ray_trains_regression_example_runs_on_s3(small_workers, s3_endpoint, tm
         rd.read_csv("s3://no-such-bucket/data.csv", storage_options=secret)
     assert "s3cr3t" not in "".join(traceback.format_exception(missing.value))
 
+    # Ray's spelling of a public bucket (pyarrow's s3://anonymous@bucket/...): read without credentials.
+    fs.chmod("regression/data.csv", acl="public-read")
+    public = rd.read_csv("s3://anonymous@regression/data.csv", storage_options={"client_kwargs": options["client_kwargs"]})
+    assert public.count() == 2000
+
     dataset = rd.read_csv("s3://regression/data.csv", storage_options=options)
     dataset = dataset.map_batches(_standardize, batch_format="pandas")
     train_dataset, validation_dataset = dataset.train_test_split(test_size=0.3)

@@ -28,3 +28,23 @@ def _reader_paths(paths: Any) -> str | list[str]:
     if isinstance(paths, list | tuple) and paths:
         return _absolute(list(paths))
     raise TypeError(f"paths must be a path or a non-empty list of paths, got {paths!r}")
+
+
+_ANONYMOUS_S3 = "s3://anonymous@"
+
+
+def _reader_source(
+    paths: Any, storage_options: dict[str, Any] | None
+) -> tuple[str | list[str], dict[str, Any] | None]:
+    """The paths as fsspec reads them, and its options. Ray's spelling of a public bucket read without
+    credentials, ``s3://anonymous@bucket/key`` (pyarrow's), is s3fs's ``s3://bucket/key`` with ``anon=True``."""
+    resolved = _reader_paths(paths)
+    listed = [resolved] if isinstance(resolved, str) else resolved
+    anonymous = [p.startswith(_ANONYMOUS_S3) for p in listed]
+    if not any(anonymous):
+        return resolved, storage_options
+    if not all(anonymous):
+        raise ValueError("paths mix s3://anonymous@... with other paths: read them as separate datasets")
+    stripped = ["s3://" + p[len(_ANONYMOUS_S3) :] for p in listed]
+    options = {**(storage_options or {}), "anon": True}
+    return (stripped[0] if isinstance(resolved, str) else stripped), options

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ddp_runtime.data._batch import _check_batch_size
 from ddp_runtime.data._dataset import Dataset
-from ddp_runtime.data._paths import _reader_paths
+from ddp_runtime.data._paths import _reader_source
 
 
 def read_csv(
@@ -25,14 +25,12 @@ def read_csv(
     **read_csv_args: Any,
 ) -> Dataset:
     """CSV files as a lazy ``Dataset`` (Ray's ``ray.data.read_csv``): a path, a glob or a list of them, local,
-    ``s3://`` or ``http(s)://`` (any fsspec URL); ``storage_options`` go to fsspec (s3fs: ``key``, ``secret``,
+    ``s3://`` (``s3://anonymous@bucket/...``: a public bucket, as Ray spells it) or ``http(s)://`` (any fsspec
+    URL); ``storage_options`` go to fsspec (s3fs: ``key``, ``secret``,
     ``client_kwargs={"endpoint_url": ...}``). Files are split into partitions of ``blocksize`` bytes; the
     other arguments go to ``pandas.read_csv``."""
-    return Dataset(
-        dd.read_csv(
-            _reader_paths(paths), storage_options=storage_options, blocksize=blocksize, **read_csv_args
-        )
-    )
+    paths, storage_options = _reader_source(paths, storage_options)
+    return Dataset(dd.read_csv(paths, storage_options=storage_options, blocksize=blocksize, **read_csv_args))
 
 
 def read_parquet(
@@ -44,10 +42,9 @@ def read_parquet(
 ) -> Dataset:
     """Parquet files (or directories of them) as a lazy ``Dataset`` (Ray's ``ray.data.read_parquet``); paths and
     ``storage_options`` as ``read_csv``; ``columns`` reads only those."""
+    paths, storage_options = _reader_source(paths, storage_options)
     return Dataset(
-        dd.read_parquet(
-            _reader_paths(paths), columns=columns, storage_options=storage_options, **read_parquet_args
-        )
+        dd.read_parquet(paths, columns=columns, storage_options=storage_options, **read_parquet_args)
     )
 
 
@@ -62,9 +59,10 @@ def read_json(
     """JSON files as a lazy ``Dataset`` (Ray's ``ray.data.read_json``): JSON lines (one object per line, as Ray
     reads) by default, or ``lines=False`` for files holding one array of objects. Paths and
     ``storage_options`` as ``read_csv``; ``blocksize`` (JSON lines only) splits files into partitions."""
+    paths, storage_options = _reader_source(paths, storage_options)
     return Dataset(
         dd.read_json(
-            _reader_paths(paths),
+            paths,
             orient="records",
             lines=lines,
             storage_options=storage_options,
