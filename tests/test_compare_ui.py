@@ -244,6 +244,7 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     cards = page_showing(
         f"{ui}/runs/flow-run/{flow_run_id}", str(tmp_path / "cards"),
         *(f'artifact-card__title">{t["trial_id"].replace("_", "-")}<' for t in finished_sweep["trials"]),
+        "(epoch",  # the cards' descriptions render after their titles
         size=(1400, 1400), screenshot_path=cards_path, script="document.getElementById('artifacts')?.click()",
     )  # fmt: skip
     titles = re.findall(r'artifact-card__title">([^<]+)<', cards)
