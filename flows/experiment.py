@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_runtime.cluster import cluster_client
-from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best
+from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best, warm_finalizer
 from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
 from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement
@@ -80,6 +80,8 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
             with on_cluster(exp, client, template, log=log) as template:  # e.g. objects every worker holds once
                 sweep = sweep_on(exp, client, tracker, parent, template, at_once, prior=prior, log=log).run()
             stages.lap("sweep_s")
+            if exp.finalize is not None:
+                warm_finalizer(client)  # registration's imports, behind the report and the evaluation
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp), log=log)
             stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record (Pareto front too)
             best = name_best(sweep, tracker, parent, exp)

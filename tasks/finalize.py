@@ -24,6 +24,7 @@ from sweepflow.tasks.finalize_on_worker import (
     holds_registry,
     register_on_worker,
     register_own_model,
+    warm_registry,
 )
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.runs import RunTracker
@@ -36,6 +37,22 @@ def finalizing_worker(client: Client) -> dict[str, Any]:
     answers = client.run(holds_registry, on_error="ignore")  # a worker going away meanwhile is just not chosen
     warm = sorted(address for address, has in answers.items() if has is True)
     return {"workers": warm[:1], "allow_other_workers": True} if warm else {}
+
+
+def warm_finalizer(client: Client) -> str | None:
+    """Right after the sweep: start, in the background on the worker evaluation and registration will use, the
+    imports registration needs (``warm_registry``), so a cold cluster's ~9 s of them overlap the flow's report and
+    the evaluation instead of following them. A worker that already has them is left alone; otherwise one with no
+    task running is chosen. Returns the worker's address (None: no worker, or one already warm)."""
+    if finalizing_worker(client):
+        return None
+    processing = client.processing()
+    idle = sorted(address for address, keys in processing.items() if not keys)
+    chosen = (idle or sorted(processing))[:1]
+    if not chosen:
+        return None
+    started = client.run(warm_registry, workers=chosen, on_error="ignore")
+    return chosen[0] if started.get(chosen[0]) is True else None
 
 
 @task(name="evaluate-best-trial", cache_policy=NO_CACHE)

@@ -2,13 +2,17 @@
 
 A module of its own, importing neither Prefect nor (until registration runs) MLflow: the worker unpickles these
 functions by importing this module, and pays only for what it runs. Evaluation needs torch and the training code
-(the workers' preload warmed them); registration imports mlflow.pytorch on first use, and
-``finalize.finalizing_worker`` sends the next registration to a worker that already has it.
+(the workers' preload warmed them); registration imports mlflow.pytorch and torch.export (the pt2 export: ~9 s
+on a cold worker, most of it torch._dynamo) on first use. ``warm_registry`` starts those imports in the background
+as soon as the sweep ends, so they overlap the flow's report and the evaluation, and
+``finalize.finalizing_worker`` sends evaluation and registration to the worker that has them (or is getting them).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,9 +23,42 @@ from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_scope
 REGISTRY_MODULE = "sweepflow.tasks.tracking.registry"
 
 
+#: The background thread of ``warm_registry``.
+WARM_THREAD = "sweepflow-warm-registry"
+
+
 def holds_registry() -> bool:
-    """Whether this process already imported what registration needs (``client.run`` asks every worker)."""
-    return REGISTRY_MODULE in sys.modules
+    """Whether this process imported, or is importing, what registration needs (``client.run`` asks every
+    worker)."""
+    return REGISTRY_MODULE in sys.modules or any(t.name == WARM_THREAD for t in threading.enumerate())
+
+
+def warm_registry() -> bool:
+    """Start importing what registration needs in a background thread of this worker (``client.run``); returns
+    whether it started (False: this worker has them, or is getting them). A failed import raises nothing here:
+    the thread's error is in the worker's log, and the registration's own import raises it where it counts."""
+    if holds_registry():
+        return False
+    threading.Thread(target=_import_registry, name=WARM_THREAD, daemon=True).start()
+    return True
+
+
+def _import_registry() -> None:
+    importlib.import_module(REGISTRY_MODULE)
+    import mlflow.pytorch  # noqa: F401 - log_model
+    import torch
+
+    # The first export imports torch._dynamo, sympy and the tracer (most of the ~9 s); a one-layer model's is
+    # enough to pay it. Registration's own export waits for this one (``_registry_warmed``): two exports at
+    # once in one process would share dynamo's global state.
+    torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(2, 2),))
+
+
+def _registry_warmed() -> None:
+    """Wait for this worker's ``warm_registry`` thread, if one runs, before registering."""
+    for thread in threading.enumerate():
+        if thread.name == WARM_THREAD:
+            thread.join()
 
 
 def evaluate_on_worker(
@@ -51,6 +88,8 @@ def register_on_worker(
     from sweepflow.tasks.datasets import load_split
     from sweepflow.tasks.tracking.registry import log_and_register
     from sweepflow.tasks.training.loop import load_model_from_checkpoint
+
+    _registry_warmed()
 
     with Checkpoint(checkpoint_path, storage_options=storage_options).as_directory() as local:
         model = load_model_from_checkpoint(local)
@@ -130,6 +169,8 @@ def register_own_model(
 
     from sweepflow.tasks.tracking.registry import log_and_register
     from sweepflow.tasks.training.function import project_importable
+
+    _registry_warmed()
 
     with project_importable(project_dir):
         built = _project_function(model_fn)(Checkpoint(checkpoint_path, storage_options=storage_options))

@@ -613,3 +613,35 @@ def test_side_messages_arrive_in_order_with_the_reports_or_the_result_and_alone_
         ("side", "d"), ("side", "e"), ("side", "f"),
     ], seen
     assert at["f"] - at["e"] > 0.8  # "d" and "e" went while the function ran, "f" with its result
+
+
+@pytest.mark.subprocess
+def test_fast_exit_runs_every_exit_handler_and_then_collects_no_more(tmp_path):
+    """``ddp_runtime._exit.fast_exit`` (every Dask worker's, through the preload): the exit handlers registered
+    after it and ``weakref.finalize`` callbacks (a temporary directory's clean-up) still run; what is left alive
+    at exit is not finalized any more (the garbage collector's walks that made a worker's exit outlast the
+    nanny's wait), where Python's default exit collects and finalizes it."""
+    script = (
+        "import atexit, os, sys, tempfile\n"
+        "from ddp_runtime._exit import fast_exit\n"
+        "if sys.argv[1] == 'fast':\n"
+        "    fast_exit()\n"
+        "class Noisy:\n"
+        "    def __del__(self):\n"
+        "        print('finalized at exit', flush=True)\n"
+        "cycle = Noisy(); cycle.me = cycle; del cycle\n"
+        "scratch = tempfile.TemporaryDirectory(dir=sys.argv[2])\n"
+        "atexit.register(print, 'handler ran', flush=True)\n"
+    )
+    runs = {
+        mode: subprocess.run(
+            [sys.executable, "-c", script, mode, str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        for mode in ("fast", "default")
+    }
+    for mode, run in runs.items():
+        assert run.returncode == 0, (mode, run.stderr)
+        assert "handler ran" in run.stdout, (mode, run.stdout)
+    assert os.listdir(tmp_path) == []  # both temporary directories were removed at exit
+    assert "finalized at exit" in runs["default"].stdout  # the control: Python's own exit collects the cycle
+    assert "finalized at exit" not in runs["fast"].stdout

@@ -384,11 +384,6 @@ def _host_of(address: str) -> str:
     return get_address_host(address)
 
 
-@pytest.mark.subprocess
-@pytest.mark.dask
-@pytest.mark.s3
-@pytest.mark.mlflow_server
-@pytest.mark.prefect
 def _stop_worker(worker: subprocess.Popen) -> None:
     """Prefect's worker (ours to stop: the test started it in its own session): SIGTERM, then, if it has not
     ended within 60 s (a loaded machine), SIGKILL to its whole session (it may have a flow-run child)."""
@@ -403,6 +398,11 @@ def _stop_worker(worker: subprocess.Popen) -> None:
         worker.wait(30)
 
 
+@pytest.mark.subprocess
+@pytest.mark.dask
+@pytest.mark.s3
+@pytest.mark.mlflow_server
+@pytest.mark.prefect
 def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(request, tmp_path):
     """`sweepflow run` against the namespace cluster (DASK_SCHEDULER_ADDRESS), 2 ranks per trial, max_failures=1,
     S3 storage: the ranks train on two hosts over the veth addresses; after epoch 2 (checkpoint on the S3 host)

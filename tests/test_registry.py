@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import mlflow
@@ -260,3 +262,76 @@ def test_untraceable_model_fails_with_the_fix(mlflow_server, client, experiment_
             tracking_uri=mlflow_server,
         )
     assert current_champion(model_name, tracking_uri=mlflow_server) is None
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.dask
+def test_registrations_imports_warm_on_an_idle_worker_that_then_finalizes_and_exits_unkilled(tmp_path):
+    """After the sweep, ``warm_finalizer`` starts registration's imports (mlflow.pytorch; torch._dynamo and sympy, by a first pt2 export) on one
+    worker with nothing running, not on the busy one; ``finalizing_worker`` then sends evaluation and
+    registration there. When the cluster closes, that worker (torch._dynamo, sympy and mlflow loaded) exits by
+    itself: the nanny never has to kill it (``ddp_runtime._exit``: its teardown used to outlast the nanny's 4-s
+    wait)."""
+    from ddp_runtime.cluster import local_cluster
+    from sweepflow.tasks import WORKER_PRELOAD
+    from sweepflow.tasks.finalize import finalizing_worker, warm_finalizer
+
+    heavy = ("sweepflow.tasks.tracking.registry", "mlflow.pytorch", "torch._dynamo", "sympy")
+
+    # Defined here, so they reach the workers by value: by reference they would import this module there, and
+    # with it the registry.
+    def _imported(modules: tuple[str, ...]) -> dict[str, bool]:
+        import sys
+
+        return {m: m in sys.modules for m in modules}
+
+    def _warm_thread_alive() -> bool:
+        import threading
+
+        return any(t.name == "sweepflow-warm-registry" for t in threading.enumerate())
+
+    records = _Records()
+    nanny_log = logging.getLogger("distributed.nanny")
+    nanny_log.addHandler(records)
+    release = tmp_path / "release"
+    try:
+        with local_cluster(n_workers=2, preload=[WORKER_PRELOAD]) as client:
+            client.wait_for_workers(2)
+            busy, idle = sorted(client.scheduler_info()["workers"])
+            fresh = client.run(_imported, heavy)
+            assert not any(any(v.values()) for v in fresh.values()), fresh
+
+            def hold() -> None:  # a trial still running on `busy`
+                while not release.exists():
+                    time.sleep(0.05)
+
+            running = client.submit(hold, workers=[busy], pure=False)
+            while not client.processing()[busy]:
+                time.sleep(0.05)
+            assert warm_finalizer(client) == idle
+            deadline = time.monotonic() + 120
+            while client.run(_warm_thread_alive, workers=[idle])[idle]:
+                assert time.monotonic() < deadline, "the warm-up's imports did not finish in 120 s"
+                time.sleep(0.2)
+            imported = client.run(_imported, heavy)
+            assert all(imported[idle].values()), imported[idle]
+            assert not any(imported[busy].values()), imported[busy]  # the running trial's worker was left alone
+            assert finalizing_worker(client) == {"workers": [idle], "allow_other_workers": True}
+            assert warm_finalizer(client) is None  # one warm worker is enough
+            # Every worker exits quickly (ddp_runtime's preload registered it; tests/test_ddp_runtime.py checks
+            # what it does).
+            assert all(client.run(lambda: __import__("ddp_runtime._exit")._exit._registered).values())
+            release.touch()
+            running.result()
+    finally:
+        nanny_log.removeHandler(records)
+    killed = [m for m in records.messages if "still alive" in m]
+    assert not killed, killed

@@ -342,6 +342,7 @@ SHUTDOWN_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.subprocess
+@pytest.mark.dask  # its script starts a LocalCluster
 def test_shutdown_closes_the_cluster_it_started_and_leaves_no_process():
     out = subprocess.run(
         [sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -355,6 +356,7 @@ def test_shutdown_closes_the_cluster_it_started_and_leaves_no_process():
 
 
 @pytest.mark.subprocess
+@pytest.mark.dask  # its script starts a LocalCluster
 def test_ray_train_example_runs_with_only_its_import_changed():
     out = subprocess.run(
         [sys.executable, os.path.join("examples", "ray_sgd_pytorch_trainer.py"), "--num-replicas", "2"],
