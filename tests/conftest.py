@@ -7,8 +7,10 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from unittest import mock
 
 import pytest
 
@@ -144,12 +146,31 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
         # the task-run recorder's batching): it lives as long as the session, beside the tests, on the same 2
         # cores. It takes them from the environment it starts with; no other process of the session gets them.
         harness = prefect_test_harness(server_startup_timeout=120)
-        with _environ({**PREFECT_SERVER_SETTINGS, **LOCAL_PREFECT_SERVER_SETTINGS}):
+        with (
+            _environ({**PREFECT_SERVER_SETTINGS, **LOCAL_PREFECT_SERVER_SETTINGS}),
+            mock.patch("prefect.testing.utilities.mkdtemp", _seeded_harness_dir),
+        ):
             harness.__enter__()
         try:
             yield
         finally:
             harness.__exit__(None, None, None)
+
+
+def _seeded_harness_dir() -> str:
+    """The harness's temporary directory, its database already migrated when this Prefect version's template
+    exists (``sweepflow.services.prefect_database``; any new local server makes it): the harness's server then
+    skips ~100 migrations. Without the template, or should the harness name its file otherwise, the server
+    migrates its own as before."""
+    import prefect
+
+    from sweepflow.services import prefect_database
+
+    directory = tempfile.mkdtemp()
+    template = prefect_database.template_path(prefect.__version__)
+    if os.path.exists(template):
+        prefect_database.copy_database(template, os.path.join(directory, "prefect-test.db"))
+    return directory
 
 
 @contextlib.contextmanager

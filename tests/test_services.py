@@ -232,3 +232,46 @@ def test_the_local_dask_cluster_preloads_what_its_caller_names_and_is_keyed_by_i
     assert same.code_key == spec.code_key  # reused by a caller that preloads the same
     assert other.code_key != spec.code_key  # restarted for one that preloads something else
 
+
+
+def test_a_new_prefect_database_is_migrated_once_per_version_then_copied(tmp_path, monkeypatch):
+    """``prefect_database.seed_database``: the first new SQLite database of a Prefect version is migrated (by the
+    function given) and kept as that version's template; later new ones are copies of it (schema and rows,
+    write-ahead log included); an existing database and a PostgreSQL URL are left alone."""
+    import sqlite3
+
+    from sweepflow.services import prefect_database
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    migrations: list[str] = []
+
+    def migrate_to(path: str):
+        def migrate() -> None:
+            migrations.append(path)
+            with sqlite3.connect(path) as db:
+                db.execute("PRAGMA journal_mode=WAL")  # as Prefect's; the copy must carry the log's pages
+                db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+                db.execute("INSERT INTO alembic_version VALUES ('head')")
+
+        return migrate
+
+    first, second = str(tmp_path / "a" / "prefect.db"), str(tmp_path / "b" / "prefect.db")
+    os.makedirs(os.path.dirname(first)), os.makedirs(os.path.dirname(second))
+    url = "sqlite+aiosqlite:///{}".format
+    assert prefect_database.seed_database(url(first), "3.9.1", migrate_to(first)) == "migrated"
+    assert prefect_database.seed_database(url(second), "3.9.1", migrate_to(second)) == "copied"
+    assert migrations == [first]
+    with sqlite3.connect(second) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("head",)]
+    assert os.listdir(tmp_path / "cache" / "sweepflow") == ["prefect-3.9.1.db"]  # no partial copy left
+    assert prefect_database.seed_database(url(second), "3.9.1", migrate_to(second)) == "existing"
+    # Another version has its own template: its first database is migrated again.
+    third = str(tmp_path / "b" / "other.db")
+    assert prefect_database.seed_database(url(third), "3.10.0", migrate_to(third)) == "migrated"
+    assert migrations == [first, third]
+    assert prefect_database.seed_database("postgresql+asyncpg://u@h/db", "3.9.1", migrate_to(third)) == (
+        "not sqlite"
+    )
+    assert prefect_database.seed_database("sqlite+aiosqlite:///:memory:", "3.9.1", migrate_to(third)) == (
+        "not sqlite"
+    )

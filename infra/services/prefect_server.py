@@ -9,6 +9,8 @@ background server's memory grew all through a long sweep. Here each connection k
 ``SQLITE_PAGE_CACHE_KIB``; the database file stays in the operating system's file cache, so a page read again
 costs a system call, not a disk read (the server's CPU per trial, benchmarks/bench_load.py: unchanged within
 the machine's noise). A server on PostgreSQL (the stack's ``--database-url-file``) is not affected.
+
+A new SQLite database is not migrated from nothing each time: see ``sweepflow.services.prefect_database``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from sweepflow.services.compat import bound_prefect_sqlite_page_cache
+from sweepflow.services.prefect_database import prefect_seed
 
 #: Page cache per SQLite connection, in KiB: SQLite's own default is 2,000 KiB.
 SQLITE_PAGE_CACHE_KIB = 2048
@@ -24,6 +27,7 @@ SQLITE_PAGE_CACHE_KIB = 2048
 
 def main(argv: Sequence[str] | None = None) -> None:
     bound_prefect_sqlite_page_cache(SQLITE_PAGE_CACHE_KIB)
+    prefect_seed()  # a new SQLite database starts as a copy of a migrated one (prefect_database)
     from prefect.cli import app
 
     sys.argv = ["prefect", "server", "start", *(sys.argv[1:] if argv is None else argv)]

@@ -1,0 +1,90 @@
+"""A new Prefect server's SQLite database, copied from a migrated one instead of migrated from nothing.
+
+``prefect server start`` on a database file that does not exist yet runs all of Prefect's migrations first
+(~100 of them): 7 of the 25 s a fresh server took to answer here, on every new state directory and every
+temporary server. The migrated schema is the same for every database of one Prefect version, so the first
+server of each version migrates its own file as before, and its copy is kept in the user's cache
+(``$XDG_CACHE_HOME/sweepflow``, else ``~/.cache/sweepflow``) as ``prefect-<version>.db``; later new databases
+start as a copy of it. Prefect's own start-up then finds the schema current and goes on (its migration step
+still runs and checks). A database that exists is never touched; PostgreSQL is not affected.
+
+The copy is the schema only: it is taken right after the migrations, before the server starts or writes
+anything of its own (block types, events, runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable
+
+SQLITE_PREFIXES = ("sqlite+aiosqlite:///", "sqlite:///")
+
+
+def sqlite_file(connection_url: str) -> str | None:
+    """The database file of a SQLite connection URL; None for any other database or an in-memory one."""
+    for prefix in SQLITE_PREFIXES:
+        if connection_url.startswith(prefix):
+            path = connection_url[len(prefix) :].split("?", 1)[0]
+            return path if path and path != ":memory:" else None
+    return None
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sweepflow")
+
+
+def template_path(prefect_version: str) -> str:
+    return os.path.join(cache_dir(), f"prefect-{prefect_version}.db")
+
+
+def copy_database(source: str, destination: str) -> None:
+    """A consistent copy of the SQLite database ``source`` (its write-ahead log included) at ``destination``,
+    which appears whole or not at all."""
+    os.makedirs(os.path.dirname(os.path.abspath(destination)), exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(destination)), suffix=".partial")
+    os.close(fd)
+    try:
+        with sqlite3.connect(source) as src, sqlite3.connect(partial) as dst:
+            src.backup(dst)
+        os.replace(partial, destination)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def seed_database(connection_url: str, prefect_version: str, migrate: Callable[[], None]) -> str:
+    """Before the server starts: a new SQLite database at ``connection_url`` is a copy of this version's
+    migrated template, or, without one, is migrated here (``migrate()``, Prefect's own ``create_db``) and
+    becomes the template. Returns what was done: "existing", "copied", "migrated", or "not sqlite"."""
+    path = sqlite_file(connection_url)
+    if path is None:
+        return "not sqlite"
+    if os.path.exists(path):
+        return "existing"
+    template = template_path(prefect_version)
+    if os.path.exists(template):
+        copy_database(template, path)
+        return "copied"
+    migrate()
+    copy_database(path, template)
+    return "migrated"
+
+
+def prefect_seed() -> str:
+    """``seed_database`` for this process's Prefect settings (``prefect_server``'s, before it starts)."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    url = url.get_secret_value() if url is not None else ""
+
+    def migrate() -> None:
+        from prefect.server.database import provide_database_interface
+
+        asyncio.run(provide_database_interface().create_db())
+
+    return seed_database(url, prefect.__version__, migrate)
