@@ -19,6 +19,7 @@ Two ways in, one state per process (``warm_process``):
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -68,9 +69,21 @@ def warm_process(*, ddp: bool, timeout_s: float, prepare: Callable[[], None] | N
                 _done["ddp"] = True
             if prepare is not None:
                 prepare()
+            if cold:
+                _freeze_what_is_loaded()
         finally:
             _lock.release()
     return time.perf_counter() - started if cold or prepare is not None else 0.0
+
+
+def _freeze_what_is_loaded() -> None:
+    """Take what the start-up loaded (torch, Dask, the preloads' modules: ~230,000 objects in a pipeline's worker)
+    out of the garbage collector's walks for the process's life. Each full collection walked all of them: 0.22 s
+    in such a worker, 0.2 ms once frozen (measured with ``gc.collect()`` on the 2-core machine); a worker's first
+    trial (its lazy imports and first allocations) triggered several. Collected once first, so nothing already
+    garbage is kept."""
+    gc.collect()
+    gc.freeze()
 
 
 def _warm_in_thread(payload: bytes | None, ddp: bool, timeout_s: float, answer: dict[str, Any]) -> None:

@@ -58,6 +58,9 @@ def test_the_first_trial_on_a_cold_cluster_is_charged_only_its_own_time(prefect_
                 tracker.end_run(parent, "FINISHED")
 
         result = sweep_only()
+        # What the start-up loaded is out of the garbage collector's walks for the workers' lives.
+        frozen = cluster.run(lambda: __import__("gc").get_freeze_count())
+        assert len(frozen) == 2 and min(frozen.values()) > 100_000, frozen
 
     first, second = sorted(result.trials, key=lambda t: t.index)
     assert first.status == "COMPLETED" and second.status == "COMPLETED", (first.error, second.error)
