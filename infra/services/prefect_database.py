@@ -15,6 +15,7 @@ anything of its own (block types, events, runs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import tempfile
@@ -48,7 +49,9 @@ def copy_database(source: str, destination: str) -> None:
     fd, partial = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(destination)), suffix=".partial")
     os.close(fd)
     try:
-        with sqlite3.connect(source) as src, sqlite3.connect(partial) as dst:
+        # Closed before the rename (``with`` on a connection only commits): closing checkpoints the copy's
+        # write-ahead log into its file and removes the log, so nothing of it stays behind under the old name.
+        with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(partial)) as dst:
             src.backup(dst)
         os.replace(partial, destination)
     finally:
