@@ -188,7 +188,7 @@ def _importable(directory: str | None) -> Iterator[None]:
             if added:
                 sys.path.insert(0, directory)
                 importlib.invalidate_caches()
-            use = _path_users[directory] = _PathUse(added=added, known=set(sys.modules))
+            use = _path_users[directory] = _PathUse(added=added, known=set(sys.modules.copy()))
         use.trials += 1
     try:
         yield
@@ -215,7 +215,9 @@ def _forget(directory: str, *, known: set[str]) -> None:
     with contextlib.suppress(ValueError):  # someone else took it off already
         sys.path.remove(directory)
     given = set()
-    for name, module in list(sys.modules.items()):
+    # A copy taken in one step: another thread of the worker may be importing meanwhile (registration's warm-up,
+    # finalize_on_worker.warm_registry), and iterating sys.modules itself then raised "dictionary changed size".
+    for name, module in sys.modules.copy().items():
         if "." in name or name in known:
             continue
         file = getattr(module, "__file__", None) or ""
