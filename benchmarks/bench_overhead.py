@@ -1,7 +1,8 @@
 """Overhead as trials grow: a sweep phase through ``sweepflow run`` vs the same trials in plain PyTorch processes.
 
     .venv/bin/python benchmarks/bench_overhead.py [--lengths 0.3,3,30] [--trials 8,8,4] [--epochs 2]
-        [--nice-services N] [--repeats 1] [--calibrate] [--state-dir DIR] [--keep-services]
+        [--nice-services N] [--repeats 1] [--calibrate] [--glibc-malloc-in-workers] [--state-dir DIR]
+        [--keep-services]
 
 For each trial length, N trials of ``sized_trial.train_fn`` (the seed's Net(64, 64) on digits, batch 32, Adam;
 ``--epochs`` reports per trial, each with the built-in loop's per-epoch checkpoint; the passes over the data per
@@ -198,6 +199,12 @@ def main() -> int:
     parser.add_argument(
         "--idle-seconds", type=float, default=15.0, help="how long to sample the idle services"
     )
+    parser.add_argument(
+        "--glibc-malloc-in-workers",
+        action="store_true",
+        help="start the services' Dask workers without the MALLOC_TRIM_THRESHOLD_=65536 Dask's nannies export "
+        "(glibc's adaptive defaults, as in the plain processes)",
+    )
     parser.add_argument("--state-dir", default=None, help="default: a new temporary directory")
     parser.add_argument("--keep-services", action="store_true", help="leave the local services running")
     args = parser.parse_args()
@@ -207,6 +214,8 @@ def main() -> int:
         parser.error("--trials needs one count per --lengths entry")
     state_dir = os.path.abspath(args.state_dir or tempfile.mkdtemp(prefix="sweepflow-overhead-"))
     env = bench_env()
+    if args.glibc_malloc_in_workers:  # Dask's documented way to unset one of its pre-spawn variables: None
+        env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = "{'MALLOC_TRIM_THRESHOLD_': None}"
     from sweepflow.services.local import stop_server
 
     began = time.perf_counter()

@@ -573,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # this process is the command (not a caller in its own process): it exits after this
         # The interpreter's teardown let the garbage collector walk the imported stack (prefect, mlflow,
         # matplotlib) again and again: 1.8 s of every command's exit, 0.1 s with the collector frozen once every
-        # other exit handler has run (registered first, it runs last). See ddp_runtime/_exit.py, which does the
-        # same for the Dask workers.
+        # other exit handler has run (registered first, it runs last). ddp_runtime/_exit.py does the same for the
+        # Dask workers; this line repeats it because importing ddp_runtime here would import distributed (~1 s
+        # for every command, `sweepflow server status` included).
         atexit.register(gc.freeze)
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -23,23 +23,27 @@ from sweepflow.tasks.tracking.credentials import SecretEnv, tracking_auth_scope
 REGISTRY_MODULE = "sweepflow.tasks.tracking.registry"
 
 
-#: The background thread of ``warm_registry``.
+#: The name of ``warm_registry``'s background thread (in a worker's thread dump).
 WARM_THREAD = "sweepflow-warm-registry"
+#: That thread, once started in this process.
+_warming: threading.Thread | None = None
 
 
 def holds_registry() -> bool:
     """Whether this process imported, or is importing, what registration needs (``client.run`` asks every
     worker)."""
-    return REGISTRY_MODULE in sys.modules or any(t.name == WARM_THREAD for t in threading.enumerate())
+    return REGISTRY_MODULE in sys.modules or (_warming is not None and _warming.is_alive())
 
 
 def warm_registry() -> bool:
     """Start importing what registration needs in a background thread of this worker (``client.run``); returns
     whether it started (False: this worker has them, or is getting them). A failed import raises nothing here:
     the thread's error is in the worker's log, and the registration's own import raises it where it counts."""
+    global _warming
     if holds_registry():
         return False
-    threading.Thread(target=_import_registry, name=WARM_THREAD, daemon=True).start()
+    _warming = threading.Thread(target=_import_registry, name=WARM_THREAD, daemon=True)
+    _warming.start()
     return True
 
 
@@ -56,9 +60,8 @@ def _import_registry() -> None:
 
 def _registry_warmed() -> None:
     """Wait for this worker's ``warm_registry`` thread, if one runs, before registering."""
-    for thread in threading.enumerate():
-        if thread.name == WARM_THREAD:
-            thread.join()
+    if _warming is not None:
+        _warming.join()
 
 
 def evaluate_on_worker(

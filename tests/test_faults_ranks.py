@@ -200,7 +200,7 @@ def test_a_killed_worker_and_a_hung_rank_fail_their_trials_and_the_sweep_goes_on
 
     from sweepflow.flows.pipeline import training_pipeline
 
-    cfg = _fault_sweep(tmp_path, cluster, ["kill", "hang", "none"], hang_timeout_s=30)
+    cfg = _fault_sweep(tmp_path, cluster, ["kill", "hang", "none"], hang_timeout_s=10)
     summary = training_pipeline(config=cfg)
     client = MlflowClient(cfg.mlflow.tracking_uri)
     children = client.search_runs(
@@ -218,7 +218,7 @@ def test_a_killed_worker_and_a_hung_rank_fail_their_trials_and_the_sweep_goes_on
     assert hung.info.status == "FAILED"
     error = hung.data.tags["sweepflow.error"]
     assert "rank 1 (Dask worker tcp://" in error and "hung: no report for" in error, error
-    assert "fault_fns.py" in error and "TorchConfig.hang_timeout_s=30" in error, error
+    assert "fault_fns.py" in error and "TorchConfig.hang_timeout_s=10" in error, error
     # Rank 0 reported epoch 2 (its report reached the driver) and waited for rank 1 in report's barrier.
     assert [m.step for m in client.get_metric_history(hung.info.run_id, "val_loss")] == [1, 2]
 
