@@ -20,7 +20,13 @@ from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 
 from sweepflow.tasks.reporting.importance import MAX_TRIALS, MIN_TRIALS, param_importances
-from sweepflow.tasks.reporting.report_data import pareto_data
+from sweepflow.tasks.reporting.report_data import (
+    DRAWN_BEST,
+    MAX_DRAWN_TRIALS,
+    curve_band,
+    drawn_trials,
+    pareto_data,
+)
 from sweepflow.tasks.reporting.sweep_report import HTML_NAME, axis_positions, make_axis, write_sweep_report
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 
@@ -571,6 +577,81 @@ def test_200_trials_are_coloured_by_value_with_every_row(tmp_path) -> None:
     best = data["best"]
     dark = next(t["color"] for t in data["trials"] if t["id"] == best)
     assert dark == "#440154"  # viridis' darkest: the best trial
+
+
+def test_up_to_300_trials_every_trial_is_drawn() -> None:
+    assert drawn_trials(_many(MAX_DRAWN_TRIALS)) is None
+
+
+def test_a_large_sweep_draws_its_best_and_an_even_spread_of_the_rest() -> None:
+    result = _many(1000)
+    drawn = drawn_trials(result)
+    ranked = sorted((t for t in result.trials if t.best is not None), key=lambda t: (t.best, t.index))
+    assert drawn is not None and len(drawn) == MAX_DRAWN_TRIALS
+    assert {t.trial_id for t in ranked[:DRAWN_BEST]} <= drawn  # the best 100
+    assert ranked[-1].trial_id in drawn and result.best().trial_id in drawn  # the worst too, and the best
+    ranks = sorted(i for i, t in enumerate(ranked) if t.trial_id in drawn)[DRAWN_BEST:]
+    gaps = np.diff(ranks)
+    assert gaps.min() >= 2 and gaps.max() - gaps.min() <= 1  # evenly spaced through the other ranks
+    # mode max ranks the other way round: the highest bests are drawn
+    flipped = SweepResult(
+        trials=tuple(replace(t, best=-t.best if t.best is not None else None) for t in result.trials),
+        metric="val_loss",
+        mode="max",
+    )
+    assert drawn_trials(flipped) == drawn
+
+
+def test_the_band_is_every_trials_percentiles_per_iteration() -> None:
+    trials = [
+        _trial(i, [float(i), float(i) / 2], TrialStatus.COMPLETED, {"l1": 4, "lr": 0.01, "batch_size": 32})
+        for i in range(1, 12)
+    ] + [_trial(12, [5.0], TrialStatus.STOPPED, {"l1": 4, "lr": 0.01, "batch_size": 32})]
+    band = curve_band(SweepResult(trials=tuple(trials), metric="val_loss", mode="min"))
+    first = np.array([*range(1, 12), 5.0])
+    second = np.arange(1, 12) / 2
+    assert band == [
+        [1.0, *np.percentile(first, [10, 50, 90]).tolist(), 12],
+        [2.0, *np.percentile(second, [10, 50, 90]).tolist(), 11],
+    ]
+
+
+def test_a_large_sweeps_page_carries_only_the_drawn_curves_and_shows_300_rows_first(tmp_path) -> None:
+    files = write_sweep_report(_many(1000), out_dir=str(tmp_path / "big"), search_space=SPACE, title="1000")
+    text, parsed = _parse(files["html"])
+    data = _data(text)
+    drawn = {t["id"] for t in data["trials"] if t["drawn"]}
+    assert len(data["trials"]) == 1000 and data["drawnCount"] == len(drawn) == MAX_DRAWN_TRIALS
+    assert all(bool(t["curve"]) <= t["drawn"] for t in data["trials"])  # no curve of an undrawn trial
+    assert all(len(a["pos"]) == 1000 for a in data["axes"])  # a brushed range still counts every trial
+    assert [b[0] for b in data["curveBand"]] == [1.0, 2.0, 3.0, 4.0] and [b[4] for b in data["curveBand"]] == [1000, 334, 334, 334]
+    assert "300 of the 1,000 trials are drawn: the 100 best" in text
+    assert "300 of 1,000 trials drawn: hover a line" in text
+    # Every trial has its row; the first 300, best first, are shown, the other 700 behind a button.
+    rows = [row[0] for row in parsed.body_rows]
+    assert len(rows) == 1000 + 1 and rows[-1] == "show the other 700 trials"
+    shown, hidden = text.split('<tbody id="more-rows" hidden>')
+    assert shown.count("<tr data-trial=") + shown.count('<tr class="best-row"') == 300
+    assert hidden.count("<tr data-trial=") == 700
+
+
+@pytest.mark.browser
+def test_a_large_sweeps_page_draws_a_sample_and_opens_a_hidden_row_it_links_to(tmp_path) -> None:
+    """A link to a trial in the rows behind the button shows them; a brushed range counts every trial."""
+    files = write_sweep_report(_many(1000), out_dir=str(tmp_path / "big"), search_space=SPACE, title="1000")
+    text = open(files["html"], encoding="utf-8").read()
+    data = _data(text)
+    hidden_id = re.search(r'<tbody id="more-rows" hidden>\s*<tr data-trial="([^"]+)"', text).group(1)
+    lr = next(a for a in data["axes"] if a["name"] == "lr")["pos"]
+    inside = sum(1 for p in lr.values() if p is not None and 0.5 <= p <= 1)
+    url = f"file://{os.path.abspath(files['html'])}#highlight={hidden_id}&brush=lr:0.5-1"
+    dom = page_showing(url, str(tmp_path / "profile"), "data-rendered-ms=", timeout_s=60)
+    plots = _plots(dom)
+    with_curve = sum(1 for t in data["trials"] if t["curve"])
+    assert plots["plot-curves"].count('<g class="trial') == with_curve <= MAX_DRAWN_TRIALS
+    assert plots["plot-curves"].count('class="band"') == 1 and 'class="band-median"' in plots["plot-curves"]
+    assert f'data-selected="{inside}"' in dom and inside > MAX_DRAWN_TRIALS // 2  # over all 1,000 trials
+    assert '<tbody id="more-rows">' in dom and re.search(rf'<tr data-trial="{hidden_id}" class="[^"]*\bhl\b', dom)
 
 
 # --------------------------------------------------------------------------------------------------

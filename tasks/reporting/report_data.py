@@ -30,9 +30,24 @@ from sweepflow.tasks.reporting.report_axes import (
 )
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus, pareto_front
 
-__all__ = ["MAX_LEGEND_TRIALS", "STATUS_WORDS", "json_for_script", "pareto_data", "report_data"]
+__all__ = [
+    "DRAWN_BEST",
+    "MAX_DRAWN_TRIALS",
+    "MAX_LEGEND_TRIALS",
+    "STATUS_WORDS",
+    "curve_band",
+    "drawn_trials",
+    "json_for_script",
+    "pareto_data",
+    "report_data",
+]
 
 MAX_LEGEND_TRIALS = 20  # more trials than this: coloured by their best value, not each named in a legend
+# More trials than this: the plots draw a sample of them (the DRAWN_BEST best, the rest spread evenly over the
+# other ranks), and the learning curves a band of every trial's values. A browser draws a few hundred SVG lines
+# at once; at 10,000 the page stopped answering before its plots appeared. The table still lists every trial.
+MAX_DRAWN_TRIALS = 300
+DRAWN_BEST = 100
 
 STATUS_WORDS = {
     TrialStatus.COMPLETED: "completed",
@@ -86,7 +101,46 @@ def _best_scale(result: SweepResult) -> tuple[Any, Any]:
     return (lambda v: (v - lo) / (hi - lo)), colormaps["viridis" if result.mode == "min" else "viridis_r"]
 
 
-def _trial_data(t: TrialResult, result: SweepResult, color: str, params: Sequence[str]) -> dict[str, Any]:
+def drawn_trials(result: SweepResult) -> frozenset[str] | None:
+    """The trials the plots draw one by one: None (all of them) up to ``MAX_DRAWN_TRIALS`` trials; beyond, the
+    ``DRAWN_BEST`` best by their best value and ``MAX_DRAWN_TRIALS - DRAWN_BEST`` more at evenly spaced ranks
+    through the rest (the worst included), so the sample spans the sweep's spread of results and not only its top;
+    the sweep's best trial always. Trials without a value of the metric have no line to draw and are left out."""
+    if len(result.trials) <= MAX_DRAWN_TRIALS:
+        return None
+    sign = -1.0 if result.mode == "max" else 1.0
+    ranked = sorted(
+        (t for t in result.trials if is_number(t.best)), key=lambda t: (sign * float(t.best), t.index)  # type: ignore[arg-type]
+    )
+    rest = ranked[DRAWN_BEST:]
+    spread = min(len(rest), MAX_DRAWN_TRIALS - DRAWN_BEST)
+    picks = {int(round(i)) for i in np.linspace(0, len(rest) - 1, spread)} if spread else set()
+    drawn = {t.trial_id for t in ranked[:DRAWN_BEST]} | {rest[i].trial_id for i in picks}
+    best = result.best()
+    if best is not None:
+        drawn.add(best.trial_id)
+    return frozenset(drawn)
+
+
+def curve_band(result: SweepResult) -> list[list[float]]:
+    """Every trial's values of the metric summarised per training iteration, for a sweep too large to draw each
+    line: ``[iteration, 10th percentile, median, 90th percentile, trials]`` in iteration order. Percentiles need
+    no scale: the band is the same on a log axis."""
+    by_x: dict[float, list[float]] = {}
+    for t in result.trials:
+        xs, ys = _curve(t, result.metric)
+        for x, y in zip(xs.tolist(), ys.tolist(), strict=True):
+            by_x.setdefault(x, []).append(y)
+    band = []
+    for x in sorted(by_x):
+        lo, mid, hi = np.percentile(by_x[x], [10, 50, 90]).tolist()
+        band.append([x, lo, mid, hi, len(by_x[x])])
+    return band
+
+
+def _trial_data(
+    t: TrialResult, result: SweepResult, color: str, params: Sequence[str], drawn: bool
+) -> dict[str, Any]:
     xs, ys = _curve(t, result.metric)
     best_point = None
     if len(ys):
@@ -107,7 +161,9 @@ def _trial_data(t: TrialResult, result: SweepResult, color: str, params: Sequenc
         "epochs": t.epochs,
         "color": color,
         "labelColor": _darker(color),
-        "curve": [[float(x), float(y)] for x, y in zip(xs, ys, strict=True)],
+        # Only a drawn trial's curve: a sampled sweep's page would otherwise carry every report of every trial.
+        "curve": [[float(x), float(y)] for x, y in zip(xs, ys, strict=True)] if drawn else [],
+        "drawn": drawn,
         "bestPoint": best_point,
         "config": {p: fmt(t.config.get(p)) for p in params if p in t.config},
         "error": error,
@@ -227,6 +283,7 @@ def report_data(
     best = result.best()
     all_y = [y for t in result.trials for y in _curve(t, result.metric)[1].tolist()]
     importance = _importances(result, search_space, params)
+    drawn = drawn_trials(result)
     return {
         "metric": result.metric,
         "mode": result.mode,
@@ -234,7 +291,12 @@ def report_data(
         "best": best.trial_id if best is not None else None,
         "colorBy": color_by,
         "params": params,
-        "trials": [_trial_data(t, result, colors[t.trial_id], params) for t in result.trials],
+        "trials": [
+            _trial_data(t, result, colors[t.trial_id], params, drawn is None or t.trial_id in drawn)
+            for t in result.trials
+        ],
+        "drawnCount": len(result.trials) if drawn is None else len(drawn),
+        "curveBand": curve_band(result) if drawn is not None else None,
         "curvesLog": _log_worthy(all_y),
         "axes": _axes_data(result, search_space, params),
         "bestSoFar": _best_so_far_data(result),

@@ -21,7 +21,7 @@ from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
 from sweepflow.tasks.reporting.report_axes import EMPTY_CELL, better, fmt, is_number, sort_key_words
-from sweepflow.tasks.reporting.report_data import STATUS_WORDS, json_for_script
+from sweepflow.tasks.reporting.report_data import DRAWN_BEST, STATUS_WORDS, json_for_script
 from sweepflow.tasks.reporting.report_script import CSS, SCRIPT
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 from sweepflow.tasks.tracking.params import varying_params
@@ -41,6 +41,7 @@ __all__ = [
     "table_html",
 ]
 
+TABLE_ROWS_SHOWN = 300  # more trials: the rest of the table is shown on request (table_html)
 RUN_URL_TEMPLATE_KEY = (
     "run_url_template"  # a `links` key: "{run_id}" in it is replaced by each trial's run id
 )
@@ -240,11 +241,22 @@ def table_html(
                 cells.append(f"<td{css}>{_e(fmt(value))}</td>")
         row_class = ' class="best-row"' if best is not None and record.get("trial") == best.trial_id else ""
         body.append(f'<tr{row_class} data-trial="{_e(record.get("trial"))}">{"".join(cells)}</tr>')
+    # Past TABLE_ROWS_SHOWN rows, the rest wait in a hidden body behind a button: a browser lays out a table as it
+    # parses it, and 10,000 visible rows took it 4 s before the page could answer (hidden: no layout at all).
+    shown, more = body[:TABLE_ROWS_SHOWN], body[TABLE_ROWS_SHOWN:]
+    rest = ""
+    if more:
+        hidden_rows = "\n".join(more)
+        rest = (
+            f'\n<tbody id="more-rows" hidden>\n{hidden_rows}\n</tbody>'
+            f'<tbody><tr class="more-row"><td colspan="{len(columns)}"><button type="button" id="show-rows">'
+            f"show the other {len(more):,} trials</button></td></tr></tbody>"
+        )
     return (
         f'<section class="card"><h2>Trials, best first by {_e(sort_key_words(result.metric, result.mode))}</h2>\n'
         f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>\n<tbody>\n'
-        + "\n".join(body)
-        + "\n</tbody></table></div></section>"
+        + "\n".join(shown)
+        + f"\n</tbody>{rest}</table></div></section>"
     )
 
 
@@ -261,7 +273,8 @@ def _legend_html(data: Mapping[str, Any], order: Sequence[str]) -> str:
             f'<div class="legend-scale"><div>colour: best {_e(data["metric"])}</div>'
             f'<div class="scale-bar" style="background: linear-gradient(90deg, {stops})"></div>'
             f'<div class="scale-words"><span>{_e(lo)}</span><span>{_e(hi)}</span></div>'
-            f'<p class="caption">{len(trials)} trials: hover a line for its name; all are in the table below.</p></div>'
+            f'<p class="caption">{_drawn_words(data, len(trials))}: hover a line for its name; all are in the table '
+            "below.</p></div>"
         )
     items = []
     for trial_id in order:
@@ -280,6 +293,26 @@ def _legend_html(data: Mapping[str, Any], order: Sequence[str]) -> str:
             + "</li>"
         )
     return f'<ul class="legend" aria-label="trials">{"".join(items)}</ul>'
+
+
+def _sampled(data: Mapping[str, Any]) -> bool:
+    return data.get("curveBand") is not None
+
+
+def _drawn_words(data: Mapping[str, Any], lines: int) -> str:
+    if not _sampled(data):
+        return f"{lines} trials"
+    return f"{lines:,} of {len(data['trials']):,} trials drawn"
+
+
+def _sample_words(data: Mapping[str, Any]) -> str:
+    """How a large sweep's plots chose the trials they draw (report_data.drawn_trials)."""
+    if not _sampled(data):
+        return ""
+    return (
+        f"{data['drawnCount']:,} of the {len(data['trials']):,} trials are drawn: the {DRAWN_BEST} best and the "
+        "rest at evenly spaced ranks below them. "
+    )
 
 
 def _key_html(data: Mapping[str, Any]) -> str:
@@ -322,9 +355,16 @@ def curves_card(data: Mapping[str, Any], order: Sequence[str]) -> str:
         return _plot_card(
             f"Learning curves: {metric}", "", "", missing=f"No trial reported a finite {metric}."
         )
-    caption = (
-        f"{metric} at each training iteration, one line per trial. Hover a line, a legend entry or a table row to "
-        "see that trial in every plot; click to keep it highlighted."
+    if _sampled(data):
+        lines = (
+            f"{metric} at each training iteration. {_sample_words(data)}The grey band holds the middle 80 % of all "
+            f"{len(data['trials']):,} trials' values at each iteration (10th to 90th percentile), the dashed line "
+            "their median. "
+        )
+    else:
+        lines = f"{metric} at each training iteration, one line per trial. "
+    caption = lines + (
+        "Hover a line, a legend entry or a table row to see that trial in every plot; click to keep it highlighted."
     )
     return (
         f'<section class="card"><h2>Learning curves: {_e(metric)} per training iteration</h2>'
@@ -346,6 +386,7 @@ def parallel_card(data: Mapping[str, Any]) -> str:
     log = [a["name"] for a in data["axes"] if a["scale"] == "log"]
     caption = (
         f"One line per trial through its hyperparameter values and its best {metric} (the last axis). "
+        + _sample_words(data)
         + (f"Log axes for log-sampled parameters ({', '.join(log)}). " if log else "")
         + f"Trials without a {metric} value are left out."
     )
@@ -363,8 +404,10 @@ def best_so_far_card(data: Mapping[str, Any]) -> str:
     metric = data["metric"]
     return _plot_card(
         f"Best {metric} so far",
-        f"The sweep's best {metric} as trials ended (the step line; failed trials do not count), and each trial's "
-        "best: filled completed, hollow stopped early, × failed.",
+        f"The sweep's best {metric} as trials ended (the step line; failed trials do not count), and each "
+        + ("drawn " if _sampled(data) else "")
+        + "trial's best: filled completed, hollow stopped early, × failed. "
+        + _sample_words(data),
         "plot-best-so-far",
         missing=None if data["bestSoFar"] else f"No trial reported {metric}.",
     )

@@ -105,8 +105,18 @@
   function hideTip() { tip.hidden = true; }
 
   // ---------------------------------------------------------------------------------------------- highlight
+  var index = null;  // trial id -> its elements (plot groups, legend entry, table row); rebuilt after a render
   function members(id) {
-    return document.querySelectorAll('[data-trial="' + (window.CSS && CSS.escape ? CSS.escape(id) : id) + '"]');
+    // One pass over the page per render, not one per trial: applyFilter asks for every trial's elements, and a
+    // query per trial made a 10,000-trial page quadratic.
+    if (!index) {
+      index = {};
+      document.querySelectorAll("[data-trial]").forEach(function (n) {
+        var key = n.getAttribute("data-trial");
+        (index[key] = index[key] || []).push(n);
+      });
+    }
+    return index[id] || [];
   }
   function setHighlight(id) {
     if (id && !byId[id]) id = null;
@@ -177,8 +187,9 @@
     if (!trials.length) return;
     var W = width(container), H = 390, m = { l: 62, r: 112, t: 12, b: 40 };
     var svg = newSvg(container, W, H, "Learning curves: " + data.metric + " per training iteration");
-    var xs = [], ys = [];
+    var xs = [], ys = [], band = data.curveBand || [];
     trials.forEach(function (t) { t.curve.forEach(function (p) { xs.push(p[0]); ys.push(p[1]); }); });
+    band.forEach(function (b) { xs.push(b[0]); ys.push(b[1], b[3]); });
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
     if (x1 <= x0) { x0 -= 0.5; x1 += 0.5; }
     var log = data.curvesLog, ty = function (v) { return log ? Math.log10(v) : v; };
@@ -204,6 +215,19 @@
     text(axis, 14, (m.t + H - m.b) / 2, data.metric + (log ? " (log)" : ""),
          { "text-anchor": "middle", "class": "axis-title", transform: "rotate(-90 14 " + (m.t + H - m.b) / 2 + ")" });
 
+    if (band.length) {  // a sampled sweep: every trial's 10th-90th percentile and median, under the drawn lines
+      var lo = band.map(function (b) { return [X(b[0]), Y(b[1])]; });
+      var hi = band.map(function (b) { return [X(b[0]), Y(b[3])]; });
+      if (band.length === 1) {  // one iteration: the band is a bar at it
+        svgEl("rect", { x: lo[0][0] - 7, y: hi[0][1], width: 14, height: Math.max(1, lo[0][1] - hi[0][1]),
+                        "class": "band" }, svg);
+      } else {
+        svgEl("path", { d: pathD(hi.concat(lo.reverse())) + "Z", "class": "band" }, svg);
+      }
+      var mid = band.map(function (b) { return [X(b[0]), Y(b[2])]; });
+      if (mid.length === 1) mid = [[mid[0][0] - 9, mid[0][1]], [mid[0][0] + 9, mid[0][1]]];
+      svgEl("path", { d: pathD(mid), "class": "band-median" }, svg);
+    }
     var layer = svgEl("g", { "class": "layer" }, svg);
     var ends = [];
     trials.forEach(function (t, i) {
@@ -274,7 +298,10 @@
     var n = axes.length;
     var AX = function (i) { return n === 1 ? W / 2 : m.l + i * (W - m.l - m.r) / (n - 1); };
     var P = scale(0, 1, H - m.b, m.t);
-    var shown = data.trials.filter(function (t) { var p = axes[n - 1].pos[t.id]; return p !== null && p !== undefined; });
+    var shown = data.trials.filter(function (t) {
+      var p = axes[n - 1].pos[t.id];
+      return t.drawn && p !== null && p !== undefined;
+    });
     // Worst first, so better trials are drawn over weaker ones where lines cross; the best on top.
     shown.sort(function (a, b) { return data.mode === "min" ? b.best - a.best : a.best - b.best; });
     var layer = svgEl("g", { "class": "layer" }, svg);
@@ -380,11 +407,16 @@
       step.push([x, Y(v)], [xn, Y(v)]);
       prev = v;
     });
+    // A horizontal run kept by its two ends: 10,000 trials make 20,000 points, nearly all on a few flat steps.
+    step = step.filter(function (p, i) {
+      var a = step[i - 1], z = step[i + 1];
+      return !(p && a && z && a[1] === p[1] && z[1] === p[1]);
+    });
     svgEl("path", { d: pathD(step), fill: "none", stroke: "#1f2328", "stroke-width": 2 }, svg);
     var layer = svgEl("g", { "class": "layer" }, svg);
     var colors = { completed: "#1f77b4", stopped: "#ff7f0e", failed: "#d62728" };
     points.forEach(function (p, i) {
-      if (p.t.best === null) return;
+      if (p.t.best === null || !p.t.drawn) return;
       var g = trialGroup(layer, p.t, i), cx = X(p.x), cy = Y(p.t.best), c = colors[p.t.status] || "#8c959f";
       if (p.t.status === "failed") {
         svgEl("path", { d: "M" + (cx - 4) + "," + (cy - 4) + "l8,8m0,-8l-8,8", stroke: c, "stroke-width": 2,
@@ -437,7 +469,8 @@
     }
     var layer = svgEl("g", { "class": "layer" }, svg);
     // The others first, so the front's rings are drawn over them.
-    var ordered = p.points.filter(function (q) { return !q.front; }).concat(p.points.filter(function (q) { return q.front; }));
+    var ordered = p.points.filter(function (q) { return !q.front && byId[q.id].drawn; })
+      .concat(p.points.filter(function (q) { return q.front; }));
     ordered.forEach(function (q, i) {
       var t = byId[q.id], g = trialGroup(layer, t, i), cx = X(q.x), cy = Y(q.y);
       if (q.front) {
@@ -460,6 +493,7 @@
       var node = document.getElementById(p[0]);
       if (node) p[1](node);
     });
+    index = null;  // the plots' elements are new
     applyFilter();
     var keep = state.hl;
     state.hl = null;
@@ -479,8 +513,17 @@
     }
     state.pinned = params.get("highlight");
     if (state.pinned && !byId[state.pinned]) state.pinned = null;
+    // A link to a trial whose row waits behind "show the other trials": its row is what the link is for.
+    if (state.pinned && moreRows && moreRows.querySelector('[data-trial="' + CSS.escape(state.pinned) + '"]')) showAllRows();
   }
   document.querySelectorAll("[data-trial]").forEach(function (n) { bindTrial(n, n.getAttribute("data-trial")); });
+  var moreRows = document.getElementById("more-rows"), showRows = document.getElementById("show-rows");
+  function showAllRows() {
+    if (!moreRows || !moreRows.hidden) return;
+    moreRows.hidden = false;
+    showRows.closest("tbody").hidden = true;
+  }
+  if (showRows) showRows.addEventListener("click", function (ev) { showAllRows(); ev.stopPropagation(); });
   var clear = document.getElementById("clear-brushes");
   if (clear) clear.addEventListener("click", function (ev) { state.brushes = {}; renderAll(); ev.stopPropagation(); });
   if (window.self !== window.top) {  // e.g. MLflow's artifact viewer: a sandboxed frame where links cannot open
@@ -494,4 +537,5 @@
   var timer = null;
   window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(renderAll, 150); });
   document.body.setAttribute("data-rendered", "true");
+  document.body.setAttribute("data-rendered-ms", String(Math.round(performance.now())));  // since navigation
 })();
