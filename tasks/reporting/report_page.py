@@ -21,6 +21,7 @@ A tracking server without the route (a stock ``mlflow server``) keeps the link i
 
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import Any
 from urllib.parse import urlencode
@@ -28,6 +29,7 @@ from urllib.parse import urlencode
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_run_handler
 from sweepflow.tasks.tracking.server_auth import denies, server_error_answer
 from sweepflow.tasks.tracking.server_routes import APP_NAME, PING_ROUTE, server_routes
+from sweepflow.tasks.tracking.sqlite_statistics import start_statistics_keeper
 
 __all__ = [
     "APP_NAME",
@@ -133,6 +135,16 @@ def _add_routes(app: Any) -> None:
     )
     # An exception escaping any API route: MLflow's JSON error naming it, not Flask's anonymous HTML page.
     app.register_error_handler(InternalServerError, server_error_answer)
+    _keep_sqlite_statistics()
+
+
+def _keep_sqlite_statistics() -> None:
+    """A server on SQLite: its planner statistics kept fresh as runs grow (tracking/sqlite_statistics.py)."""
+    from mlflow.server.constants import BACKEND_STORE_URI_ENV_VAR
+    from mlflow.server.handlers import _get_tracking_store
+
+    if os.environ.get(BACKEND_STORE_URI_ENV_VAR):  # a server process (`mlflow server` sets it), not an import
+        start_statistics_keeper(_get_tracking_store())
 
 
 def _served(app: Any) -> Any:
