@@ -63,7 +63,9 @@ def sweep(n: int) -> SweepResult:
 def open_in_browser(path: str, profile: str) -> tuple[float, int | None]:
     """(wall seconds from navigation until the DOM read back showed the drawn plots, the page's own
     milliseconds from navigation to the end of its script)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
     from browser import page_showing
 
     start = time.monotonic()

@@ -26,6 +26,7 @@ from sweepflow.tasks.reporting.report_data import (
     curve_band,
     drawn_trials,
     pareto_data,
+    trial_curve,
 )
 from sweepflow.tasks.reporting.sweep_report import HTML_NAME, axis_positions, make_axis, write_sweep_report
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
@@ -607,7 +608,7 @@ def test_the_band_is_every_trials_percentiles_per_iteration() -> None:
         _trial(i, [float(i), float(i) / 2], TrialStatus.COMPLETED, {"l1": 4, "lr": 0.01, "batch_size": 32})
         for i in range(1, 12)
     ] + [_trial(12, [5.0], TrialStatus.STOPPED, {"l1": 4, "lr": 0.01, "batch_size": 32})]
-    band = curve_band(SweepResult(trials=tuple(trials), metric="val_loss", mode="min"))
+    band = curve_band([trial_curve(t, "val_loss") for t in trials])
     first = np.array([*range(1, 12), 5.0])
     second = np.arange(1, 12) / 2
     assert band == [

@@ -32,6 +32,7 @@ from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus,
 
 __all__ = [
     "DRAWN_BEST",
+    "Curve",
     "MAX_DRAWN_TRIALS",
     "MAX_LEGEND_TRIALS",
     "STATUS_WORDS",
@@ -40,6 +41,7 @@ __all__ = [
     "json_for_script",
     "pareto_data",
     "report_data",
+    "trial_curve",
 ]
 
 MAX_LEGEND_TRIALS = 20  # more trials than this: coloured by their best value, not each named in a legend
@@ -122,13 +124,15 @@ def drawn_trials(result: SweepResult) -> frozenset[str] | None:
     return frozenset(drawn)
 
 
-def curve_band(result: SweepResult) -> list[list[float]]:
-    """Every trial's values of the metric summarised per training iteration, for a sweep too large to draw each
-    line: ``[iteration, 10th percentile, median, 90th percentile, trials]`` in iteration order. Percentiles need
-    no scale: the band is the same on a log axis."""
+Curve = tuple[np.ndarray, np.ndarray]  # a trial's training iterations and its values of the metric at them
+
+
+def curve_band(curves: Sequence[Curve]) -> list[list[float]]:
+    """Every trial's values of the metric (``curves``, from ``trial_curve``) summarised per training iteration,
+    for a sweep too large to draw each line: ``[iteration, 10th percentile, median, 90th percentile, trials]`` in
+    iteration order. Percentiles need no scale: the band is the same on a log axis."""
     by_x: dict[float, list[float]] = {}
-    for t in result.trials:
-        xs, ys = _curve(t, result.metric)
+    for xs, ys in curves:
         for x, y in zip(xs.tolist(), ys.tolist(), strict=True):
             by_x.setdefault(x, []).append(y)
     band = []
@@ -139,9 +143,9 @@ def curve_band(result: SweepResult) -> list[list[float]]:
 
 
 def _trial_data(
-    t: TrialResult, result: SweepResult, color: str, params: Sequence[str], drawn: bool
+    t: TrialResult, result: SweepResult, color: str, params: Sequence[str], curve: Curve, drawn: bool
 ) -> dict[str, Any]:
-    xs, ys = _curve(t, result.metric)
+    xs, ys = curve
     best_point = None
     if len(ys):
         i = int(_pick(result.mode)(ys))
@@ -281,7 +285,8 @@ def report_data(
     params = axis_params(search_space, result.trials)
     colors, color_by = _trial_colors(result)
     best = result.best()
-    all_y = [y for t in result.trials for y in _curve(t, result.metric)[1].tolist()]
+    curves = [trial_curve(t, result.metric) for t in result.trials]  # once: the lines, the band, the log test
+    all_y = [y for _, ys in curves for y in ys.tolist()]
     importance = _importances(result, search_space, params)
     drawn = drawn_trials(result)
     return {
@@ -292,11 +297,11 @@ def report_data(
         "colorBy": color_by,
         "params": params,
         "trials": [
-            _trial_data(t, result, colors[t.trial_id], params, drawn is None or t.trial_id in drawn)
-            for t in result.trials
+            _trial_data(t, result, colors[t.trial_id], params, curve, drawn is None or t.trial_id in drawn)
+            for t, curve in zip(result.trials, curves, strict=True)
         ],
         "drawnCount": len(result.trials) if drawn is None else len(drawn),
-        "curveBand": curve_band(result) if drawn is not None else None,
+        "curveBand": curve_band(curves) if drawn is not None else None,
         "curvesLog": _log_worthy(all_y),
         "axes": _axes_data(result, search_space, params),
         "bestSoFar": _best_so_far_data(result),
@@ -311,7 +316,7 @@ def json_for_script(data: Mapping[str, Any]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _curve(trial: TrialResult, metric: str) -> tuple[np.ndarray, np.ndarray]:
+def trial_curve(trial: TrialResult, metric: str) -> Curve:
     """The trial's finite ``metric`` values against their training iteration (NaN/inf reports are skipped)."""
     xs: list[float] = []
     ys: list[float] = []

@@ -28,8 +28,6 @@ ANALYSIS_LIMIT = 400  # index rows SQLite samples per index (PRAGMA analysis_lim
 MIN_RUNS = 50  # fewer runs: any plan is fast
 GROWTH = 1.1  # re-analyze once the runs grew by a tenth
 
-_keeper: threading.Thread | None = None  # one per server process
-
 
 def analysis_due(runs: int, analyzed_at: int | None) -> bool:
     """Whether to analyze now: ``runs`` in the store, ``analyzed_at`` the number when this process last
@@ -39,14 +37,12 @@ def analysis_due(runs: int, analyzed_at: int | None) -> bool:
     return analyzed_at is None or runs >= analyzed_at * GROWTH
 
 
-def analyze(engine: Any) -> int:
-    """Run a sampled ``ANALYZE`` on the SQLite database behind ``engine`` (SQLAlchemy); return its runs."""
+def analyze(engine: Any) -> None:
+    """Run a sampled ``ANALYZE`` on the SQLite database behind ``engine`` (SQLAlchemy)."""
     with engine.connect() as connection:
-        runs = int(connection.exec_driver_sql("SELECT count(*) FROM runs").scalar_one())
         connection.exec_driver_sql(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
         connection.exec_driver_sql("ANALYZE")
         connection.commit()
-    return runs
 
 
 def _keep(engine: Any, every_s: float, stop: threading.Event) -> None:
@@ -58,8 +54,9 @@ def _keep(engine: Any, every_s: float, stop: threading.Event) -> None:
             with engine.connect() as connection:
                 runs = int(connection.exec_driver_sql("SELECT count(*) FROM runs").scalar_one())
             if analysis_due(runs, analyzed_at):
-                analyzed_at = analyze(engine)
-                _log.info("SQLite statistics refreshed at %d runs", analyzed_at)
+                analyze(engine)
+                analyzed_at = runs
+                _log.info("SQLite statistics refreshed at %d runs", runs)
         except OperationalError as exc:  # locked by a long write, or the file moved: the next look retries
             _log.warning("could not refresh the SQLite statistics (retried in %.0f s): %s", every_s, exc)
         if stop.wait(every_s):
@@ -69,18 +66,14 @@ def _keep(engine: Any, every_s: float, stop: threading.Event) -> None:
 def start_statistics_keeper(
     store: Any, *, every_s: float = CHECK_EVERY_S, stop: threading.Event | None = None
 ) -> threading.Thread | None:
-    """Start the thread for ``store`` (MLflow's tracking store) when it is SQL on SQLite, once per process;
-    None for any other store. ``stop``: ends the thread (tests); the server's thread ends with its process."""
-    global _keeper
+    """Start the thread for ``store`` (MLflow's tracking store) when it is SQL on SQLite; None for any other
+    store. Called once per server process (report_page's routes are added once). ``stop``: ends the thread
+    (tests); the server's thread ends with its process."""
     engine = getattr(store, "engine", None)
     if engine is None or engine.dialect.name != "sqlite":
         return None
-    if _keeper is not None and _keeper.is_alive() and stop is None:
-        return _keeper
     thread = threading.Thread(
         target=_keep, args=(engine, every_s, stop or threading.Event()), name="sqlite-statistics", daemon=True
     )
     thread.start()
-    if stop is None:
-        _keeper = thread
     return thread

@@ -514,7 +514,9 @@
     state.pinned = params.get("highlight");
     if (state.pinned && !byId[state.pinned]) state.pinned = null;
     // A link to a trial whose row waits behind "show the other trials": its row is what the link is for.
-    if (state.pinned && moreRows && moreRows.querySelector('[data-trial="' + CSS.escape(state.pinned) + '"]')) showAllRows();
+    if (state.pinned && moreRows && members(state.pinned).some(function (n) { return moreRows.contains(n); })) {
+      showAllRows();
+    }
   }
   document.querySelectorAll("[data-trial]").forEach(function (n) { bindTrial(n, n.getAttribute("data-trial")); });
   var moreRows = document.getElementById("more-rows"), showRows = document.getElementById("show-rows");
