@@ -50,6 +50,20 @@ class Postgres:
         with open(os.path.join(self.data_dir, "postmaster.pid")) as f:
             return int(f.readline())
 
+    def restart(self) -> float:
+        """Stop the server (``-m fast``: its sessions are cut) and start it again with the same options on the
+        same port, as an operator's restart or a failover does; returns the seconds it was away."""
+        prefix, _, _ = _as_owner()
+        log = os.path.join(os.path.dirname(self.data_dir), "server.log")
+        t0 = time.monotonic()
+        _run(
+            [*prefix, os.path.join(bin_dir(), "pg_ctl"), "-D", self.data_dir, "-l", log, "-m", "fast", "-w",
+             "-t", str(START_TIMEOUT_S), "restart"],
+            "pg_ctl restart",
+            log,
+        )  # fmt: skip
+        return time.monotonic() - t0
+
     @property
     def url(self) -> str:
         """The server URL ``sweepflow stack up`` takes (``$SWEEPFLOW_STACK_DATABASE_URL``), password encoded."""

@@ -20,12 +20,9 @@ gloo/NCCL use (``ddp_runtime._network``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import ipaddress
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -38,6 +35,7 @@ import urllib.request
 import psutil
 import pytest
 from checkout_commands import run_from_checkout
+from netns_hosts import Hosts
 
 from ddp_runtime import _network
 
@@ -141,168 +139,7 @@ def test_a_scheduler_without_sweepflow_is_refused_before_any_work_saying_what_to
 
 # ------------------------------------------------------------------------------------------------ the hosts
 
-LOCK_FILE = "/tmp/sweepflow-test-netns.lock"  # held while a run picks its subnet and claims it in the root ns
-SUBNETS = ipaddress.ip_network("10.213.0.0/16")
 HOSTS = ("sched", "worker-a", "worker-b", "storage")
-
-
-def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"`ip {' '.join(argv)}` failed: {proc.stderr.strip()}")
-    return proc
-
-
-def _routed_in_root() -> list[ipaddress.IPv4Network]:
-    """Every IPv4 network the root namespace has an address or a route in."""
-    found = []
-    for argv in (("-4", "-j", "addr"), ("-4", "-j", "route", "show", "table", "all")):
-        for entry in json.loads(_ip(*argv).stdout or "[]"):
-            for text in [
-                a.get("local", "") + "/" + str(a.get("prefixlen", 32)) for a in entry.get("addr_info", [])
-            ] + [entry.get("dst", "")]:
-                with contextlib.suppress(ValueError):
-                    if text and text not in ("default", "/32"):
-                        found.append(ipaddress.ip_network(text, strict=False))
-    return found
-
-
-class Hosts:
-    """The namespaces, veths and bridge of one test run, and every process started in them.
-
-    Names carry this process's pid and a random suffix, so parallel runs (pytest-xdist, two engineers) never
-    collide; the subnet is one no interface or route of the root namespace touches, picked and claimed under a
-    lock. ``close`` kills every process started here (by pid, and whatever else is inside the namespaces) and
-    removes every namespace and veth, checking they are gone."""
-
-    def __init__(self) -> None:
-        self.tag = f"{os.getpid():x}{secrets.token_hex(2)}"
-        self.bridge = f"sweepflow-{self.tag}-bridge"
-        self.namespaces = {host: f"sweepflow-{self.tag}-{host}" for host in HOSTS}
-        self.root_veth = f"sf{self.tag}"[:15]  # IFNAMSIZ: 15 characters
-        self.made: list[str] = []  # namespaces created, in order
-        self.processes: list[subprocess.Popen] = []
-        self.subnet: ipaddress.IPv4Network | None = None
-        self.addresses: dict[str, str] = {}
-
-    def __enter__(self) -> Hosts:
-        try:
-            self._make()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _make(self) -> None:
-        _ip("netns", "add", self.bridge)
-        self.made.append(self.bridge)
-        _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.bridge, "link", "set", "br0", "up")
-        with open(LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, once the root has its address
-            used = _routed_in_root()
-            self.subnet = next(
-                (
-                    net
-                    for net in SUBNETS.subnets(new_prefix=24)
-                    if net.network_address.packed[2] >= 10 and not any(net.overlaps(u) for u in used)
-                ),
-                None,
-            )
-            if self.subnet is None:
-                raise RuntimeError(
-                    f"every /24 of {SUBNETS} is in use in the root namespace; remove stale ones"
-                )
-            hosts = list(self.subnet.hosts())
-            self.addresses = {"root": str(hosts[0]), **{h: str(hosts[i + 1]) for i, h in enumerate(HOSTS)}}
-            _ip("link", "add", self.root_veth, "type", "veth", "peer", "name", "root", "netns", self.bridge)
-            _ip("addr", "add", f"{self.addresses['root']}/24", "dev", self.root_veth)
-            _ip("link", "set", self.root_veth, "up")
-        _ip("-n", self.bridge, "link", "set", "root", "master", "br0")
-        _ip("-n", self.bridge, "link", "set", "root", "up")
-        for host, ns in self.namespaces.items():
-            _ip("netns", "add", ns)
-            self.made.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", host, "netns", self.bridge)
-            _ip("-n", ns, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", self.bridge, "link", "set", host, "master", "br0")
-            _ip("-n", self.bridge, "link", "set", host, "up")
-
-    def free_port(self, host: str) -> int:
-        """A free port on ``host``'s address (its namespace is this run's alone: nothing else takes it)."""
-        code = "import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])"
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            self.namespaces[host],
-            sys.executable,
-            "-c",
-            code,
-            self.addresses[host],
-        ]
-        return int(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout)
-
-    def spawn(self, host: str, argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` (``ip netns exec`` execs it: the pid is the command's own)."""
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.namespaces[host], *argv],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.processes.append(proc)
-        return proc
-
-    def pids_on(self, host: str) -> list[int]:
-        """Every process inside ``host``'s namespace (all started by this test)."""
-        return [int(p) for p in _ip("netns", "pids", self.namespaces[host], check=False).stdout.split()]
-
-    def kill_host(self, host: str) -> list[int]:
-        """SIGKILL every process on ``host``, as if it lost power (its kernel still closes their sockets)."""
-        pids = self.pids_on(host)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
-
-    def close(self) -> None:
-        problems = []
-        for ns in self.made:
-            for pid in _ip("netns", "pids", ns, check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-        for proc in self.processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                problems.append(f"process {proc.pid} ({' '.join(proc.args[4:7])}) survived SIGKILL")
-        for ns in reversed(self.made):
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", self.root_veth, check=False)  # usually gone with its peer's namespace already
-        deadline = time.monotonic() + 20  # deletion may finish asynchronously
-        while time.monotonic() < deadline:
-            left = set(self.made) & set(_ip("netns", "list").stdout.split())
-            veth = _ip("link", "show", self.root_veth, check=False).returncode == 0
-            if not left and not veth:
-                break
-            time.sleep(0.2)
-        else:
-            problems.append(
-                f"not removed: namespaces {sorted(left)}, root veth {self.root_veth if veth else None}"
-            )
-        if problems:
-            raise RuntimeError("; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------- the scenario
@@ -427,7 +264,7 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
     base_env = _clean_env(tmp_path)
     os.makedirs(base_env["HOME"])
     prefix = f"s3://{BUCKET}/sweepflow"  # the run's storage; MLflow's artifacts under <storage>/mlflow
-    with Hosts() as net, contextlib.ExitStack() as stack:
+    with Hosts(HOSTS) as net, contextlib.ExitStack() as stack:
         a = net.addresses
         s3_url = f"http://{a['storage']}:{net.free_port('storage')}"
         s3_env = {

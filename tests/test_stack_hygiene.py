@@ -26,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import psutil
 import pytest
@@ -417,10 +418,13 @@ class TestServer:
         status = _sweepflow("server", "status", "--state-dir", state, env=env, timeout=60)
         assert status.returncode == 1
         assert f"mlflow: DOWN (its process {pids['mlflow']} is gone)" in status.stdout, status.stdout
+        address = services.read_record(state, "mlflow")["address"]
         again = _sweepflow("server", "start", "--state-dir", state, env=env)
         assert again.returncode == 0, again.stdout + again.stderr
         now = _record_pids(state)
         assert now["mlflow"] != pids["mlflow"]
+        # at its address: a run that was using it (another terminal's) reaches it again
+        assert services.read_record(state, "mlflow")["address"] == address
         assert {k: now[k] for k in ("prefect", "dask")} == {k: pids[k] for k in ("prefect", "dask")}
         assert not _still_alive(killed), "the killed MLflow server's children must go when it is replaced"
         seen.snapshot()
@@ -987,6 +991,32 @@ class TestStack:
             k: v for k, v in pids.items() if k != "dask-worker-0"
         }
         assert not _still_alive(killed), "the killed worker's processes must go when it is replaced"
+        seen.snapshot()
+
+    def test_servers_that_died_come_back_at_their_addresses_and_their_clients_stay(self, stack):
+        """A crash of the MLflow and Prefect servers (every process of each, SIGKILL), then `stack up`: both come
+        back on the ports they had, so the clients holding their addresses (Dask workers, the Prefect worker, a
+        running flow, stack.env) reach them again; none of those is restarted."""
+        state, env, stack_env, seen, _ = stack
+        pids = _record_pids(state)
+        addresses = {name: services.read_record(state, name)["address"] for name in ("mlflow", "prefect-server")}
+        for name in addresses:
+            os.killpg(pids[name], signal.SIGKILL)
+        _wait_for(lambda: not any(services.running(state, n) for n in addresses), 60, "the servers down")
+        again = _sweepflow("stack", "up", "--state-dir", state, "--workers", "2", env=env, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        now = _record_pids(state)
+        assert all(now[name] != pids[name] for name in addresses)
+        assert {name: services.read_record(state, name)["address"] for name in addresses} == addresses
+        assert {k: v for k, v in now.items() if k not in addresses} == {
+            k: v for k, v in pids.items() if k not in addresses
+        }
+        assert (stack_env["MLFLOW_TRACKING_URI"], stack_env["PREFECT_API_URL"]) == (
+            addresses["mlflow"],
+            addresses["prefect-server"],
+        )
+        with urllib.request.urlopen(addresses["prefect-server"] + "/health", timeout=30) as answer:
+            assert answer.status == 200
         seen.snapshot()
 
     def test_down_after_a_deployment_run_leaves_no_process_behind(self, stack):

@@ -130,11 +130,13 @@ def prefect_server_spec(
     name: str = PREFECT,
     host: str = "127.0.0.1",
     settings: Mapping[str, str] = LOCAL_PREFECT_SERVER_SETTINGS,
+    port: int | None = None,
 ) -> services.ServiceSpec:
     """``prefect server start``, through ``sweepflow.services.prefect_server`` (its SQLite page cache bounded).
     ``settings``: Prefect settings for it besides the shared ones (default: the background server's,
-    ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none)."""
-    port = services.free_port(host)
+    ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none). ``port``: default, a free one (a restart passes
+    the one it had: ``supervisor.previous_port``)."""
+    port = port or services.free_port(host)
     api_url = f"http://{host}:{port}/api"
     os.makedirs(os.path.join(state_dir, "prefect"), exist_ok=True)
     return services.ServiceSpec(
@@ -168,6 +170,7 @@ def mlflow_server_spec(
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
     app_name: str = "sweepflow",
+    port: int | None = None,
 ) -> services.ServiceSpec:
     """``mlflow server``. With ``proxy_artifacts`` clients upload through the server to ``artifacts`` (e.g. an
     s3:// destination only the server has credentials for); without, ``artifacts`` is the default artifact
@@ -180,7 +183,7 @@ def mlflow_server_spec(
         raise ValueError(
             "mlflow_server_spec: no backend store; pass backend_store_uri, or MLFLOW_BACKEND_STORE_URI in env"
         )
-    port = services.free_port(host)
+    port = port or services.free_port(host)
     artifact_args = (
         ["--serve-artifacts", "--artifacts-destination", artifacts]
         if proxy_artifacts
@@ -298,7 +301,7 @@ def use_local_services(
         os.environ.update(server_env(state_dir))
         url = services.running(state_dir, PREFECT)
         if not url:  # its address is known before it is up, so the others can start alongside it
-            spec = prefect_server_spec(state_dir)
+            spec = prefect_server_spec(state_dir, port=services.previous_port(state_dir, PREFECT, services.LOOPBACK))
             url = spec.address
             starts[PREFECT] = lambda: services.ensure(state_dir, spec)
         os.environ["PREFECT_API_URL"] = url
@@ -328,7 +331,8 @@ def use_idle_stop(state_dir: str, idle_stop_s: float) -> Callable[[], str] | Non
 
 def ensure_server(state_dir: str) -> str:
     """The API URL of this state dir's Prefect server, started in the background if needed."""
-    return services.ensure(state_dir, prefect_server_spec(state_dir))
+    port = services.previous_port(state_dir, PREFECT, services.LOOPBACK)
+    return services.ensure(state_dir, prefect_server_spec(state_dir, port=port))
 
 
 def ensure_mlflow(state_dir: str) -> str:
@@ -337,6 +341,8 @@ def ensure_mlflow(state_dir: str) -> str:
         backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}",
         artifacts=os.path.join(state_dir, "mlartifacts"),
         proxy_artifacts=False,
+        # a restarted server keeps its address: a run that is using it reaches it again
+        port=services.previous_port(state_dir, MLFLOW, services.LOOPBACK),
     )
     return services.ensure(state_dir, spec)
 

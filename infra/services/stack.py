@@ -220,8 +220,8 @@ def _write_env(state_dir: str, env: dict[str, str]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def s3_spec(state_dir: str, key: str, secret: str, host: str = HOST) -> ServiceSpec:
-    port = services.free_port(host)
+def s3_spec(state_dir: str, key: str, secret: str, host: str = HOST, port: int | None = None) -> ServiceSpec:
+    port = port or services.free_port(host)
     data = os.path.join(state_dir, "s3")
     os.makedirs(data, exist_ok=True)
     return ServiceSpec(
@@ -305,8 +305,11 @@ def _mlflow_auth(state_dir: str, auth: str | None) -> tuple[dict[str, str], dict
     return server, {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
 
 
-def dask_scheduler_spec(exposure: Exposure = Exposure(), *, secret: str = "") -> ServiceSpec:
-    port, http_port = services.free_port(exposure.host), services.free_port(INTERNAL)
+def dask_scheduler_spec(
+    exposure: Exposure = Exposure(), *, secret: str = "", ports: tuple[int, int] | None = None
+) -> ServiceSpec:
+    """``ports``: its own and its HTTP server's (default: free ones)."""
+    port, http_port = ports or (services.free_port(exposure.host), services.free_port(INTERNAL))
     scheme = "tls" if exposure.tls else "tcp"
     return ServiceSpec(
         name=DASK_SCHEDULER,
@@ -443,7 +446,12 @@ def up(
     key, secret = _credentials(state_dir)
     host = exposure.host
 
-    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret, host))
+    # A service restarted here (it died, or its settings changed) keeps its port when it can, so the clients that
+    # hold its address (a running flow, the Dask workers, the Prefect worker) reach it again unrestarted.
+    def port(name: str, on: str = host, url: str | None = None) -> int:
+        return services.previous_port(state_dir, name, on, url=url)
+
+    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret, host, port(S3)))
     s3_env = _s3_env(endpoint, key, secret)
     _ensure_bucket(s3_env)
     storage = f"s3://{BUCKET}"
@@ -458,6 +466,7 @@ def up(
         # PostgreSQL: `--backend-store-uri` from its environment variable (the URL holds the password)
         env={**s3_env, **(database.mlflow_env() if database else {})},
         app_name="sweepflow-basic-auth" if exposure.mlflow_auth else "sweepflow",
+        port=port(MLFLOW),
     )
     allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
     mlflow_auth_env, mlflow_client_env = _mlflow_auth(state_dir, exposure.mlflow_auth)
@@ -471,7 +480,9 @@ def up(
         ),  # fmt: skip
     )
     # Prefect's own service intervals, not the local server's slower ones: the stack runs the scheduled deployments
-    prefect_server = prefect_server_spec(state_dir, name=PREFECT_SERVER, host=host, settings={})
+    prefect_server = prefect_server_spec(
+        state_dir, name=PREFECT_SERVER, host=host, settings={}, port=port(PREFECT_SERVER)
+    )
     auth = (
         {"PREFECT_SERVER_API_AUTH_STRING": exposure.prefect_auth_string}
         if exposure.prefect_auth_string
@@ -483,13 +494,21 @@ def up(
         env={**prefect_server.env, **auth, **(database.prefect_env() if database else {})},
         code_key=_key(secret, host=host, auth=auth, **on_database),
     )
+    scheduler_health = services.recorded_health_url(state_dir, DASK_SCHEDULER)
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {
             name: pool.submit(services.ensure, state_dir, spec)
             for name, spec in [
                 (MLFLOW, mlflow),
                 (PREFECT_SERVER, prefect_server),
-                (DASK_SCHEDULER, dask_scheduler_spec(exposure, secret=secret)),
+                (
+                    DASK_SCHEDULER,
+                    dask_scheduler_spec(
+                        exposure,
+                        secret=secret,
+                        ports=(port(DASK_SCHEDULER), port(DASK_SCHEDULER, INTERNAL, scheduler_health)),
+                    ),
+                ),
             ]
         }
         addresses = {name: future.result() for name, future in futures.items()}

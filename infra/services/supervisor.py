@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil  # a dependency of distributed
 
@@ -226,6 +227,45 @@ def describe(state_dir: str, name: str) -> tuple[str | None, str]:
     if not probe(record["health"]):
         return None, f"DOWN (process {record['pid']} does not answer its health check)"
     return record["address"], "up"
+
+
+def previous_port(state_dir: str, name: str, host: str, *, url: str | None = None) -> int:
+    """The port a service restarted now should listen on: the one its record holds, so that every client
+    configured with its address (a running flow, the Dask workers, the Prefect worker, ``stack.env``) reaches
+    it again without being restarted; a free one when there is no record, the record is for another host, or
+    its port is taken by a process that is not the recorded service's (which ``ensure`` is about to stop).
+    ``url``: the record's URL holding that port, when it is not the address (e.g. the health URL)."""
+    record = read_record(state_dir, name)
+    if record is not None:
+        parts = urlsplit(url or _recorded_url(record))
+        if parts.hostname == host.strip("[]") and parts.port:
+            if _bindable(host, parts.port) or processes_of(
+                int(record["pid"]), started=record.get("started"), service_id=record.get("service_id")
+            ):
+                return parts.port
+    return free_port(host)
+
+
+def recorded_health_url(state_dir: str, name: str) -> str | None:
+    record = read_record(state_dir, name)
+    return (record or {}).get("health", {}).get("url")
+
+
+def _recorded_url(record: Mapping[str, Any]) -> str:
+    address = str(record.get("address", ""))
+    return address if "://" in address else f"tcp://{address}"
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether a server could listen on ``port`` now. With SO_REUSEADDR, as the servers set it (gunicorn,
+    uvicorn, tornado, Go's net): the connections a killed server leaves in TIME_WAIT do not hold its port."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def running(state_dir: str, name: str) -> str | None:

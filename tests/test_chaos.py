@@ -1,0 +1,66 @@
+"""The chaos soak's short version (benchmarks/bench_chaos.py; issue 41, item 4): a 40-trial sweep run as a
+deployment on the stack (PostgreSQL, a Dask worker on a second host) while a seeded driver restarts PostgreSQL,
+SIGKILLs a Dask worker process and cuts the second host's link for 20 s. The run completes (or is completed by
+one `sweepflow run --resume`), every trial is recorded exactly once in MLflow, Prefect and storage, and nothing
+is left running. The soak itself (500 trials, every kind of fault) is run by hand: benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import bench_chaos  # noqa: E402 - its folder on sys.path first
+
+SEED = (
+    7  # its first three faults: a PostgreSQL restart, a Dask worker killed, the link cut (see the plan test)
+)
+
+
+def test_the_plan_is_seeded_spaced_and_goes_through_every_kind_before_repeating_one():
+    plan = bench_chaos.plan_faults(SEED, 3, 50, gap_s=15)
+    assert [f.kind for f in plan] == ["postgres", "dask-worker", "link"]
+    assert plan == bench_chaos.plan_faults(SEED, 3, 50, gap_s=15)
+    long = bench_chaos.plan_faults(3, 14, 600)
+    kinds = [f.kind for f in long]
+    assert sorted(kinds[:6]) == sorted(bench_chaos.KINDS) and sorted(kinds[6:12]) == sorted(bench_chaos.KINDS)
+    times = [f.at_s for f in long]
+    assert times == sorted(times) and all(
+        b - a >= bench_chaos.MIN_GAP_S - 0.1 for a, b in zip(times, times[1:], strict=False)
+    )
+    # A window too short for the gaps grows to hold them.
+    assert bench_chaos.plan_faults(1, 4, 10, gap_s=15)[-1].at_s >= 45
+
+
+def test_the_resumes_command_line_states_the_deployments_config():
+    sets = bench_chaos.as_sets(bench_chaos.config(40, 8))
+    assert (
+        "sweep.num_samples=40" in sets and "training.max_failures=3" in sets and "training.epochs=8" in sets
+    )
+    assert any(s.startswith('sweep.search_space={"l1": {"type": "pow2"') for s in sets)
+
+
+@pytest.mark.subprocess
+@pytest.mark.stack
+@pytest.mark.prefect
+@pytest.mark.mlflow_server
+@pytest.mark.dask
+@pytest.mark.s3
+@pytest.mark.postgres
+def test_a_deployment_run_outlives_a_database_restart_a_killed_worker_and_a_cut_link(tmp_path, capsys):
+    if (
+        os.environ.get("SWEEPFLOW_SKIP_POSTGRES_TESTS") == "1"
+        or os.environ.get("SWEEPFLOW_SKIP_NETNS_TESTS") == "1"
+    ):
+        pytest.skip("needs PostgreSQL and network namespaces")
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.fail("this test makes a network namespace: run it as root with iproute2 installed")
+    outcome = bench_chaos.soak(40, 3, SEED, 8, str(tmp_path), window_s=50, gap_s=15)
+    output = capsys.readouterr().out
+    print(output)
+    assert outcome.failed_checks == 0, output[-6000:]
+    assert [f.kind for _, f, _ in outcome.injected] == ["postgres", "dask-worker", "link"], output[-3000:]
