@@ -238,7 +238,8 @@ deployments:
   - name: default
     entrypoint: flow.py:{package}_pipeline
     parameters: {{}}
-    work_pool: {{name: sweepflow-process, work_queue_name: default}}
+    # stream_output false: the flow run outlives a worker that dies (its logs: the Prefect UI)
+    work_pool: {{name: sweepflow-process, work_queue_name: default, job_variables: {{stream_output: false}}}}
   - name: nightly-retrain
     description: Retrains at 02:00 UTC on whatever data/houses.csv (or your source) holds then; the new model
       becomes champion only if its test_rmse beats the champion's.
@@ -249,7 +250,8 @@ deployments:
         timezone: UTC
         active: false
     concurrency_limit: {{limit: 1, collision_strategy: CANCEL_NEW}}
-    work_pool: {{name: sweepflow-process, work_queue_name: default}}
+    # stream_output false: the flow run outlives a worker that dies (its logs: the Prefect UI)
+    work_pool: {{name: sweepflow-process, work_queue_name: default, job_variables: {{stream_output: false}}}}
 """
 
 PYPROJECT = """[project]

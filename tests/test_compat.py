@@ -362,6 +362,24 @@ def _with_cluster(body: Callable[[Any, list[Any], Any], Awaitable[None]], **work
     asyncio.run(main())
 
 
+def test_retry_database_connection_errors_answers_503_to_a_refused_database_and_500_to_a_bug(monkeypatch):
+    import prefect.server.api.server as server
+
+    monkeypatch.setattr(server, "is_client_retryable_exception", server.is_client_retryable_exception)
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")  # what asyncpg raises
+
+    def status(exc: Exception) -> int:
+        return asyncio.run(server.custom_internal_exception_handler(None, exc)).status_code  # type: ignore[arg-type]
+
+    assert status(refused) == 500  # Prefect's own handler: the gap this closes
+    services_compat.retry_database_connection_errors()
+    services_compat.retry_database_connection_errors()  # twice: wraps Prefect's check once
+    assert status(refused) == 503
+    assert status(ConnectionResetError()) == 503 and status(TimeoutError()) == 503
+    assert status(ValueError("a bug")) == 500 and status(FileNotFoundError("x")) == 500
+    assert server.is_client_retryable_exception.__wrapped__.__module__ == "prefect.server.api.server"
+
+
 @pytest.mark.dask
 def test_dask_identity_json_lists_the_workers_by_name():
     from sweepflow.services.supervisor import dask_worker_registered

@@ -4,7 +4,11 @@ code it runs changed."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
+
+import psutil
 
 from sweepflow.services import supervisor as services
 
@@ -275,3 +279,68 @@ def test_a_new_prefect_database_is_migrated_once_per_version_then_copied(tmp_pat
     assert prefect_database.seed_database("sqlite+aiosqlite:///:memory:", "3.9.1", migrate_to(third)) == (
         "not sqlite"
     )
+
+
+# A "worker" service: an HTTP server that also starts one piece of work (a child in its session, marked with
+# WORK_ENV as a Prefect worker's flow runs carry PREFECT__FLOW_RUN_ID) and writes the work's pid to a file.
+WORKER = """
+import os, subprocess, sys, http.server
+work = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, "WORK_ID": "1"})
+open(sys.argv[2], "w").write(str(work.pid))
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+
+def _worker_service(port: int, pid_file: str) -> services.ServiceSpec:
+    return services.ServiceSpec(
+        name="worker",
+        argv=[sys.executable, "-c", WORKER, str(port), pid_file],
+        health={"kind": "tcp", "address": f"127.0.0.1:{port}"},
+        address=f"http://127.0.0.1:{port}",
+        spare_env="WORK_ID",
+    )
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_dead_service_is_replaced_on_its_port_its_work_lives_on_and_stop_still_ends_it(tmp_path):
+    state, pid_file = str(tmp_path), str(tmp_path / "work.pid")
+    port = services.free_port()
+    try:
+        services.ensure(state, _worker_service(port, pid_file))
+        first = services.read_record(state, "worker")
+        work = int(open(pid_file).read())
+        os.kill(first["pid"], signal.SIGKILL)  # the worker dies; its work (same session) does not
+        time.sleep(0.5)
+        # Restarted as `stack up` does: on the port it had, though connections it left may be in TIME_WAIT.
+        again = services.previous_port(state, "worker", "127.0.0.1")
+        assert again == port
+        services.ensure(state, _worker_service(again, pid_file))
+        second = services.read_record(state, "worker")
+        assert second["pid"] != first["pid"] and second["address"] == first["address"]
+        assert _running(work), "replacing a dead service must not end the work it had started"
+        assert [a["service_id"] for a in second["adopted"]] == [first["service_id"]]
+        new_work = int(open(pid_file).read())
+    finally:
+        services.stop(state, "worker")
+    deadline = time.monotonic() + 20
+    while (_running(work) or _running(new_work)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(work) and not _running(new_work), "stop must end the adopted work too"
+
+
+def test_without_a_record_or_on_another_host_a_restart_takes_a_free_port(tmp_path):
+    assert services.previous_port(str(tmp_path), "nothing", "127.0.0.1") > 0
+    port = services.free_port()
+    spec = _http_service(port, "v1")
+    try:
+        services.ensure(str(tmp_path), spec)
+        assert services.previous_port(str(tmp_path), "web", "127.0.0.1") == port
+        assert services.previous_port(str(tmp_path), "web", "127.0.0.2") != port
+    finally:
+        services.stop(str(tmp_path), "web")

@@ -63,6 +63,33 @@ def bound_prefect_sqlite_page_cache(kib: int) -> None:
     AioSqliteConfiguration.setup_sqlite = setup_sqlite  # type: ignore[method-assign]
 
 
+def retry_database_connection_errors() -> None:
+    """Make the Prefect server of this process answer 503 (which Prefect's clients retry), not 500, to a
+    request that failed because its database refused or dropped the connection.
+
+    Works around: the server's catch-all handler (``custom_internal_exception_handler``) answers 503 for the
+    errors ``is_client_retryable_exception`` names (SQLAlchemy's DBAPIError, asyncpg's CannotConnectNowError,
+    ...), but opening a new asyncpg connection to a PostgreSQL that is restarting raises the socket's own
+    ``ConnectionRefusedError`` (an OSError SQLAlchemy does not wrap), which fell through to 500: a trial's
+    ``create_link_artifact`` during a database restart failed its trial, and the sweep with it
+    (benchmarks/bench_chaos.py). Socket errors (``ConnectionError``, ``TimeoutError``) are outages that heal;
+    anything else stays a 500, said at once.
+    Written for Prefect 3.9. If it breaks (the function renamed, or no longer looked up at call time): find
+    the handler's predicate now, or drop this if Prefect counts socket errors as retryable itself.
+    """
+    import prefect.server.api.server as server
+
+    prefect_check = getattr(
+        server.is_client_retryable_exception, "__wrapped__", server.is_client_retryable_exception
+    )
+
+    def is_client_retryable_exception(exc: Exception) -> bool:
+        return isinstance(exc, ConnectionError | TimeoutError) or prefect_check(exc)
+
+    is_client_retryable_exception.__wrapped__ = prefect_check  # type: ignore[attr-defined]
+    server.is_client_retryable_exception = is_client_retryable_exception
+
+
 # ----------------------------------------------------------------------------------------------------- CPython
 
 

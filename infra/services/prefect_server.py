@@ -11,6 +11,8 @@ costs a system call, not a disk read (the server's CPU per trial, benchmarks/ben
 the machine's noise). A server on PostgreSQL (the stack's ``--database-url-file``) is not affected.
 
 A new SQLite database is not migrated from nothing each time: see ``sweepflow.services.prefect_database``.
+A database that refuses connections for a moment (PostgreSQL restarting) is answered 503, which Prefect's clients
+retry, not 500: ``sweepflow.services.compat.retry_database_connection_errors``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from sweepflow.services.compat import bound_prefect_sqlite_page_cache
+from sweepflow.services.compat import bound_prefect_sqlite_page_cache, retry_database_connection_errors
 from sweepflow.services.prefect_database import prefect_seed
 
 #: Page cache per SQLite connection, in KiB: SQLite's own default is 2,000 KiB.
@@ -27,6 +29,7 @@ SQLITE_PAGE_CACHE_KIB = 2048
 
 def main(argv: Sequence[str] | None = None) -> None:
     bound_prefect_sqlite_page_cache(SQLITE_PAGE_CACHE_KIB)
+    retry_database_connection_errors()  # a restarting database is an outage its clients wait out, not a 500
     prefect_seed()  # a new SQLite database starts as a copy of a migrated one (prefect_database)
     from prefect.cli import app
 

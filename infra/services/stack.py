@@ -420,6 +420,8 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str, *, secret: str =
             "PREFECT_WORKER_WEBSERVER_PORT": str(port),
             "PREFECT_WORKER_QUERY_SECONDS": "2",  # pick up runs within ~2 s (default 10)
         },
+        # A worker that died and is replaced leaves its flow runs running (the engine sets this in each).
+        spare_env="PREFECT__FLOW_RUN_ID",
     )
 
 

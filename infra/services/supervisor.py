@@ -73,10 +73,10 @@ def tcp_open(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def dask_worker_registered(identity_url: str, worker_name: str) -> bool:
+def dask_worker_registered(identity_url: str, worker_name: str, timeout: float = 1.0) -> bool:
     """True when the scheduler's ``/json/identity.json`` lists a worker with this name."""
     try:
-        with urllib.request.urlopen(identity_url, timeout=1.0) as response:
+        with urllib.request.urlopen(identity_url, timeout=timeout) as response:
             identity = json.load(response)
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -101,14 +101,14 @@ def file_contents(path: str) -> str | None:
         return None
 
 
-def probe(health: Mapping[str, Any]) -> bool:
+def probe(health: Mapping[str, Any], timeout: float = 1.0) -> bool:
     kind = health["kind"]
     if kind == "http":
-        return http_ok(health["url"])
+        return http_ok(health["url"], timeout)
     if kind == "tcp":
-        return tcp_open(health["address"])
+        return tcp_open(health["address"], timeout)
     if kind == "dask_worker":
-        return dask_worker_registered(health["identity_url"], health["name"])
+        return dask_worker_registered(health["identity_url"], health["name"], timeout)
     if kind == "unix":
         return unix_socket_accepts(health["path"])
     if kind == "alive":  # a service that serves nothing (a watchdog): its process being alive is its health
@@ -136,6 +136,10 @@ class ServiceSpec:
     code_key: str | None = None
     # Called right before the service's process starts (never while it runs): e.g. setting up its files.
     before_start: Callable[[], None] | None = None
+    # Processes carrying this environment variable are work the service started (a Prefect worker's flow runs),
+    # not the service: when the service died and is replaced they are left running, and the new record adopts
+    # them, so that ``stop`` (``down``) still ends them.
+    spare_env: str | None = None
 
 
 PACKAGES = ("sweepflow.flows", "sweepflow.tasks", "sweepflow.services", "ddp_runtime")
@@ -277,16 +281,35 @@ def running(state_dir: str, name: str) -> str | None:
     return record["address"] if probe(record["health"]) else None
 
 
+#: A live service that missed its 1-s health check is asked again this many times, each with this long to
+#: answer, before it counts as hung and is replaced: a Dask scheduler or a server busy with a sweep can take
+#: seconds to answer, and replacing a Dask worker kills the trials on it (found by benchmarks/bench_chaos.py).
+PATIENT_PROBES, PATIENT_TIMEOUT_S = 3, 5.0
+
+
+def _answers_when_given_time(record: Mapping[str, Any] | None) -> str | None:
+    """The recorded address, if the recorded process is alive and answers a patient health check."""
+    if record is None or not alive(record):
+        return None
+    for attempt in range(PATIENT_PROBES):
+        if probe(record["health"], timeout=PATIENT_TIMEOUT_S):
+            return record["address"]
+        time.sleep(1.0 if attempt < PATIENT_PROBES - 1 else 0.0)
+    return None
+
+
 def ensure(state_dir: str, spec: ServiceSpec) -> str:
     """Return the address of a healthy ``spec.name`` service, starting it in the background if needed."""
     record = read_record(state_dir, spec.name)
     if record and spec.code_key and record.get("code_key") != spec.code_key:
         stop(state_dir, spec.name)  # it runs other code than what is on disk now
-    address = running(state_dir, spec.name)
+    address = running(state_dir, spec.name) or _answers_when_given_time(read_record(state_dir, spec.name))
     if address:
         return address
+    adopted: list[dict[str, Any]] = []
     if read_record(state_dir, spec.name):
-        stop(state_dir, spec.name)  # recorded but unhealthy: do not leave a half-dead process behind
+        # recorded but dead or unhealthy: do not leave a half-dead process behind (its work, see spare_env, lives on)
+        adopted = replace_dead(state_dir, spec.name, spec.spare_env)
     os.makedirs(os.path.join(state_dir, "services"), mode=0o700, exist_ok=True)
     os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
     if spec.ready_file and os.path.exists(spec.ready_file):
@@ -329,6 +352,7 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
                         "health": health,
                         "argv": list(spec.argv),
                         "code_key": spec.code_key,
+                        "adopted": adopted,
                     },
                     f,
                 )
@@ -407,23 +431,46 @@ def _signal_all(processes: Sequence[psutil.Process], signum: int) -> None:
             continue
 
 
-def terminate(pid: int, *, started: float | None = None, service_id: str | None = None) -> None:
+def _spared(processes: Sequence[psutil.Process], spare_env: str | None) -> set[int]:
+    """The pids among ``processes`` that carry ``spare_env``, with their descendants."""
+    if spare_env is None:
+        return set()
+    spared: set[int] = set()
+    for process in processes:
+        try:
+            if spare_env in process.environ():
+                spared |= {process.pid, *(c.pid for c in process.children(recursive=True))}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return spared
+
+
+def terminate(
+    pid: int, *, started: float | None = None, service_id: str | None = None, spare_env: str | None = None
+) -> list[psutil.Process]:
     """End every process of a service (see ``processes_of``): SIGTERM to its process group first (its
     own orderly shutdown: a Dask nanny closes its worker, a server its workers), then SIGTERM to whatever of
-    it is left, wherever it went, and SIGKILL after ``STOP_TIMEOUT_S``; again until nothing of it is left."""
-    if _leader_is_ours(pid, started):
+    it is left, wherever it went, and SIGKILL after ``STOP_TIMEOUT_S``; again until nothing of it is left.
+    ``spare_env``: leave the processes carrying it (and theirs) running, and return them (never the group's
+    SIGTERM then: it would reach them)."""
+    spared = _spared(processes_of(pid, started=started, service_id=service_id), spare_env)
+    if _leader_is_ours(pid, started) and not spared:
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass  # the group is already gone; escaped processes are handled below
         _wait_gone(processes_of(pid, started=started), STOP_TIMEOUT_S)
+
+    def rest() -> list[psutil.Process]:
+        return [p for p in processes_of(pid, started=started, service_id=service_id) if p.pid not in spared]
+
     for signum in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
-        left = processes_of(pid, started=started, service_id=service_id)
+        left = rest()
         if not left:
-            return
+            return [p for p in processes_of(pid, started=started, service_id=service_id) if p.pid in spared]
         _signal_all(left, signum)
         _wait_gone(left, STOP_TIMEOUT_S)
-    left = processes_of(pid, started=started, service_id=service_id)
+    left = rest()
     if left:
         raise RuntimeError(
             f"could not stop processes {[p.pid for p in left]} of a service (pid {pid}) even with SIGKILL; "
@@ -432,13 +479,39 @@ def terminate(pid: int, *, started: float | None = None, service_id: str | None 
 
 
 def stop(state_dir: str, name: str) -> bool:
-    """Stop a recorded service, every process of it (see ``terminate``); False if there was no record."""
+    """Stop a recorded service, every process of it (see ``terminate``), and the work it adopted from an earlier
+    process of it (see ``replace_dead``); False if there was no record."""
     record = read_record(state_dir, name)
     if record is None:
         return False
     terminate(int(record["pid"]), started=record.get("started"), service_id=record.get("service_id"))
+    for earlier in record.get("adopted") or []:
+        terminate(int(earlier["pid"]), started=earlier.get("started"), service_id=earlier.get("service_id"))
     os.remove(_record_path(state_dir, name))
     return True
+
+
+def replace_dead(state_dir: str, name: str, spare_env: str | None) -> list[dict[str, Any]]:
+    """Stop what is left of a recorded service that died or hangs, before it is started again. With
+    ``spare_env`` (see ``ServiceSpec.spare_env``) its processes carrying that variable live on; returns what
+    identifies them (the dead process's pid, start time and service id, and what it had adopted before), which
+    the new record keeps so that ``stop`` ends them."""
+    if spare_env is None:
+        stop(state_dir, name)
+        return []
+    record = read_record(state_dir, name)
+    if record is None:
+        return []
+    identity = {
+        "pid": int(record["pid"]),
+        "started": record.get("started"),
+        "service_id": record.get("service_id"),
+    }
+    kept = terminate(
+        identity["pid"], started=identity["started"], service_id=identity["service_id"], spare_env=spare_env
+    )
+    os.remove(_record_path(state_dir, name))
+    return list(record.get("adopted") or []) + ([identity] if kept else [])
 
 
 def forget(state_dir: str, name: str) -> None:
