@@ -562,9 +562,14 @@ def soak(
         up_args = ["--workers", "2", "--host", net.addresses["root"], "--insecure"]
         down = [sweepflow_exe(), "stack", "down", "--state-dir", stack_dir]
         cleanup.callback(lambda: subprocess.run(down, env=env, check=False, capture_output=True))
+
         # A resume's `sweepflow run` leaves its warm launcher under SWEEPFLOW_HOME, as on a user's machine.
-        stop_local = [sweepflow_exe(), "server", "stop", "--state-dir", env["SWEEPFLOW_HOME"]]
-        cleanup.callback(lambda: subprocess.run(stop_local, env=env, check=False, capture_output=True))
+        def stop_local() -> None:  # the resume's runs use the stack's SWEEPFLOW_HOME (stack.env)
+            home = world.stack_env.get("SWEEPFLOW_HOME", env["SWEEPFLOW_HOME"])
+            stop = [sweepflow_exe(), "server", "stop", "--state-dir", home]
+            subprocess.run(stop, env=env, check=False, capture_output=True)
+
+        cleanup.callback(stop_local)
         from sweepflow.services.stack import read_env
 
         world = World(stack_dir, env, {}, up_args, pg, net)

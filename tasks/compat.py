@@ -212,6 +212,52 @@ def _wrap_http_request() -> None:
     rest_utils.http_request = http_request
 
 
+def database_outages_answered_503() -> None:
+    """Make this MLflow server answer 503 (``TEMPORARILY_UNAVAILABLE``, which clients retry), not 500, when a
+    request failed because its database dropped or refused the connection. Call it in the server's process only.
+
+    Works around: MLflow's SQL store turns an ``OperationalError`` in its session into 503, but several store
+    methods (``log_batch`` among them, and so sweepflow's finish route) first wrap every exception as
+    ``INTERNAL_ERROR``, which the server answers 500: during a PostgreSQL restart, a trial's last writes were
+    refused as the server's own error, not retried, and the sweep failed (benchmarks/bench_chaos.py). Here the
+    status of an ``MlflowException`` whose cause is a lost connection (SQLAlchemy marked it invalidated, or
+    psycopg2 raised ``OperationalError``: refused, closed, the server starting up or shutting down) is 503;
+    every other error keeps its status (a missing table stays 500, said at once). Written for MLflow 3.17
+    (``MlflowException.get_http_status_code``, read by ``catch_mlflow_exception`` for each answer). If it breaks:
+    find where the server maps an exception to its status now.
+    """
+    from mlflow.exceptions import MlflowException
+
+    current = MlflowException.get_http_status_code
+    original = getattr(current, "__wrapped__", current)
+
+    def get_http_status_code(self: MlflowException) -> int:
+        status = original(self)
+        return 503 if status == 500 and _lost_database_connection(self) else status
+
+    get_http_status_code.__wrapped__ = original  # type: ignore[attr-defined]
+    MlflowException.get_http_status_code = get_http_status_code  # type: ignore[method-assign]
+
+
+def _lost_database_connection(exc: BaseException) -> bool:
+    import sqlalchemy.exc
+
+    try:
+        from psycopg2 import OperationalError as PgOperationalError
+    except ImportError:  # no PostgreSQL driver: no PostgreSQL store
+        PgOperationalError = ()  # noqa: N806 - isinstance() with an empty tuple is False
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, PgOperationalError) or isinstance(getattr(current, "orig", None), PgOperationalError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def server_message(body: str) -> str:
     """The message of an error answer: MLflow's JSON ``message``, else the page's text, in one bounded line."""
     try:

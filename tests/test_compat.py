@@ -362,6 +362,38 @@ def _with_cluster(body: Callable[[Any, list[Any], Any], Awaitable[None]], **work
     asyncio.run(main())
 
 
+def test_database_outages_answered_503_only_for_a_lost_database_connection(monkeypatch):
+    import sqlite3
+
+    import psycopg2
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INTERNAL_ERROR
+
+    monkeypatch.setattr(MlflowException, "get_http_status_code", MlflowException.get_http_status_code)
+
+    def wrapped_as_log_batch_does(error: Exception) -> MlflowException:
+        try:
+            try:
+                raise error
+            except Exception as e:  # noqa: BLE001 - as MLflow's log_batch does: the cause is only __context__
+                raise MlflowException(e, INTERNAL_ERROR)  # noqa: B904
+        except MlflowException as wrapped:
+            return wrapped
+
+    closed = sqlalchemy.exc.OperationalError(
+        "INSERT ...", {}, psycopg2.OperationalError("server closed the connection unexpectedly")
+    )
+    no_table = sqlalchemy.exc.OperationalError("SELECT ...", {}, sqlite3.OperationalError("no such table: runs"))
+    assert wrapped_as_log_batch_does(closed).get_http_status_code() == 500  # MLflow's own: the gap
+    compat.database_outages_answered_503()
+    compat.database_outages_answered_503()  # twice: wraps MLflow's method once
+    assert wrapped_as_log_batch_does(closed).get_http_status_code() == 503
+    assert wrapped_as_log_batch_does(no_table).get_http_status_code() == 500  # a broken schema: at once
+    assert MlflowException("a bug", INTERNAL_ERROR).get_http_status_code() == 500
+    assert MlflowException.invalid_parameter_value("bad").get_http_status_code() == 400
+
+
 def test_retry_database_connection_errors_answers_503_to_a_refused_database_and_500_to_a_bug(monkeypatch):
     import prefect.server.api.server as server
 
@@ -378,6 +410,31 @@ def test_retry_database_connection_errors_answers_503_to_a_refused_database_and_
     assert status(ConnectionResetError()) == 503 and status(TimeoutError()) == 503
     assert status(ValueError("a bug")) == 500 and status(FileNotFoundError("x")) == 500
     assert server.is_client_retryable_exception.__wrapped__.__module__ == "prefect.server.api.server"
+
+
+def test_an_outage_error_escaping_the_handlers_is_answered_503(monkeypatch):
+    import prefect.server.api.server as server
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    monkeypatch.setattr(server, "is_client_retryable_exception", server.is_client_retryable_exception)
+    monkeypatch.setattr(server, "create_app", server.create_app)
+    services_compat.retry_database_connection_errors()
+    assert server.create_app.__wrapped__.__module__ == "prefect.server.api.server"
+
+    def refused(request):
+        raise ConnectionRefusedError(111, "Connect call failed")
+
+    def bug(request):
+        raise ValueError("a bug")
+
+    app = Starlette(routes=[Route("/refused", refused), Route("/bug", bug)])
+    app.add_middleware(services_compat.OutageAnswer)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.get("/refused")
+        assert answer.status_code == 503 and answer.json() == {"exception_message": "Service Unavailable"}
+        assert client.get("/bug").status_code == 500
 
 
 @pytest.mark.dask

@@ -89,6 +89,49 @@ def retry_database_connection_errors() -> None:
     is_client_retryable_exception.__wrapped__ = prefect_check  # type: ignore[attr-defined]
     server.is_client_retryable_exception = is_client_retryable_exception
 
+    # Some routes' dependencies run outside the app's exception handlers (uvicorn logged "Exception in ASGI
+    # application" for a worker's poll during the restart, answered 500): the same errors get 503 there too.
+    prefect_create_app = getattr(server.create_app, "__wrapped__", server.create_app)
+
+    def create_app(*args: Any, **kwargs: Any) -> Any:
+        app = prefect_create_app(*args, **kwargs)
+        if not getattr(app.state, "sweepflow_outage_answer", False):
+            app.add_middleware(OutageAnswer)
+            app.state.sweepflow_outage_answer = True
+        return app
+
+    create_app.__wrapped__ = prefect_create_app  # type: ignore[attr-defined]
+    server.create_app = create_app
+
+
+class OutageAnswer:
+    """ASGI middleware: a request whose handling raised ``ConnectionError``/``TimeoutError`` before its answer
+    began is answered 503 (``Service Unavailable``, as Prefect's own handler words it), not uvicorn's 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except (ConnectionError, TimeoutError):
+            if started:
+                raise
+            body = b'{"exception_message": "Service Unavailable"}'
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
 
 # ----------------------------------------------------------------------------------------------------- CPython
 

@@ -26,6 +26,7 @@ import posixpath
 from typing import Any
 from urllib.parse import urlencode
 
+from sweepflow.tasks.compat import database_outages_answered_503
 from sweepflow.tasks.tracking.finish_route import FINISH_ROUTE, finish_run_handler
 from sweepflow.tasks.tracking.server_auth import denies, server_error_answer
 from sweepflow.tasks.tracking.server_routes import APP_NAME, PING_ROUTE, server_routes
@@ -139,11 +140,13 @@ def _add_routes(app: Any) -> None:
 
 
 def _keep_sqlite_statistics() -> None:
-    """A server on SQLite: its planner statistics kept fresh as runs grow (tracking/sqlite_statistics.py)."""
+    """In a server's process: a database that drops connections answered 503 (compat), and on SQLite its
+    planner statistics kept fresh as runs grow (tracking/sqlite_statistics.py)."""
     from mlflow.server.constants import BACKEND_STORE_URI_ENV_VAR
     from mlflow.server.handlers import _get_tracking_store
 
     if os.environ.get(BACKEND_STORE_URI_ENV_VAR):  # a server process (`mlflow server` sets it), not an import
+        database_outages_answered_503()
         start_statistics_keeper(_get_tracking_store())
 
 
