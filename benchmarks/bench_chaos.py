@@ -143,6 +143,7 @@ class World:
     net: Any
     remote_worker: subprocess.Popen | None = None
     restarted: list[str] = dataclasses.field(default_factory=list)  # services `stack up` started again
+    up_notes: list[str] = dataclasses.field(default_factory=list)  # why, as `stack up` said it
 
     def pids(self) -> dict[str, int]:
         from sweepflow.services import supervisor
@@ -164,6 +165,7 @@ class World:
             )
         after = self.pids()
         self.restarted += [name for name, pid in before.items() if after.get(name) != pid]
+        self.up_notes += [line for line in up.stderr.splitlines() if line.startswith("restarting ")]
         return time.monotonic() - t0
 
     def record(self, name: str) -> dict[str, Any]:
@@ -664,7 +666,7 @@ def soak(
         print(f"   sweep {sweep_s:.1f} s; {lost}")
         killed = {f.kind for _, f, _ in injected if f.kind in ("mlflow", "prefect-server", "prefect-worker")}
         extra = sorted(set(world.restarted) - killed)
-        print(f"   services `stack up` started again: {world.restarted}")
+        print(f"   services `stack up` started again: {world.restarted}; why: {world.up_notes}")
         check(not extra, "`stack up` restarted only the services the faults took down", ", ".join(extra))
     left = leftovers(os.path.join(state_dir, "stack"), before)
     check(not left, "no process or namespace left", "; ".join(left[:10]))

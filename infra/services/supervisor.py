@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -44,6 +45,7 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 LOOPBACK = "127.0.0.1"  # every service binds here unless its caller asks for another address
 SERVICE_ID_ENV = "SWEEPFLOW_SERVICE_ID"  # inherited by all of a service's processes: see stop()
+logger = logging.getLogger(__name__)
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -302,12 +304,14 @@ def ensure(state_dir: str, spec: ServiceSpec) -> str:
     """Return the address of a healthy ``spec.name`` service, starting it in the background if needed."""
     record = read_record(state_dir, spec.name)
     if record and spec.code_key and record.get("code_key") != spec.code_key:
+        logger.warning("restarting %s: its settings or code changed", spec.name)
         stop(state_dir, spec.name)  # it runs other code than what is on disk now
     address = running(state_dir, spec.name) or _answers_when_given_time(read_record(state_dir, spec.name))
     if address:
         return address
     adopted: list[dict[str, Any]] = []
     if read_record(state_dir, spec.name):
+        logger.warning("restarting %s: %s", spec.name, describe(state_dir, spec.name)[1])
         # recorded but dead or unhealthy: do not leave a half-dead process behind (its work, see spare_env, lives on)
         adopted = replace_dead(state_dir, spec.name, spec.spare_env)
     os.makedirs(os.path.join(state_dir, "services"), mode=0o700, exist_ok=True)
