@@ -32,7 +32,11 @@ LABELS = ("prefect server", "mlflow server", "postgres", "flow process", "dask s
 CONTROL_PLANE = ("prefect server", "mlflow server", "postgres", "flow process", "dask scheduler")
 #: On the stack (``sweepflow stack up``, bench_load.py --stack) each of these is a service of its own; its Dask
 #: workers (``dask-worker-<i>``) together are "dask workers". The flow processes stay the local launcher's.
-STACK_LABELS = {"prefect-server": "prefect server", "mlflow": "mlflow server", "dask-scheduler": "dask scheduler"}
+STACK_LABELS = {
+    "prefect-server": "prefect server",
+    "mlflow": "mlflow server",
+    "dask-scheduler": "dask scheduler",
+}
 
 
 def sweepflow_exe() -> str:
@@ -359,3 +363,25 @@ def mlflow_children(tracking_uri: str, experiment_id: str, parent_run_id: str) -
 
 def mib(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
+
+
+def task_runs(flow_run_id: str) -> list:
+    """Every task run of the flow run, from the Prefect server the environment names (PREFECT_API_URL)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    runs: list = []
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+                sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+                limit=200,
+                offset=len(runs),
+            )
+            runs += page
+            if len(page) < 200:
+                return runs

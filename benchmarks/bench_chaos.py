@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import BENCH_DIR, bench_env, mlflow_children, sweepflow_exe  # noqa: E402
+from _common import BENCH_DIR, bench_env, mlflow_children, sweepflow_exe, task_runs  # noqa: E402
 
 ROOT = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -333,28 +333,6 @@ def deploy_and_run(stack_env: dict[str, str], cfg: dict[str, Any]) -> str:
     if run.returncode != 0 or not found:
         raise RuntimeError(f"prefect deployment run failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     return found.group(1)
-
-
-def task_runs(flow_run_id: str) -> list:
-    """Every task run of the flow run (PREFECT_API_URL: the stack's server)."""
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import TaskRunSort
-
-    runs: list = []
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
-                sort=TaskRunSort.EXPECTED_START_TIME_DESC,
-                limit=200,
-                offset=len(runs),
-            )
-            runs += page
-            if len(page) < 200:
-                return runs
 
 
 def pipeline_flow_runs() -> list[str]:

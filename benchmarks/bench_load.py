@@ -56,6 +56,7 @@ from _common import (  # noqa: E402 - this folder on sys.path first
     service_pids,
     slope,
     sweepflow_exe,
+    task_runs,
 )
 
 SEARCH_SPACE = {
@@ -127,25 +128,7 @@ def prefect_task_runs(state_dir: str, flow_run_id: str, api_url: str | None = No
 
     os.environ.update(server_env(state_dir))
     os.environ["PREFECT_API_URL"] = api_url or read_record(state_dir, "prefect")["address"]
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import TaskRunSort
-
-    runs, offset = [], 0
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
-                sort=TaskRunSort.EXPECTED_START_TIME_DESC,
-                limit=200,
-                offset=offset,
-            )
-            runs += page
-            offset += len(page)
-            if len(page) < 200:
-                return runs
+    return task_runs(flow_run_id)
 
 
 def verify(state_dir: str, summary: dict, n: int, check: Checks, api_url: str | None = None) -> list:
@@ -316,7 +299,9 @@ def report_resources(sampler: Sampler, children: list, summary: dict, n: int, wa
         + f". (Linear extrapolation from {n} trials; RSS includes allocator slack, so it is noisy at small N.)"
     )
     if "postgres" in sampler.samples[-1].rss:
-        print("   (postgres: PSS, not RSS: its backends' RSS would each count the shared buffers they touched)")
+        print(
+            "   (postgres: PSS, not RSS: its backends' RSS would each count the shared buffers they touched)"
+        )
 
 
 FLAT_AFTER = 500  # trials: the plateau is judged from here on (allocators and caches warm up before)
@@ -419,7 +404,9 @@ def start_stack(stack_dir: str, env: dict[str, str], cleanup: contextlib.ExitSta
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     if up.returncode != 0:
-        raise SystemExit(f"FAIL sweepflow stack up exited {up.returncode}:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+        raise SystemExit(
+            f"FAIL sweepflow stack up exited {up.returncode}:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}"
+        )
     database = next((line for line in up.stdout.splitlines() if line.startswith("Databases:")), "SQLite")
     print(f"stack up: {time.perf_counter() - t0:.1f} s; {database}")
     # The runs need no database: its URL (with the password) stays with the stack's two servers.

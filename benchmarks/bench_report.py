@@ -98,11 +98,15 @@ def main() -> None:
                 wall, drawn_ms = open_in_browser(page, f"{out}/profile-{n}")
                 size_mb = os.path.getsize(page) / 1e6
                 drawn = f"{drawn_ms / 1000:.2f} s" if drawn_ms is not None else "not drawn within 120 s"
-                print(f"{n:5d} trials in Chromium: plots drawn {drawn} after navigation ({wall:.1f} s wall "
-                      f"until seen); page {size_mb:.1f} MB")
+                print(
+                    f"{n:5d} trials in Chromium: plots drawn {drawn} after navigation ({wall:.1f} s wall "
+                    f"until seen); page {size_mb:.1f} MB"
+                )
     base = sizes[0]
     for n in sizes:
-        print(f"{n:5d} trials: {best[n]:6.2f} s  ({best[n] / best[base]:.2f}x {base} trials; {n / base:.0f}x the rows)")
+        print(
+            f"{n:5d} trials: {best[n]:6.2f} s  ({best[n] / best[base]:.2f}x {base} trials; {n / base:.0f}x the rows)"
+        )
 
 
 if __name__ == "__main__":
