@@ -242,17 +242,18 @@ def database_outages_answered_503() -> None:
 def _lost_database_connection(exc: BaseException) -> bool:
     import sqlalchemy.exc
 
-    try:
-        from psycopg2 import OperationalError as PgOperationalError
-    except ImportError:  # no PostgreSQL driver: no PostgreSQL store
-        PgOperationalError = ()  # noqa: N806 - isinstance() with an empty tuple is False
+    def pg_operational(error: object) -> bool:  # psycopg2's OperationalError, without importing the driver
+        return any(
+            c.__name__ == "OperationalError" and c.__module__.startswith("psycopg2") for c in type(error).__mro__
+        )
+
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
             return True
-        if isinstance(current, PgOperationalError) or isinstance(getattr(current, "orig", None), PgOperationalError):
+        if pg_operational(current) or pg_operational(getattr(current, "orig", None)):
             return True
         current = current.__cause__ or current.__context__
     return False
