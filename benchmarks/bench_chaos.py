@@ -472,7 +472,7 @@ def verify(
     }
 
 
-def leftovers(stack_dir: str, before: set[int]) -> list[str]:
+def leftovers(stack_dir: str, state_dir: str, before: set[int]) -> list[str]:
     """What the soak left running: stack services still recorded, processes of this venv started meanwhile.
     (Its network namespace is checked by ``Hosts.close``, which raises if one is left.)"""
     import psutil
@@ -483,18 +483,21 @@ def leftovers(stack_dir: str, before: set[int]) -> list[str]:
     out += [
         f"process {p.pid} {' '.join(p.cmdline()[:3])}"
         for p in psutil.process_iter()
-        if p.pid not in before and p.pid != os.getpid() and _ours(p)
+        if p.pid not in before and p.pid != os.getpid() and _ours(p, state_dir)
     ]
     return out
 
 
-def _ours(process: Any) -> bool:
-    """A process running from this venv (not this one's own children being reaped)."""
+def _ours(process: Any, state_dir: str) -> bool:
+    """A process of this soak's: its command line or environment names the soak's state directory (other work
+    on the machine, e.g. tests running beside it, is not this soak's to report)."""
     try:
-        cmd = " ".join(process.cmdline())
-        return sys.prefix in cmd and process.ppid() != os.getpid()
+        if process.ppid() == os.getpid():
+            return False  # this process's own children, being reaped
+        texts = [*process.cmdline(), *process.environ().values()]
     except Exception:  # noqa: BLE001 - a process that exited or that we may not read is not ours to report
         return False
+    return any(state_dir in text for text in texts)
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -646,7 +649,7 @@ def soak(
         extra = sorted(set(world.restarted) - killed)
         print(f"   services `stack up` started again: {world.restarted}; why: {world.up_notes}")
         check(not extra, "`stack up` restarted only the services the faults took down", ", ".join(extra))
-    left = leftovers(os.path.join(state_dir, "stack"), before)
+    left = leftovers(os.path.join(state_dir, "stack"), state_dir, before)
     check(not left, "no process or namespace left", "; ".join(left[:10]))
     print(f"\nwall {time.perf_counter() - t_start:.1f} s")
     print(f"{'FAIL' if check.failed else 'PASS'}: {check.failed} check(s) failed")
