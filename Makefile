@@ -18,7 +18,7 @@ lint:
 test: install-dev lint
 	bash scripts/install-browser.sh
 	bash scripts/install-postgres.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --durations=40
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --no-loadscope-reorder --max-worker-restart=0 --durations=40
 
 # The development lane: every test that starts no server and no cluster (markers: see pyproject.toml), in a
 # few minutes on 2 cores. Needs the dev venv (`make install-dev`). `make test` stays the whole suite.

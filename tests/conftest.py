@@ -60,6 +60,7 @@ LONGEST_FIRST = (
     "test_stack_hygiene.py",
     "test_faults_ranks.py",
     "test_multihost.py",
+    "test_chaos.py",
     "test_resume.py",
     "test_cli.py",
     "test_own_project.py",
