@@ -115,7 +115,9 @@ def _frames(
     def submit() -> None:
         piece = next(todo, None)
         if piece is not None:
-            pending.append(client.compute(_piece(ddf, piece, lengths), workers=here, allow_other_workers=True))
+            pending.append(
+                client.compute(_piece(ddf, piece, lengths), workers=here, allow_other_workers=True)
+            )
 
     submit()
     try:
