@@ -473,8 +473,9 @@ def verify(
 
 
 def leftovers(stack_dir: str, state_dir: str, before: set[int]) -> list[str]:
-    """What the soak left running: stack services still recorded, processes of this venv started meanwhile.
-    (Its network namespace is checked by ``Hosts.close``, which raises if one is left.)"""
+    """What the soak left running: stack services still recorded, processes started meanwhile that name its
+    ``state_dir`` (see ``_ours``). (Its network namespace is checked by ``Hosts.close``, which raises if one is
+    left.)"""
     import psutil
 
     from sweepflow.services import supervisor

@@ -102,12 +102,11 @@ def _frames(
         return
     from distributed import get_worker
 
-    # Asked of the rank's own worker (loosely: another may take it). A task with no such restriction belongs to a
-    # "root-ish" group once the dataset has more partitions than the cluster has threads, and the scheduler then
-    # holds it in its queue until a worker has a free slot; with every worker's one thread held by a seceded rank,
-    # both ranks of a 2-rank group once waited on partitions that no worker was ever sent (600 s, no task
-    # running; the same race as dask/distributed#7223). A restricted task is never queued, and is computed where
-    # its rows are consumed, with no transfer.
+    # Asked of the rank's own worker (loosely: another may take it). Reading tasks are "data producers", which the
+    # scheduler treats as root-ish and holds in its queue until a worker has a free slot; with every worker's one
+    # thread held by a seceded rank, both ranks of a 2-rank group once waited 600 s on partitions no worker was
+    # ever sent (no task running anywhere; a race of the kind of dask/distributed#7223). A task with a worker
+    # restriction is never queued, and is computed where its rows are consumed, with no transfer.
     here = [get_worker().address]
     pending: collections.deque[Any] = collections.deque()
     todo = iter(pieces)
