@@ -13,6 +13,7 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
+  touch .venv/.sweepflow-bytecode  # a new venv: uv compiles everything it installs below (--compile-bytecode)
 fi
 if [ ! -x .venv/bin/uv ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check uv
@@ -33,4 +34,17 @@ fi
 
 target="."
 [ -n "$extras" ] && target=".[${extras}]"
-.venv/bin/uv pip install --python .venv/bin/python ${uv_args[@]+"${uv_args[@]}"} -e "$target"
+# --compile-bytecode: every .pyc written now, for all of site-packages. uv writes none by default and leaves it to
+# the first import, which cannot write them where PYTHONDONTWRITEBYTECODE=1 is set (this machine, CI): every Python
+# process then compiled torch, torchvision, scikit-learn, MLflow and Prefect from source again on each start
+# (importing torch, torchvision and sklearn.datasets took 22 s instead of 4; benchmarks/RESULTS.md).
+.venv/bin/uv pip install --python .venv/bin/python --compile-bytecode ${uv_args[@]+"${uv_args[@]}"} -e "$target"
+# A venv made before that flag: compile what it already holds, once (about a minute on 2 cores). compileall exits 1
+# for the few files in site-packages that are not valid Python 3.11 (templates and test data inside packages):
+# those are never imported, so that status is not a failure here.
+if [ ! -f .venv/.sweepflow-bytecode ]; then
+  .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+  touch .venv/.sweepflow-bytecode
+fi
+# sweepflow's own modules (an editable install: they stay in the checkout). An edited file's stale .pyc is ignored.
+.venv/bin/python -m compileall -q -j 0 ddp_runtime flows tasks infra >/dev/null
