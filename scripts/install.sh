@@ -34,10 +34,11 @@ fi
 
 target="."
 [ -n "$extras" ] && target=".[${extras}]"
-# --compile-bytecode: every .pyc written now, for all of site-packages. uv writes none by default and leaves it to
-# the first import, which cannot write them where PYTHONDONTWRITEBYTECODE=1 is set (this machine, CI): every Python
-# process then compiled torch, torchvision, scikit-learn, MLflow and Prefect from source again on each start
-# (importing torch, torchvision and sklearn.datasets took 22 s instead of 4; benchmarks/RESULTS.md).
+# --compile-bytecode: the .pyc files of what this command installs (uv 0.13 compiles only those), written now. uv
+# writes none by default and leaves it to the first import, which cannot write them where PYTHONDONTWRITEBYTECODE=1
+# is set (this machine, CI): every Python process then compiled torch, torchvision, scikit-learn, MLflow and Prefect
+# from source again on each start (importing torch, torchvision and sklearn.datasets took 22 s instead of 7.7;
+# benchmarks/RESULTS.md).
 .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode ${uv_args[@]+"${uv_args[@]}"} -e "$target"
 # A venv made before that flag: compile what it already holds, once (about a minute on 2 cores). compileall exits 1
 # for the few files in site-packages that are not valid Python 3.11 (templates and test data inside packages):
