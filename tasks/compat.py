@@ -233,13 +233,15 @@ def database_outages_answered_503() -> None:
 
     def get_http_status_code(self: MlflowException) -> int:
         status = original(self)
-        return 503 if status == 500 and _lost_database_connection(self) else status
+        return 503 if status == 500 and lost_database_connection(self) else status
 
     get_http_status_code.__wrapped__ = original  # type: ignore[attr-defined]
     MlflowException.get_http_status_code = get_http_status_code  # type: ignore[method-assign]
 
 
-def _lost_database_connection(exc: BaseException) -> bool:
+def lost_database_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its cause/context chain) is a database connection that was lost or
+    refused: SQLAlchemy marked it invalidated, or psycopg2 raised ``OperationalError``."""
     import sqlalchemy.exc
 
     def pg_operational(error: object) -> bool:  # psycopg2's OperationalError, without importing the driver

@@ -394,6 +394,39 @@ def test_database_outages_answered_503_only_for_a_lost_database_connection(monke
     assert MlflowException.invalid_parameter_value("bad").get_http_status_code() == 400
 
 
+def test_an_api_exception_escaping_mlflows_handler_is_503_for_a_lost_database_and_json_500_otherwise():
+    """The store's rollback on a connection PostgreSQL closed raises SQLAlchemy's OperationalError past MLflow's
+    own handler (the chaos soak's restart): that is an outage the client retries, not the server's own error."""
+    import psycopg2
+    import sqlalchemy.exc
+    from flask import Flask
+    from werkzeug.exceptions import InternalServerError
+
+    from sweepflow.tasks.tracking.server_auth import server_error_answer
+
+    app = Flask("server-errors")
+    app.register_error_handler(InternalServerError, server_error_answer)
+    closed = psycopg2.OperationalError("server closed the connection unexpectedly")
+    errors = {
+        "rollback": sqlalchemy.exc.OperationalError("ROLLBACK", {}, closed),
+        "bug": RuntimeError("no such column: runs.lifecycle_stage"),
+    }
+
+    def raising(name: str):
+        raise errors[name]
+
+    app.add_url_rule("/api/2.0/mlflow/<name>", "raising", raising, methods=["POST"])
+    app.add_url_rule("/ui/<name>", "ui", raising)
+    client = app.test_client()
+    outage = client.post("/api/2.0/mlflow/rollback")
+    assert outage.status_code == 503 and outage.json["error_code"] == "TEMPORARILY_UNAVAILABLE", outage.data
+    assert "server closed the connection" in outage.json["message"]
+    bug = client.post("/api/2.0/mlflow/bug")
+    assert bug.status_code == 500 and bug.json["error_code"] == "INTERNAL_ERROR", bug.data
+    assert bug.json["message"] == "RuntimeError: no such column: runs.lifecycle_stage"
+    assert client.get("/ui/bug").status_code == 500  # not an API path: Flask's own page
+
+
 def test_retry_database_connection_errors_answers_503_to_a_refused_database_and_500_to_a_bug(monkeypatch):
     import prefect.server.api.server as server
 

@@ -11,7 +11,8 @@ Two things every route sweepflow adds to an MLflow server needs:
   Internal Server Error" page that names nothing. On the API paths, sweepflow's servers answer it as MLflow
   answers its own errors, JSON ``{"error_code": "INTERNAL_ERROR", "message": "<type>: <text>"}`` (URIs' passwords
   redacted), and log the traceback; the client then fails the write with that sentence at once instead of
-  waiting for a server that is up (``sweepflow.tasks.tracking.runs``).
+  waiting for a server that is up (``sweepflow.tasks.tracking.runs``). An exception that is a lost database
+  connection (PostgreSQL restarting) is answered 503 ``TEMPORARILY_UNAVAILABLE`` instead, which clients retry.
 """
 
 from __future__ import annotations
@@ -53,13 +54,22 @@ def server_error_answer(error: Any) -> Any:
     with the exception's type and message; other paths (the UI) keep Flask's page."""
     from flask import jsonify, request
 
+    from sweepflow.tasks.compat import lost_database_connection
     from sweepflow.tasks.datasets.uris import redact
 
     original = getattr(error, "original_exception", None)
     if original is None or not request.path.startswith(API_PREFIXES):
         return error
-    log.error("%s %s failed", request.method, request.path, exc_info=original)
     message = redact(f"{type(original).__name__}: {original}")[:2000]
+    if lost_database_connection(original):
+        # The database went away under the request (PostgreSQL restarting): an outage the client retries, as
+        # MLflow's store answers it when the error reaches its own handler (``compat.database_outages_answered_503``).
+        # Here it escaped that handler: the store's rollback, on the same dead connection, raised past it.
+        log.warning("%s %s: the database connection was lost (503): %s", request.method, request.path, message[:300])
+        response = jsonify({"error_code": "TEMPORARILY_UNAVAILABLE", "message": message})
+        response.status_code = 503
+        return response
+    log.error("%s %s failed", request.method, request.path, exc_info=original)
     response = jsonify({"error_code": "INTERNAL_ERROR", "message": message})
     response.status_code = 500
     return response
