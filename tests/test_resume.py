@@ -102,23 +102,30 @@ def _wait_until_interruptible(state_dir: str, proc: subprocess.Popen, timeout: f
     raise AssertionError(f"no moment to interrupt the run within {timeout} s")
 
 
+@pytest.fixture(scope="module")
+def straight(prefect_harness, tmp_path_factory) -> str:
+    """The reference: the sweep (SETTINGS), never interrupted, run to its end by the CLI; its state dir. The
+    resume test compares the resumed sweep with it; the refusal test asks to resume it, a finished run."""
+    state_dir = str(tmp_path_factory.mktemp("resume") / "straight")
+    sqlite_store(state_dir)  # the CLI's default store under state_dir, migrated once
+    os.makedirs(os.path.join(state_dir, "marks"))
+    open(os.path.join(state_dir, "marks", "go"), "w").close()  # no trial holds
+    ref = subprocess.run(_command(state_dir), capture_output=True, text=True, timeout=600, env=_env())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return state_dir
+
+
 @pytest.mark.subprocess
 @pytest.mark.prefect
 def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterrupted_one(
-    prefect_harness, tmp_path
+    prefect_harness, straight, tmp_path
 ):
     env = _env()
-    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
-    sqlite_store(straight), sqlite_store(broken)  # the CLI's default store under state_dir, migrated once
-    for state_dir in (straight, broken):
-        os.makedirs(os.path.join(state_dir, "marks"))
-    open(os.path.join(straight, "marks", "go"), "w").close()  # the reference run: no trial holds
+    broken = str(tmp_path / "broken")
+    sqlite_store(broken)  # the CLI's default store under state_dir, migrated once
+    os.makedirs(os.path.join(broken, "marks"))
 
-    # The reference: the same sweep, never interrupted.
-    ref = subprocess.run(_command(straight), capture_output=True, text=True, timeout=600, env=env)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-
-    # The same sweep, killed (the flow process and its local Dask workers) between two reports of a trial.
+    # The same sweep as the reference (``straight``), killed (the flow process and its local Dask workers) between two reports of a trial.
     proc = subprocess.Popen(
         _command(broken), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
     )
@@ -185,26 +192,17 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
 
 @pytest.mark.prefect
 def test_resume_refuses_a_changed_configuration_or_a_finished_run_before_any_work(
-    prefect_harness, tmp_path, monkeypatch, capsys
+    prefect_harness, straight, monkeypatch, capsys
 ):
+    """Asked of the reference run (finished), in this process: every refusal comes before any work."""
     from sweepflow.flows.cli import main
 
     for key in ("MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS", "PREFECT_API_URL", "SWEEPFLOW_STORAGE"):
         monkeypatch.delenv(key, raising=False)
-    state = str(tmp_path / "state")
-    sqlite_store(state)  # the CLI's default store under state_dir, migrated once
-    small = [
-        "sweep.num_samples=2",
-        "training.epochs=1",
-        "scheduler.type=fifo",
-        "resources.ranks_per_trial=1",
-        "dask.n_workers=1",
-        "mlflow.registered_model_name=resume-digits",
-    ]
-    argv = _command(state, settings=small)[1:]
-    assert main(argv) == 0
-    parent = _summary(state)["parent_run_id"]
-    capsys.readouterr()
+    # The reference's own command line. Marking its run FAILED below leaves what the resume test reads of it (its
+    # summary file) as it was.
+    argv = _command(straight)[1:]
+    parent = _summary(straight)["parent_run_id"]
 
     def refused(*extra: str) -> str:
         assert main([*argv, *extra]) == 2
@@ -213,9 +211,9 @@ def test_resume_refuses_a_changed_configuration_or_a_finished_run_before_any_wor
         return err
 
     assert "nothing to resume" in refused("--resume", parent)
-    client = _client(state)
+    client = _client(straight)
     client.set_terminated(parent, "FAILED")  # as a run that died of an error leaves it
-    assert "sweep.num_samples was 2, now 3" in refused("--resume", parent, "--set", "sweep.num_samples=3")
+    assert "sweep.num_samples was 4, now 5" in refused("--resume", parent, "--set", "sweep.num_samples=5")
     assert "no such MLflow run" in refused("--resume", "0123456789abcdef")
     runs = client.search_runs([client.get_experiment_by_name("sweepflow").experiment_id])
     assert len([r for r in runs if "sweepflow.resume_key" in r.data.tags]) == 1  # no run was started
