@@ -48,7 +48,7 @@ def warm_registry() -> bool:
 
 
 def _import_registry() -> None:
-    importlib.import_module(REGISTRY_MODULE)
+    registry = importlib.import_module(REGISTRY_MODULE)
     import mlflow.pytorch  # noqa: F401 - log_model
     import torch
 
@@ -56,6 +56,8 @@ def _import_registry() -> None:
     # enough to pay it. Registration's own export waits for this one (``_registry_warmed``): two exports at
     # once in one process would share dynamo's global state.
     torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(2, 2),))
+    # log_model's requirement check maps every installed package to its modules first (~2 s, once).
+    registry.warm_requirement_checks()
 
 
 def _registry_warmed() -> None:

@@ -362,6 +362,27 @@ def _with_cluster(body: Callable[[Any, list[Any], Any], Awaitable[None]], **work
     asyncio.run(main())
 
 
+def test_warm_requirement_checks_builds_the_map_log_models_requirement_check_reads(monkeypatch):
+    """``registry.warm_requirement_checks`` (run in a worker's warm-up thread) builds MLflow's package map; the
+    requirement check ``log_model`` runs then reads it and scans no installed distribution again."""
+    import torch
+    from mlflow.utils import requirements_utils
+
+    from sweepflow.tasks.tracking.registry import warm_requirement_checks
+
+    assert warm_requirement_checks() is True
+    assert "torch" in requirements_utils._PACKAGES_TO_MODULES
+
+    scans = []
+    real = requirements_utils.importlib_metadata.packages_distributions
+    monkeypatch.setattr(
+        requirements_utils.importlib_metadata, "packages_distributions", lambda: scans.append(1) or real()
+    )
+    version = torch.__version__.split("+")[0]
+    requirements_utils.warn_dependency_requirement_mismatches([f"torch=={version}", "numpy"])
+    assert scans == [], "the requirement check mapped the installed packages again"
+
+
 def test_database_outages_answered_503_only_for_a_lost_database_connection(monkeypatch):
     import sqlite3
 
