@@ -48,7 +48,7 @@ def warm_registry() -> bool:
 
 
 def _import_registry() -> None:
-    registry = importlib.import_module(REGISTRY_MODULE)
+    importlib.import_module(REGISTRY_MODULE)
     import mlflow.pytorch  # noqa: F401 - log_model
     import torch
 
@@ -57,7 +57,9 @@ def _import_registry() -> None:
     # once in one process would share dynamo's global state.
     torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(2, 2),))
     # log_model's requirement check maps every installed package to its modules first (~2 s, once).
-    registry.warm_requirement_checks()
+    from sweepflow.tasks.compat import build_mlflow_requirement_map
+
+    build_mlflow_requirement_map()
 
 
 def _registry_warmed() -> None:

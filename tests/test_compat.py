@@ -362,15 +362,13 @@ def _with_cluster(body: Callable[[Any, list[Any], Any], Awaitable[None]], **work
     asyncio.run(main())
 
 
-def test_warm_requirement_checks_builds_the_map_log_models_requirement_check_reads(monkeypatch):
-    """``registry.warm_requirement_checks`` (run in a worker's warm-up thread) builds MLflow's package map; the
-    requirement check ``log_model`` runs then reads it and scans no installed distribution again."""
+def test_build_mlflow_requirement_map_builds_the_map_log_models_requirement_check_reads(monkeypatch):
+    """``compat.build_mlflow_requirement_map`` (run in a worker's registration warm-up) builds MLflow's package
+    map; the requirement check ``log_model`` runs then reads it and scans no installed distribution again."""
     import torch
     from mlflow.utils import requirements_utils
 
-    from sweepflow.tasks.tracking.registry import warm_requirement_checks
-
-    assert warm_requirement_checks() is True
+    assert compat.build_mlflow_requirement_map() is True
     assert "torch" in requirements_utils._PACKAGES_TO_MODULES
 
     scans = []

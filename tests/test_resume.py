@@ -125,7 +125,8 @@ def test_a_killed_sweep_resumes_from_mlflow_and_storage_and_ends_as_an_uninterru
     sqlite_store(broken)  # the CLI's default store under state_dir, migrated once
     os.makedirs(os.path.join(broken, "marks"))
 
-    # The same sweep as the reference (``straight``), killed (the flow process and its local Dask workers) between two reports of a trial.
+    # The same sweep as the reference (``straight``), killed (the flow process and its local Dask workers)
+    # between two reports of a trial.
     proc = subprocess.Popen(
         _command(broken), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
     )
