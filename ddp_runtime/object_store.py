@@ -25,10 +25,12 @@ How an object lives:
   thread: a ``get`` waiting for it keeps its own thread (it does not secede, which would let the worker take
   another rank beside it), so if every worker thread is held by ranks waiting on a lost object, the
   recomputation waits for one of them to end (their group's hang timeout).
-* Freed: from the cluster when the scope that placed it ends (an experiment's end; the last scope open on that
-  client), or when the ``ObjectRef`` returned by ``put`` is garbage-collected; from this process (the pickled
-  bytes) when that ``ObjectRef`` is garbage-collected. Keep it referenced while trials use it (a variable or
-  the ``config`` handed to ``tune.run``), as in a Ray script.
+* Freed: a placement a scope made, from the cluster when that scope ends (an experiment's end; the last scope
+  open on that client); the placement ``put`` made on the current client, when the ``ObjectRef`` returned by
+  ``put`` is garbage-collected (a scope on that same client ending keeps it, as Ray keeps a driver's object
+  while its ref lives: ``put`` once, ``fit`` many times); every placement and this process's pickled bytes,
+  when that ``ObjectRef`` is garbage-collected. Keep it referenced while trials use it (a variable or the
+  ``config`` handed to ``tune.run``), as in a Ray script.
 
 An ``ObjectRef`` pickles to its key alone, so it travels in trial configs, closures, task arguments and
 containers; ``get`` fetches the bytes (from the worker's own memory when it holds them, else through the
@@ -109,6 +111,7 @@ class _Entry:
     futures: dict[str, Future | None] = field(
         default_factory=dict
     )  # client.id -> its future (None: being placed)
+    scoped: set[str] = field(default_factory=set)  # the client ids whose placement an object_store scope made
 
 
 _LOCK = threading.RLock()
@@ -146,13 +149,17 @@ def _current_client() -> Client | None:
     return client if client.status == "running" else None
 
 
-def _place(key: str, entry: _Entry, client: Client) -> None:
+def _place(key: str, entry: _Entry, client: Client, *, scoped: bool) -> None:
     """``entry`` on ``client``'s cluster, once per client (submitted outside the lock: a garbage-collected
-    ``ObjectRef`` releases its object from whichever thread the collector runs in, Dask's event loop's too)."""
+    ``ObjectRef`` releases its object from whichever thread the collector runs in, Dask's event loop's too).
+    ``scoped``: an ``object_store`` scope places it, and releases it when the scope ends; otherwise ``put``
+    placed it on the current client and it lives while the ``ObjectRef`` does. The first placement decides."""
     with _LOCK:
         if client.id in entry.futures:
             return
         entry.futures[client.id] = None
+        if scoped:
+            entry.scoped.add(client.id)
     with warnings.catch_warnings():  # "Sending large graph": the value is meant to travel once, this way
         warnings.simplefilter("ignore", UserWarning)
         future = client.submit(_hold, entry.payload, key=key, pure=False)
@@ -176,9 +183,10 @@ def put(value: Any) -> ObjectRef:
     """Store ``value`` and return a reference any worker can ``get`` it with (Ray: ``ray.put``).
 
     The value is pickled now (cloudpickle; later changes to it are not seen) and kept in this process; it is
-    placed on the current Dask client's cluster if there is one, and on every cluster an ``object_store``
-    scope opens (each experiment, each ``TorchTrainer.fit``). Survives a worker restart by lineage: see the
-    module's docstring.
+    placed on the current Dask client's cluster if there is one (there it lives while the returned
+    ``ObjectRef`` does), and on every cluster an ``object_store`` scope opens (each experiment, each
+    ``TorchTrainer.fit``; released when it ends). Survives a worker restart by lineage: see the module's
+    docstring.
 
     Args:
         value: Any picklable object (a model, a dataset, a table).
@@ -192,12 +200,12 @@ def put(value: Any) -> ObjectRef:
     entry = _Entry(payload)
     with _LOCK:
         _ENTRIES[ref.key] = entry
-        clients = [scopes[-1] for scopes in _SCOPES.values()]
+        scoped = [scopes[-1] for scopes in _SCOPES.values()]
+    for client in scoped:
+        _place(ref.key, entry, client, scoped=True)
     current = _current_client()
-    if current is not None and all(c is not current for c in clients):
-        clients.append(current)
-    for client in clients:
-        _place(ref.key, entry, client)
+    if current is not None and all(c.id != current.id for c in scoped):
+        _place(ref.key, entry, current, scoped=False)
     weakref.finalize(ref, _forget, ref.key).atexit = False  # at exit the clients close, and their keys go
     return ref
 
@@ -208,8 +216,9 @@ def object_store(client: Client | None = None) -> Iterator[Client]:
     job, freed when it ends).
 
     On entry every object this process holds is placed on the cluster, as is every object ``put`` while the
-    scope is open; when the last scope open on ``client`` ends, they are all released from that cluster (the
-    scheduler forgets their keys). Experiments (``tune.run``, ``Tuner.fit``, the pipeline) and
+    scope is open; when the last scope open on ``client`` ends, the scopes' placements are released from that
+    cluster (the scheduler forgets their keys). An object ``put`` placed on ``client`` before, as the current
+    client, is not the scope's: it stays while its ``ObjectRef`` lives. Experiments (``tune.run``, ``Tuner.fit``, the pipeline) and
     ``TorchTrainer.fit`` open one around their run; open your own when you drive Dask yourself. Scopes nest.
 
     Args:
@@ -224,19 +233,25 @@ def object_store(client: Client | None = None) -> Iterator[Client]:
         entries = list(_ENTRIES.items())
     try:
         for key, entry in entries:
-            _place(key, entry, client)
+            _place(key, entry, client, scoped=True)
         yield client
     finally:
         with _LOCK:
             scopes = _SCOPES[client.id]
             scopes.pop()
             last = not scopes
+            placed = []
             if last:
                 del _SCOPES[client.id]
-                placed = [e.futures.pop(client.id) for e in _ENTRIES.values() if client.id in e.futures]
+                for entry in _ENTRIES.values():
+                    if client.id in entry.scoped:
+                        entry.scoped.discard(client.id)
+                        placed.append(entry.futures.pop(client.id, None))
                 placed = [f for f in placed if f is not None]
-        if last and placed and client.status == "running":
-            client.cancel(placed)  # a round trip: the scheduler has forgotten them when this returns
+        if placed and client.status == "running":
+            # Asks the scheduler to forget them; it does so on its own schedule (a key whose submission has
+            # not reached it yet is cancelled on arrival), so callers that count keys poll.
+            client.cancel(placed)
 
 
 def _remaining(deadline: float | None) -> float | None:

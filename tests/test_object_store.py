@@ -39,6 +39,12 @@ def _wanted_by(client, key: str) -> list[str]:
     return client.run_on_scheduler(wanting)
 
 
+def _flush(client) -> None:
+    """Once this returns the scheduler has handled every message ``client`` sent before (a scope's cancel is
+    one): a task submitted now travels the same ordered stream, and its result comes back after it ran."""
+    assert client.submit(int, pure=False).result(timeout=30) == 0
+
+
 def _eventually_no_objects(client, timeout_s: float = 10.0) -> dict[str, list[str]]:
     deadline = time.monotonic() + timeout_s
     while (left := _objects_on(client)) and time.monotonic() < deadline:
@@ -142,7 +148,10 @@ def test_every_rank_of_a_torch_trainer_reads_an_object_put_in_the_driver(cluster
         client=cluster,
     ).fit()
     assert result.metrics["sum"] == 499500.0 and result.metrics["world_size"] == 2
-    assert model_ref.key in _objects_on(cluster)  # the default client put it: it lives while its ref does
+    # The default client put it before any scope: the fit's scope on that same client did not place it, so its
+    # end does not release it.
+    _flush(cluster)
+    assert _wanted_by(cluster, model_ref.key) == [cluster.id]  # it lives while its ref does, as in Ray
     del model_ref
     gc.collect()
     assert _eventually_no_objects(cluster) == {}
@@ -166,8 +175,12 @@ def test_a_tune_function_trainable_gets_the_object_and_the_experiment_releases_i
     ).fit()
     assert not grid.errors and sorted(r.metrics["score"] for r in grid) == [999000.0, 1998000.0]
     # The experiment's own client released it; what is left is this process's default client's placement (a
-    # Ray script's `ray.init()`), which lives while the ref does, or until a scope on that client ends.
+    # Ray script's `ray.init()`), which lives while the ref does: a scope on that client ending keeps it.
     assert _wanted_by(cluster, model_ref.key) == [cluster.id]
     with ray.object_store(cluster):
         pass
+    _flush(cluster)
+    assert _wanted_by(cluster, model_ref.key) == [cluster.id]
+    del model_ref, grid  # the results hold the param space, and so the ref, as Ray's do
+    gc.collect()
     assert _eventually_no_objects(cluster) == {}

@@ -181,15 +181,22 @@ def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     )
     # The flow's parameters are what the Prefect UI shows of the experiment; the experiment itself (functions,
     # schedulers, searchers) goes to the flow function directly, in this process.
-    flow_fn = _flow(lambda **shown: _experiment_flow(experiment, place, **shown))
-    return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
-        trainable=experiment.trainable_name,
-        num_trials=experiment.sampler.total,
-        metric=experiment.metric,
-        mode=experiment.mode,
-        scheduler=repr(experiment.scheduler),
-        search=experiment.search,
-    )
+    # The flow holds the experiment through a box emptied when the run returns: Prefect's background calls keep
+    # the flow run's context, and so this flow, alive past its end, and the experiment holds the user's objects
+    # (the param space's ray.put refs keep their objects on the cluster while anything holds them).
+    held = [experiment, place]
+    flow_fn = _flow(lambda **shown: _experiment_flow(*held, **shown))
+    try:
+        return flow_fn.with_options(flow_run_name=f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}")(
+            trainable=experiment.trainable_name,
+            num_trials=experiment.sampler.total,
+            metric=experiment.metric,
+            mode=experiment.mode,
+            scheduler=repr(experiment.scheduler),
+            search=experiment.search,
+        )
+    finally:
+        held.clear()
 
 
 def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRecord]:
