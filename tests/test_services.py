@@ -10,6 +10,7 @@ import time
 
 import psutil
 
+from sweepflow.services import exposure
 from sweepflow.services import supervisor as services
 
 
@@ -153,10 +154,10 @@ def test_exposing_the_stack_is_refused_before_anything_starts_without_auth_and_t
     with pytest.raises(ValueError, match="cannot listen there"):
         _exposed(tmp_path).check()  # 198.51.100.7 (TEST-NET-2) is no address of this machine
     monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)
-    monkeypatch.setattr(stack, "installed", lambda module: False)
+    monkeypatch.setattr(exposure, "installed", lambda module: False)
     with pytest.raises(ValueError, match=r"mlflow\[auth\]"):
         _exposed(tmp_path).check()  # MLflow's basic-auth app without Flask-WTF
-    monkeypatch.setattr(stack, "installed", lambda module: True)
+    monkeypatch.setattr(exposure, "installed", lambda module: True)
     _exposed(tmp_path).check()  # complete: accepted
     with pytest.raises(ValueError, match="--prefect-auth-file"):
         _exposed(tmp_path, prefect_auth_string=None).check()
@@ -196,7 +197,7 @@ def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_
     monkeypatch.setattr(services, "ensure", fake_ensure)
     monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)
     monkeypatch.setattr(stack, "_ensure_bucket", lambda env: None)
-    monkeypatch.setattr(stack, "installed", lambda module: True)
+    monkeypatch.setattr(exposure, "installed", lambda module: True)
     monkeypatch.setattr(stack, "scheduler_http", lambda state_dir, path: f"http://127.0.0.1:1{path}")
     env = stack.up(str(tmp_path), worker_preload=[], workers=1, exposure=_exposed(tmp_path))
     by_name = {spec.name: spec for spec in started}
