@@ -160,17 +160,17 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
 def _seeded_harness_dir() -> str:
     """The harness's temporary directory, its database already migrated when this Prefect version's template
-    exists (``sweepflow.services.prefect_database``; any new local server makes it): the harness's server then
+    exists (``sweepflow.services.sqlite_templates``; any new local server makes it): the harness's server then
     skips ~100 migrations. Without the template, or should the harness name its file otherwise, the server
     migrates its own as before."""
     import prefect
 
-    from sweepflow.services import prefect_database
+    from sweepflow.services import sqlite_templates
 
     directory = tempfile.mkdtemp()
-    template = prefect_database.template_path(prefect.__version__)
+    template = sqlite_templates.template_path("prefect", prefect.__version__)
     if os.path.exists(template):
-        prefect_database.copy_database(template, os.path.join(directory, "prefect-test.db"))
+        sqlite_templates.copy_database(template, os.path.join(directory, "prefect-test.db"))
     return directory
 
 

@@ -238,14 +238,13 @@ def test_the_local_dask_cluster_preloads_what_its_caller_names_and_is_keyed_by_i
     assert other.code_key != spec.code_key  # restarted for one that preloads something else
 
 
-
-def test_a_new_prefect_database_is_migrated_once_per_version_then_copied(tmp_path, monkeypatch):
-    """``prefect_database.seed_database``: the first new SQLite database of a Prefect version is migrated (by the
-    function given) and kept as that version's template; later new ones are copies of it (schema and rows,
+def test_a_new_server_database_is_migrated_once_per_kind_and_version_then_copied(tmp_path, monkeypatch):
+    """``sqlite_templates.seed_database``: the first new SQLite database of a server's version is migrated (by the
+    function given) and kept as that kind and version's template; later new ones are copies of it (schema and rows,
     write-ahead log included); an existing database and a PostgreSQL URL are left alone."""
     import sqlite3
 
-    from sweepflow.services import prefect_database
+    from sweepflow.services import sqlite_templates
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     migrations: list[str] = []
@@ -263,22 +262,63 @@ def test_a_new_prefect_database_is_migrated_once_per_version_then_copied(tmp_pat
     first, second = str(tmp_path / "a" / "prefect.db"), str(tmp_path / "b" / "prefect.db")
     os.makedirs(os.path.dirname(first)), os.makedirs(os.path.dirname(second))
     url = "sqlite+aiosqlite:///{}".format
-    assert prefect_database.seed_database(url(first), "3.9.1", migrate_to(first)) == "migrated"
-    assert prefect_database.seed_database(url(second), "3.9.1", migrate_to(second)) == "copied"
+    assert sqlite_templates.seed_database(url(first), "prefect", "3.9.1", migrate_to(first)) == "migrated"
+    assert sqlite_templates.seed_database(url(second), "prefect", "3.9.1", migrate_to(second)) == "copied"
     assert migrations == [first]
     with sqlite3.connect(second) as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("head",)]
     assert os.listdir(tmp_path / "cache" / "sweepflow") == ["prefect-3.9.1.db"]  # no partial copy left
-    assert prefect_database.seed_database(url(second), "3.9.1", migrate_to(second)) == "existing"
+    assert sqlite_templates.seed_database(url(second), "prefect", "3.9.1", migrate_to(second)) == "existing"
     # Another version has its own template: its first database is migrated again.
     third = str(tmp_path / "b" / "other.db")
-    assert prefect_database.seed_database(url(third), "3.10.0", migrate_to(third)) == "migrated"
+    assert sqlite_templates.seed_database(url(third), "prefect", "3.10.0", migrate_to(third)) == "migrated"
     assert migrations == [first, third]
-    assert prefect_database.seed_database("postgresql+asyncpg://u@h/db", "3.9.1", migrate_to(third)) == (
-        "not sqlite"
+    # Another kind, same version: its own template.
+    fourth = str(tmp_path / "b" / "mlflow.db")
+    assert (
+        sqlite_templates.seed_database(f"sqlite:///{fourth}", "mlflow", "3.9.1", migrate_to(fourth))
+        == "migrated"
     )
-    assert prefect_database.seed_database("sqlite+aiosqlite:///:memory:", "3.9.1", migrate_to(third)) == (
-        "not sqlite"
+    assert migrations == [first, third, fourth]
+    postgres, memory = "postgresql+asyncpg://u@h/db", "sqlite+aiosqlite:///:memory:"
+    assert sqlite_templates.seed_database(postgres, "prefect", "3.9.1", migrate_to(third)) == "not sqlite"
+    assert sqlite_templates.seed_database(memory, "prefect", "3.9.1", migrate_to(third)) == "not sqlite"
+
+
+def test_a_new_mlflow_store_is_the_migrated_template_and_mlflow_opens_it_without_migrating(
+    tmp_path, monkeypatch
+):
+    """``sweepflow.services.mlflow_server``: the first new SQLite store of an MLflow version is migrated by MLflow's
+    own code; the next is a copy, which MLflow's store opens without migrating, making its Default experiment
+    under its own artifact root. Fails if MLflow renames the migration function the template is made with."""
+    import mlflow.store.db.utils as mlflow_db
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from sweepflow.services.mlflow_server import backend_store_uri, mlflow_seed, use_sqlite_wal
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first, second = f"sqlite:///{tmp_path}/a/mlflow.db", f"sqlite:///{tmp_path}/b/mlflow.db"
+    assert mlflow_seed(first) == "migrated"
+    assert mlflow_seed(second) == "copied"
+    assert mlflow_seed(second) == "existing"
+
+    def no_migration(engine):
+        raise AssertionError("MLflow migrated a database copied from the template")
+
+    monkeypatch.setattr(mlflow_db, "_initialize_tables", no_migration)
+    use_sqlite_wal(str(tmp_path / "b" / "mlflow.db"))
+    store = SqlAlchemyStore(second, str(tmp_path / "b" / "artifacts"))
+    try:
+        (default,) = store.search_experiments()
+        assert default.name == "Default" and default.artifact_location.startswith(str(tmp_path / "b"))
+    finally:
+        store.engine.dispose()
+
+    assert backend_store_uri(["--host", "h", "--backend-store-uri", first, "--port", "1"]) == first
+    assert backend_store_uri(["--backend-store-uri=sqlite:///x.db"]) == "sqlite:///x.db"
+    monkeypatch.setenv("MLFLOW_BACKEND_STORE_URI", "postgresql://u@h/db")  # a password stays off argv
+    assert (
+        backend_store_uri([]) == "postgresql://u@h/db" and mlflow_seed(backend_store_uri([])) == "not sqlite"
     )
 
 

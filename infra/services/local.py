@@ -190,12 +190,12 @@ def mlflow_server_spec(
         else ["--no-serve-artifacts", "--default-artifact-root", artifacts]
     )
     url = f"http://{host}:{port}"
-    sqlite_file = _sqlite_file(backend_store_uri)
     return services.ServiceSpec(
         name=name,
         argv=[
-            venv_executable("mlflow"),
-            "server",
+            sys.executable,
+            "-m",
+            "sweepflow.services.mlflow_server",  # `mlflow server`, a new SQLite store copied from a migrated one
             *(["--backend-store-uri", backend_store_uri] if backend_store_uri is not None else []),
             *artifact_args,
             "--host",
@@ -212,39 +212,7 @@ def mlflow_server_spec(
         env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_SETTINGS, **(env or {})},
         # A server started before it ran this app (no report route) or under uvicorn is restarted once, not reused.
         code_key=f"app={app_name};{GUNICORN_OPTS}",
-        before_start=(lambda: use_sqlite_wal(sqlite_file)) if sqlite_file else None,
     )
-
-
-def _sqlite_file(backend_store_uri: str | None) -> str | None:
-    """The database file of a ``sqlite:///<path>`` store URI; None for any other store."""
-    prefix = "sqlite:///"
-    if not backend_store_uri or not backend_store_uri.startswith(prefix):
-        return None
-    path = backend_store_uri[len(prefix) :].split("?", 1)[0]
-    return path if path and path != ":memory:" else None
-
-
-def use_sqlite_wal(path: str) -> None:
-    """Put the SQLite database ``path`` (created if missing; MLflow makes its tables on first start) in
-    write-ahead-log mode, which the file keeps. MLflow opens SQLite in its default rollback-journal mode: every
-    commit creates, syncs and deletes a journal file; with the log, a commit appends to it. The server's CPU per
-    trial's writes (create, log_batch, end) fell 31-35 -> 27-30 ms, its latency 65-75 -> 54-55 ms, side by side.
-    Only for a file the server alone opens on a local disk (the state dir's): WAL needs shared memory that a
-    network file system does not give."""
-    import sqlite3
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    connection = sqlite3.connect(path, timeout=30)
-    try:
-        mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    finally:
-        connection.close()
-    if mode != "wal":
-        raise RuntimeError(
-            f"could not put the MLflow database {path} in WAL mode (SQLite says {mode!r}): is it on a network "
-            "file system? Keep the state directory on a local disk"
-        )
 
 
 def local_dask_spec(
@@ -301,7 +269,9 @@ def use_local_services(
         os.environ.update(server_env(state_dir))
         url = services.running(state_dir, PREFECT)
         if not url:  # its address is known before it is up, so the others can start alongside it
-            spec = prefect_server_spec(state_dir, port=services.previous_port(state_dir, PREFECT, services.LOOPBACK))
+            spec = prefect_server_spec(
+                state_dir, port=services.previous_port(state_dir, PREFECT, services.LOOPBACK)
+            )
             url = spec.address
             starts[PREFECT] = lambda: services.ensure(state_dir, spec)
         os.environ["PREFECT_API_URL"] = url

@@ -1,20 +1,22 @@
-"""A new Prefect server's SQLite database, copied from a migrated one instead of migrated from nothing.
+"""A new server's SQLite database (Prefect's, MLflow's), copied from a migrated one instead of migrated from
+nothing.
 
-``prefect server start`` on a database file that does not exist yet runs all of Prefect's migrations first
-(~100 of them): 7 of the 25 s a fresh server took to answer here, on every new state directory and every
-temporary server. The migrated schema is the same for every database of one Prefect version, so the first
-server of each version migrates its own file as before, and its copy is kept in the user's cache
-(``$XDG_CACHE_HOME/sweepflow``, else ``~/.cache/sweepflow``) as ``prefect-<version>.db``; later new databases
-start as a copy of it. Prefect's own start-up then finds the schema current and goes on (its migration step
-still runs and checks). A database that exists is never touched; PostgreSQL is not affected.
+A server on a database file that does not exist yet runs all of its migrations first: ``prefect server start``
+~100 of them (7 of the 25 s a fresh server took to answer here), ``mlflow server`` ~60 (2.4 CPU-s), on every new
+state directory, every ``stack up`` and every temporary server. The migrated schema is the same for every
+database of one version, so the first server of each version migrates its own file as before, and its copy is
+kept in the user's cache (``$XDG_CACHE_HOME/sweepflow``, else ``~/.cache/sweepflow``) as
+``<kind>-<version>.db``; later new databases start as a copy of it. The server's own start-up then finds the
+schema current and goes on (its migration step still runs and checks). A database that exists is never
+touched; PostgreSQL is not affected.
 
 The copy is the schema only: it is taken right after the migrations, before the server starts or writes
-anything of its own (block types, events, runs).
+anything of its own (Prefect's block types and events; MLflow's Default experiment, whose artifact location
+names the state directory).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sqlite3
@@ -38,8 +40,9 @@ def cache_dir() -> str:
     return os.path.join(base, "sweepflow")
 
 
-def template_path(prefect_version: str) -> str:
-    return os.path.join(cache_dir(), f"prefect-{prefect_version}.db")
+def template_path(kind: str, version: str) -> str:
+    """The cached migrated database of ``kind`` ("prefect", "mlflow") at ``version``."""
+    return os.path.join(cache_dir(), f"{kind}-{version}.db")
 
 
 def copy_database(source: str, destination: str) -> None:
@@ -51,7 +54,10 @@ def copy_database(source: str, destination: str) -> None:
     try:
         # Closed before the rename (``with`` on a connection only commits): closing checkpoints the copy's
         # write-ahead log into its file and removes the log, so nothing of it stays behind under the old name.
-        with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(partial)) as dst:
+        with (
+            contextlib.closing(sqlite3.connect(source)) as src,
+            contextlib.closing(sqlite3.connect(partial)) as dst,
+        ):
             src.backup(dst)
         os.replace(partial, destination)
     finally:
@@ -59,35 +65,19 @@ def copy_database(source: str, destination: str) -> None:
             os.unlink(partial)
 
 
-def seed_database(connection_url: str, prefect_version: str, migrate: Callable[[], None]) -> str:
+def seed_database(connection_url: str, kind: str, version: str, migrate: Callable[[], None]) -> str:
     """Before the server starts: a new SQLite database at ``connection_url`` is a copy of this version's
-    migrated template, or, without one, is migrated here (``migrate()``, Prefect's own ``create_db``) and
+    migrated template, or, without one, is migrated here (``migrate()``: the server's own migration code) and
     becomes the template. Returns what was done: "existing", "copied", "migrated", or "not sqlite"."""
     path = sqlite_file(connection_url)
     if path is None:
         return "not sqlite"
     if os.path.exists(path):
         return "existing"
-    template = template_path(prefect_version)
+    template = template_path(kind, version)
     if os.path.exists(template):
         copy_database(template, path)
         return "copied"
     migrate()
     copy_database(path, template)
     return "migrated"
-
-
-def prefect_seed() -> str:
-    """``seed_database`` for this process's Prefect settings (``prefect_server``'s, before it starts)."""
-    import prefect
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().server.database.connection_url
-    url = url.get_secret_value() if url is not None else ""
-
-    def migrate() -> None:
-        from prefect.server.database import provide_database_interface
-
-        asyncio.run(provide_database_interface().create_db())
-
-    return seed_database(url, prefect.__version__, migrate)
