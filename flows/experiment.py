@@ -81,7 +81,7 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
                 sweep = sweep_on(exp, client, tracker, parent, template, at_once, prior=prior, log=log).run()
             stages.lap("sweep_s")
             if exp.finalize is not None:
-                warm_finalizer(client)  # registration's imports, behind the report and the evaluation
+                warm_finalizer(client)  # unless the sweep's tail started them: behind the report and evaluation
             board, leaderboard = record_sweep(sweep, tracker, parent, sweep_record(exp), log=log)
             stages.lap("report_s")  # the leaderboard, the report, the parent run's sweep record (Pareto front too)
             best = name_best(sweep, tracker, parent, exp)
@@ -198,7 +198,18 @@ def sweep_on(
         fail_fast=exp.fail_fast,
         log=log,
         observer=exp.observer,
+        # The sweep's tail: a worker stays idle, so registration's imports start there, not after the sweep.
+        on_tail=(lambda: warm_finalizer_quietly(client, log)) if exp.finalize is not None else None,
     )
+
+
+def warm_finalizer_quietly(client: Any, log: Callable[[str], None]) -> None:
+    """``warm_finalizer`` from the sweep's driver loop: a lost scheduler is said, not raised (the sweep's own
+    calls meet it too, and registration imports what it needs itself)."""
+    try:
+        warm_finalizer(client)
+    except (OSError, TimeoutError) as exc:
+        log(f"registration's imports not started early: {type(exc).__name__}: {exc}")
 
 
 def parent_spec(exp: Experiment) -> ParentRun:

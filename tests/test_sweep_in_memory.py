@@ -230,3 +230,39 @@ def test_hyperband_pauses_a_bracket_at_its_milestone_and_goes_on_from_each_kept_
             assert starts[q] == [0] and trials[q].status is TrialStatus.STOPPED
             assert trials[q].stop_reason == "HyperBand"
     assert sum(len(starts[q]) == 2 for q in kept) >= 1
+
+
+def test_the_tail_hook_runs_once_when_every_trial_started_and_a_slot_stays_free(tmp_path):
+    """``on_tail`` (the experiment starts registration's imports there): once, after the last trial started and
+    one ended while another still runs; not while trials wait for slots, not after the last one ended."""
+    tail_seen = threading.Event()
+    calls: list[dict[float, bool]] = []
+    running: dict[float, bool] = {}
+
+    def script(config: dict[str, Any], start: int):
+        running[config["lr"]] = True
+        if config["lr"] == 4.0:  # started last; runs until the tail is seen
+            assert tail_seen.wait(10), "on_tail was not called while this trial ran"
+        yield {"loss": config["lr"]}
+        running[config["lr"]] = False
+
+    def on_tail() -> None:
+        calls.append(dict(running))
+        tail_seen.set()
+
+    sweep, _ = _sweep(tmp_path, script, [1.0, 2.0, 3.0, 4.0], concurrency=2, on_tail=on_tail)
+    result = sweep.run()
+    assert {t.status for t in result.trials} == {TrialStatus.COMPLETED} and len(result.trials) == 4
+    assert len(calls) == 1
+    assert calls[0][4.0] is True  # every trial had started, and the last one still ran
+
+    # Fewer trials than slots: every trial starts at once, so the first to end leaves a slot free for good.
+    tail_seen.clear()
+    calls.clear()
+    sweep, _ = _sweep(tmp_path / "b", script, [1.0, 4.0], concurrency=3, on_tail=on_tail)
+    assert len(sweep.run().trials) == 2 and len(calls) == 1
+    # One trial: it never ends while another runs.
+    calls.clear()
+    sweep, _ = _sweep(tmp_path / "c", _losses(lambda lr: [1.0]), [1.0], concurrency=2, on_tail=on_tail)
+    sweep.run()
+    assert calls == []

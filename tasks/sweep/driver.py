@@ -62,13 +62,16 @@ class Sweep:
         observer: SweepObserver | None = None,
         launcher: TrialLauncher | None = None,
         trainer: Trainer | None = None,
+        on_tail: Callable[[], None] | None = None,
     ) -> None:
         """``prior``: the trials of an interrupted sweep this one resumes (``resume.load_prior_sweep``);
         ``fail_fast``: the first failed trial ends the sweep (the running trials stop, none starts);
         ``observer``: told the sweep's events as they happen (``events.py``); ``launcher``: how trials start
         (default: as ``train-trial`` Prefect task runs; ``launch.Threads()``: plain threads, no Prefect);
         ``trainer``: what runs a trial's group (default ``TorchTrainer`` on ``cluster``; tests give a fake one,
-        and ``cluster`` None, for a sweep held wholly in memory)."""
+        and ``cluster`` None, for a sweep held wholly in memory); ``on_tail``: called once, from the driver
+        loop, when every trial has started and one ends while fewer than ``concurrency`` others still run (a slot
+        stays free for the rest of the sweep: the experiment starts registration's imports on an idle worker)."""
         if getattr(sampler, "total", None) is None:
             raise ValueError("the sweep's sampler must know how many trials it proposes (give it num_samples)")
         if concurrency < 1:
@@ -89,6 +92,7 @@ class Sweep:
         self.observer = observer
         self.launcher = launcher or PrefectTasks()
         self.trainer = trainer
+        self.on_tail = on_tail
 
     def run(self) -> SweepResult:
         """Run every trial the sampler proposes (or as many as the time budget allows); return their results.
@@ -193,6 +197,7 @@ class Sweep:
         submitted = 0  # trials the sweep is done with starting (read back from a resumed sweep, or submitted)
         tasks_submitted = 0  # trials submitted as tasks: each tells the scheduler it started
         next_in_line_since = time.perf_counter()  # when the next trial began to wait for a slot
+        tail = self.on_tail  # called once, then None
         while True:  # a step: start what can start, then take one trial's end or a freed slot
             runtime.notify("step_begin")
             while submitted < self.sampler.total and not runtime.aborted and not runtime.out_of_time():
@@ -250,6 +255,9 @@ class Sweep:
             self.sampler.tell_result(number, result)
             finished.append(self._with_bookkeeping(result, submitted_at))
             runtime.notify("trial_ended", finished[-1])
+            if tail is not None and submitted >= self.sampler.total and 0 < len(in_flight) < self.concurrency:
+                tail, call = None, tail
+                call()
             runtime.notify("step_end")
         not_started = self.sampler.total - len(finished)
         if not_started:
