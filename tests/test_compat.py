@@ -780,3 +780,64 @@ def test_bound_prefect_sqlite_page_cache_sets_the_cache_of_every_connection_pref
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["prefect: 20000", "bounded: -2048"], proc.stdout
+
+
+@pytest.mark.mlflow_server
+def test_fork_mlflow_gunicorn_serves_from_a_fork_of_the_command_and_stops_with_it(tmp_path):
+    """``sweepflow.services.compat.fork_mlflow_gunicorn`` (through ``python -m sweepflow.services.mlflow_server``):
+    the gunicorn master and its worker are forks of MLflow's command (same command line, no ``-m gunicorn``
+    process), the worker opens its own store and serves writes and reads, and SIGTERM to the command stops them
+    all. Fails if MLflow starts its gunicorn otherwise (a ``-m gunicorn`` child appears)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [
+        sys.executable, "-m", "sweepflow.services.mlflow_server",
+        "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db", "--no-serve-artifacts",
+        "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1", "--gunicorn-opts", "--worker-class gthread --threads 2 --graceful-timeout 3",
+        "--app-name", "sweepflow",
+    ]  # fmt: skip
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer within 120 s"
+                time.sleep(0.1)
+        tree = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        assert len(tree) == 3 and all(p.cmdline() == tree[0].cmdline() for p in tree), [p.cmdline() for p in tree]
+
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        run = client.create_run(client.create_experiment("forked"))
+        for step in range(5):
+            client.log_metric(run.info.run_id, "loss", 1.0 / (step + 1), step=step)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2, 3, 4]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)  # gunicorn's graceful stop: at most 3 s for the client's keep-alive connection
+        finally:
+            log.close()
+            for process in tree:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    process.kill()
+    assert server.returncode == 0
+    assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -133,6 +133,120 @@ class OutageAnswer:
             await send({"type": "http.response.body", "body": body})
 
 
+# ------------------------------------------------------------------------------------------- MLflow (server)
+
+
+def fork_mlflow_gunicorn() -> None:
+    """Make ``mlflow server`` (under gunicorn, in this process) fork its gunicorn master from this process
+    instead of starting it as a new Python process.
+
+    Works around: MLflow's server command imports MLflow's server and opens its stores, then starts
+    ``python -m gunicorn ... APP``, whose worker imports all of it again: 5.6 CPU-s and 229 MiB here, on every
+    start. Forked, the master and its worker start with it imported, their pages shared with this process's.
+    In the fork, every SQLAlchemy engine's pool is dropped without closing its connections (SQLAlchemy's
+    recipe for forked processes) and MLflow's cached stores are forgotten, so the worker opens its own.
+
+    Relies on ``mlflow.server._run_server`` starting the server through the module's ``_exec_cmd(cmd,
+    extra_env=..., capture_output=False, synchronous=False)`` with ``cmd == [python, "-m", "gunicorn", *args]``,
+    using only the result's ``pid``, ``poll()``, ``send_signal()`` and ``wait()``, and on
+    ``mlflow.server.handlers``' ``_tracking_store`` / ``_model_registry_store`` caches. Written for MLflow
+    3.17. If it breaks: any other call goes to MLflow's own ``_exec_cmd``, so the server still starts (as a new
+    process, slower); match the new call here.
+    """
+    import mlflow.server as server
+
+    original = server._exec_cmd
+
+    def exec_cmd(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        forkable = (
+            not args
+            and set(kwargs) <= {"extra_env", "capture_output", "synchronous"}
+            and kwargs.get("capture_output") is False
+            and kwargs.get("synchronous") is False
+            and list(cmd[1:3]) == ["-m", "gunicorn"]
+        )
+        if not forkable:
+            return original(cmd, *args, **kwargs)
+        return _ForkedServer.start(["gunicorn", *cmd[3:]], kwargs.get("extra_env") or {})
+
+    server._exec_cmd = exec_cmd
+
+
+class _ForkedServer:
+    """A forked child running gunicorn, with the part of ``subprocess.Popen`` MLflow's command uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, argv: list[str], env: Mapping[str, str]) -> _ForkedServer:
+        import os
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return cls(pid)
+        code = 1
+        try:  # the child: never returns into MLflow's command
+            _forget_database_connections()
+            os.environ.update(env)
+            sys.argv = argv
+            from gunicorn.app.wsgiapp import run
+
+            run()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - said on stderr (the server's log), then the child exits 1
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        import os
+
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import os
+
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        import os
+
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+
+def _forget_database_connections() -> None:
+    """In a forked child: the parent's SQLAlchemy pools dropped, their connections left to the parent, and
+    MLflow's server stores forgotten (each worker opens its own)."""
+    import gc
+
+    import mlflow.server.handlers as handlers
+    from sqlalchemy.engine import Engine
+
+    for engine in [o for o in gc.get_objects() if isinstance(o, Engine)]:
+        engine.dispose(close=False)
+    handlers._tracking_store = None
+    handlers._model_registry_store = None
+
+
 # ----------------------------------------------------------------------------------------------------- CPython
 
 
@@ -148,4 +262,9 @@ def run_atexit_handlers() -> None:
     atexit._run_exitfuncs()
 
 
-__all__ = ["bound_prefect_sqlite_page_cache", "dask_identity_has_worker", "run_atexit_handlers"]
+__all__ = [
+    "bound_prefect_sqlite_page_cache",
+    "dask_identity_has_worker",
+    "fork_mlflow_gunicorn",
+    "run_atexit_handlers",
+]

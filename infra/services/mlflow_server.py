@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from sweepflow.services.compat import fork_mlflow_gunicorn
 from sweepflow.services.sqlite_templates import seed_database, sqlite_file
 
 
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = sqlite_file(store_uri or "")
     if path is not None:
         use_sqlite_wal(path)
+    fork_mlflow_gunicorn()  # its gunicorn starts with MLflow imported, not as a new Python importing it again
     from mlflow.cli import cli
 
     cli.main(args=["server", *args], prog_name="mlflow")
