@@ -254,7 +254,10 @@ def test_the_tail_hook_runs_once_when_every_trial_started_and_a_slot_stays_free(
     result = sweep.run()
     assert {t.status for t in result.trials} == {TrialStatus.COMPLETED} and len(result.trials) == 4
     assert len(calls) == 1
-    assert calls[0][4.0] is True  # every trial had started, and the last one still ran
+    # Every trial had been launched; the first three had ended and the last had not (its thread may not have
+    # begun its function yet: launched is what the hook waits for).
+    assert [calls[0].get(lr) for lr in (1.0, 2.0, 3.0)] == [False, False, False]
+    assert calls[0].get(4.0, True) is True
 
     # Fewer trials than slots: every trial starts at once, so the first to end leaves a slot free for good.
     tail_seen.clear()
