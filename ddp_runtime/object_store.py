@@ -218,8 +218,9 @@ def object_store(client: Client | None = None) -> Iterator[Client]:
     On entry every object this process holds is placed on the cluster, as is every object ``put`` while the
     scope is open; when the last scope open on ``client`` ends, the scopes' placements are released from that
     cluster (the scheduler forgets their keys). An object ``put`` placed on ``client`` before, as the current
-    client, is not the scope's: it stays while its ``ObjectRef`` lives. Experiments (``tune.run``, ``Tuner.fit``, the pipeline) and
-    ``TorchTrainer.fit`` open one around their run; open your own when you drive Dask yourself. Scopes nest.
+    client, is not the scope's: it stays while its ``ObjectRef`` lives. Experiments (``tune.run``,
+    ``Tuner.fit``, the pipeline) and ``TorchTrainer.fit`` open one around their run; open your own when you
+    drive Dask yourself. Scopes nest.
 
     Args:
         client: The Dask client of the cluster; default: the current default client.

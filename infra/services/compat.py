@@ -218,7 +218,7 @@ class _ForkedServer:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
+    def wait(self) -> int:
         import os
 
         if self.returncode is None:

@@ -28,7 +28,7 @@ LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP)
 
 
 def venv_executable(name: str) -> str:
-    """A console script installed beside this interpreter (prefect, mlflow, dask, rclone)."""
+    """A console script installed beside this interpreter (prefect, dask, rclone)."""
     return os.path.join(os.path.dirname(sys.executable), name)
 
 
@@ -269,9 +269,7 @@ def use_local_services(
         os.environ.update(server_env(state_dir))
         url = services.running(state_dir, PREFECT)
         if not url:  # its address is known before it is up, so the others can start alongside it
-            spec = prefect_server_spec(
-                state_dir, port=services.previous_port(state_dir, PREFECT, services.LOOPBACK)
-            )
+            spec = prefect_server_spec(state_dir, port=services.previous_port(state_dir, PREFECT, services.LOOPBACK))
             url = spec.address
             starts[PREFECT] = lambda: services.ensure(state_dir, spec)
         os.environ["PREFECT_API_URL"] = url
