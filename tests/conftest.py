@@ -48,6 +48,7 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     # test_stack_hygiene.py: the stack on a PostgreSQL server (the `postgres` fixture, asked for inside it)
     "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess", "postgres"),
     "postgres": ("postgres",),  # below: a PostgreSQL server (tests/postgres_server.py)
+    "browser": ("browser",),  # below: one headless Chromium for the module (tests/browser.py)
 }
 
 
@@ -95,6 +96,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium for the module's pages (``tests/browser.py``): each page a full load, the browser's
+    process and caches shared; stopped and its profile removed after the module."""
+    from browser import Browser
+
+    with Browser(str(tmp_path_factory.mktemp("browser") / "profile")) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="module")

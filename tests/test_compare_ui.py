@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 from mlflow.tracking import MlflowClient
 
@@ -88,7 +87,7 @@ def finished_sweep(prefect_ui, mlflow_server, _shared_cluster, tmp_path_factory)
 
 
 @pytest.mark.browser
-def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, mlflow_server, tmp_path):
+def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, mlflow_server, browser, tmp_path):
     summary = finished_sweep
     client = MlflowClient(mlflow_server)
     eid, parent = summary["experiment_id"], summary["parent_run_id"]
@@ -105,7 +104,7 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     )
     varying = varying_params([t["config"] for t in summary["trials"]])
     assert "lr" in varying, varying
-    rendered = {label: rendered_dom(url, str(tmp_path / f"view-{i}")) for i, (label, url) in enumerate(views.items())}
+    rendered = {label: browser.rendered_dom(url) for label, url in views.items()}
     for label, dom in rendered.items():
         assert "Judges" not in dom and "Prompts" not in dom, f"the {label} link opened MLflow's GenAI mode"
     names = {r.info.run_id: r.info.run_name for r in (client.get_run(i) for i in best_first)}
@@ -118,8 +117,8 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     assert shown == sorted(shown, reverse=True), f"the runs table is not best first: {shown}"
     # The sweep's saved view: the selection metric and every varying hyperparameter are columns, no constant.
     # (The grid renders only the columns in its window: a wide one shows them all.)
-    wide = page_showing(
-        views["runs table"], str(tmp_path / "wide"), *(f"col-id=\"params.`{p}`\"" for p in varying),
+    wide = browser.page_showing(
+        views["runs table"], *(f"col-id=\"params.`{p}`\"" for p in varying),
         size=(2600, 900), timeout_s=60,
     )
     columns = re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', wide)
@@ -140,8 +139,8 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     # mode) plots every varying hyperparameter and no constant against the best value.
     shots = os.environ.get("SWEEPFLOW_SCREENSHOTS_DIR") or str(tmp_path / "shots")
     os.makedirs(shots, exist_ok=True)
-    chart = page_showing(
-        views["trials chart"], str(tmp_path / "chart"), *(f'class="label">{p}<' for p in varying),
+    chart = browser.page_showing(
+        views["trials chart"], *(f'class="label">{p}<' for p in varying),
         size=(1400, 1000), screenshot_path=os.path.join(shots, "mlflow-trials-chart.png"),
     )
     axes = re.findall(r'class="label">([^<]+)<', chart)
@@ -149,14 +148,14 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
     # The last axis is the metric, its name shortened to fit ("best_v...curacy").
     assert re.fullmatch(re.escape(axes[-1]).replace(re.escape("..."), ".*"), "best_val_accuracy"), axes
     # The whole experiment's runs table (model-training mode) shows the pipeline's parent run.
-    assert client.get_run(parent).info.run_name in rendered_dom(links.runs_table(eid), str(tmp_path / "p2"))
+    assert client.get_run(parent).info.run_name in browser.rendered_dom(links.runs_table(eid))
 
     # The sweep report opens as a page of its own, served by the tracking server (sweepflow's MLflow app, not
     # MLflow's artifact viewer or a download); its script draws the plots, and #highlight= picks the best trial.
     report = summary["report_url"]
     assert report == page_url(mlflow_server, parent, REPORT_PATH), report
     best_trial = summary["best_trial"]["trial_id"]
-    dom = rendered_dom(f"{report}#highlight={best_trial}", str(tmp_path / "report"))
+    dom = browser.rendered_dom(f"{report}#highlight={best_trial}")
     assert 'data-rendered="true"' in dom and '<div class="plot" id="plot-curves"><svg' in dom
     assert re.search(rf'<g class="trial best-trial hl" data-trial="{best_trial}"', dom)
     pages = {
@@ -166,12 +165,12 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
         "sweep-report.png": (report, (1600, 1000)),
     }
     for name, (url, size) in pages.items():
-        path = screenshot(url, os.path.join(shots, name), size=size, wait_ms=15000)
+        path = browser.screenshot(url, os.path.join(shots, name), size=size, wait_ms=15000)
         assert _drawn(path) > 0.03, f"{name}: the page is nearly blank"
     # The best trial's "System metrics" tab charts what its rank 0 sampled (the samples came with its reports).
     system_tab = links.run(eid, summary["best_trial"]["run_id"]).replace("?", "/system-metrics?", 1)
-    dom = page_showing(
-        system_tab, str(tmp_path / "system"), "cpu_utilization_percentage", "process_memory_megabytes",
+    dom = browser.page_showing(
+        system_tab, "cpu_utilization_percentage", "process_memory_megabytes",
         size=(1400, 1200), screenshot_path=os.path.join(shots, "mlflow-system-metrics.png"),
     )
     assert "cpu_utilization_percentage" in dom and "process_memory_megabytes" in dom
@@ -179,7 +178,9 @@ def test_a_finished_sweep_reads_in_the_mlflow_ui_and_its_report(finished_sweep, 
 
 
 @pytest.mark.browser
-def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sweep, prefect_ui, mlflow_server, tmp_path):
+def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(
+    finished_sweep, prefect_ui, mlflow_server, browser, tmp_path
+):
     """In Prefect's UI: a trial that ASHA stopped reads "Stopped early" with how it ended (a success, not a
     failure), its task run's first log line is its MLflow run's link, and its artifact is titled with the trial
     and its result. (The flow run's page draws its task runs on a canvas: nothing to read in its DOM.)"""
@@ -225,15 +226,15 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     os.makedirs(shots, exist_ok=True)
     path = os.path.join(shots, "prefect-trial-stopped-early.png")
     # The page fetches the task run, then its logs: read once it shows both (the screenshot is taken then).
-    page = page_showing(
-        f"{ui}/runs/task-run/{trial.id}", str(tmp_path / "task-run"), "Stopped early", stopped[0]["run_id"],
+    page = browser.page_showing(
+        f"{ui}/runs/task-run/{trial.id}", "Stopped early", stopped[0]["run_id"],
         screenshot_path=path,
     )
     assert "Stopped early" in page
     assert "MLflow run" in page and stopped[0]["run_id"] in page, "the MLflow link is not in the task run's logs"
     artifact_path = os.path.join(shots, "prefect-trial-artifact.png")
-    artifact = page_showing(
-        f"{ui}/artifacts/artifact/{artifacts[0].id}", str(tmp_path / "artifact"), "stopped early", "in MLflow",
+    artifact = browser.page_showing(
+        f"{ui}/artifacts/artifact/{artifacts[0].id}", "stopped early", "in MLflow",
         screenshot_path=artifact_path,
     )
     assert "stopped early" in artifact and stopped[0]["name"] in artifact  # its outcome, the trial
@@ -241,8 +242,8 @@ def test_prefect_shows_how_each_trial_ended_and_links_its_mlflow_run(finished_sw
     # The flow run's Artifacts tab: one card per trial, titled with it, its one line the result (best value
     # first), and one leaderboard. (The tab is a click away: the URL cannot select it.)
     cards_path = os.path.join(shots, "prefect-flow-run-artifacts.png")
-    cards = page_showing(
-        f"{ui}/runs/flow-run/{flow_run_id}", str(tmp_path / "cards"),
+    cards = browser.page_showing(
+        f"{ui}/runs/flow-run/{flow_run_id}",
         *(f'artifact-card__title">{t["trial_id"].replace("_", "-")}<' for t in finished_sweep["trials"]),
         "(epoch",  # the cards' descriptions render after their titles
         size=(1400, 1400), screenshot_path=cards_path, script="document.getElementById('artifacts')?.click()",

@@ -15,7 +15,6 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from browser import rendered_dom
 from http_stub import serving
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -57,8 +56,10 @@ def _sweep() -> SweepResult:
     return SweepResult(trials=trials, metric="val_loss", mode="min")
 
 
-def _get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url)
+def _get(
+    url: str, auth: tuple[str, str] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
     if auth:
         import base64
 
@@ -126,7 +127,7 @@ def test_no_page_without_a_server_that_serves_it(stock_server: str) -> None:
 
 
 @pytest.mark.browser
-def test_the_server_serves_the_report_as_a_page(mlflow_server: str, tmp_path) -> None:
+def test_the_server_serves_the_report_as_a_page(mlflow_server: str, browser, tmp_path) -> None:
     client = MlflowClient(mlflow_server)
     run = _log_report(client, tmp_path, "report-page")
     url = report_page_url(mlflow_server, mlflow_server, run, REPORT_PATH)
@@ -138,6 +139,11 @@ def test_the_server_serves_the_report_as_a_page(mlflow_server: str, tmp_path) ->
         headers["content-type"] == "text/html; charset=utf-8" and headers["content-disposition"] == "inline"
     )
     assert headers["content-security-policy"] == REPORT_CSP and headers["x-content-type-options"] == "nosniff"
+    # Opened again, the browser asks whether its copy is current: the answer ("not modified") carries the page's
+    # headers, not the artifact endpoint's `attachment`, which the browser would merge into its copy and download
+    # the page instead of showing it (found by opening the report twice in one Chromium).
+    status, again, _ = _get(url, headers={"If-None-Match": headers["etag"]})
+    assert status == 304 and again["content-disposition"] == "inline" and again["content-security-policy"] == REPORT_CSP
     # Why the route exists: MLflow's own artifact endpoint makes the browser download the page.
     status, headers, _ = _get(f"{mlflow_server}/get-artifact?path={REPORT_PATH}&run_uuid={run}")
     assert status == 200 and headers["content-disposition"].startswith("attachment")
@@ -152,7 +158,7 @@ def test_the_server_serves_the_report_as_a_page(mlflow_server: str, tmp_path) ->
     }
 
     # A browser renders it, and the page's script runs under the sandbox the policy sets.
-    dom = rendered_dom(url, str(tmp_path / "profile"), wait_ms=5000)
+    dom = browser.rendered_dom(url, wait_ms=5000)
     assert 'data-rendered="true"' in dom and '<div class="plot" id="plot-curves"><svg' in dom
 
 

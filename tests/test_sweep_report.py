@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from browser import page_showing, rendered_dom, screenshot
 from matplotlib.image import imread
 
 from sweepflow.tasks.reporting.importance import MAX_TRIALS, MIN_TRIALS, param_importances
@@ -637,7 +636,7 @@ def test_a_large_sweeps_page_carries_only_the_drawn_curves_and_shows_300_rows_fi
 
 
 @pytest.mark.browser
-def test_a_large_sweeps_page_draws_a_sample_and_opens_a_hidden_row_it_links_to(tmp_path) -> None:
+def test_a_large_sweeps_page_draws_a_sample_and_opens_a_hidden_row_it_links_to(browser, tmp_path) -> None:
     """A link to a trial in the rows behind the button shows them; a brushed range counts every trial."""
     files = write_sweep_report(_many(1000), out_dir=str(tmp_path / "big"), search_space=SPACE, title="1000")
     text = open(files["html"], encoding="utf-8").read()
@@ -646,7 +645,7 @@ def test_a_large_sweeps_page_draws_a_sample_and_opens_a_hidden_row_it_links_to(t
     lr = next(a for a in data["axes"] if a["name"] == "lr")["pos"]
     inside = sum(1 for p in lr.values() if p is not None and 0.5 <= p <= 1)
     url = f"file://{os.path.abspath(files['html'])}#highlight={hidden_id}&brush=lr:0.5-1"
-    dom = page_showing(url, str(tmp_path / "profile"), "data-rendered-ms=", timeout_s=60)
+    dom = browser.page_showing(url, "data-rendered-ms=", timeout_s=60)
     plots = _plots(dom)
     with_curve = sum(1 for t in data["trials"] if t["curve"])
     assert plots["plot-curves"].count('<g class="trial') == with_curve <= MAX_DRAWN_TRIALS
@@ -788,11 +787,11 @@ def _plots(dom: str) -> dict[str, str]:
 
 
 @pytest.mark.browser
-def test_the_script_draws_the_plots_and_highlights_a_trial(report: dict[str, str], tmp_path) -> None:
+def test_the_script_draws_the_plots_and_highlights_a_trial(report: dict[str, str], browser) -> None:
     """``#highlight=t03`` applies what hovering t03 does: its marks in every plot, its legend entry and its table
     row get the class "hl" (the others fade)."""
     url = f"file://{os.path.abspath(report['html'])}#highlight=t03"
-    dom = rendered_dom(url, str(tmp_path / "profile"), wait_ms=3000)
+    dom = browser.rendered_dom(url, wait_ms=3000)
     assert 'data-rendered="true"' in dom and 'data-highlight="t03"' in dom
     plots = _plots(dom)
     for plot, markup in plots.items():
@@ -812,15 +811,13 @@ def test_the_script_draws_the_plots_and_highlights_a_trial(report: dict[str, str
 
 
 @pytest.mark.browser
-def test_a_brushed_range_filters_every_plot_and_the_table(report: dict[str, str], page, tmp_path) -> None:
+def test_a_brushed_range_filters_every_plot_and_the_table(report: dict[str, str], page, browser) -> None:
     """``#brush=lr:0.5-1`` is what dragging along the lr axis over its upper half does."""
     _, _, data = page
     lr = next(a for a in data["axes"] if a["name"] == "lr")["pos"]
     inside = {t for t, p in lr.items() if p is not None and 0.5 <= p <= 1}
     assert inside and len(inside) < 6
-    dom = rendered_dom(
-        f"file://{os.path.abspath(report['html'])}#brush=lr:0.5-1", str(tmp_path / "p"), wait_ms=3000
-    )
+    dom = browser.rendered_dom(f"file://{os.path.abspath(report['html'])}#brush=lr:0.5-1", wait_ms=3000)
     assert f'data-selected="{len(inside)}"' in dom
     out_rows = set(re.findall(r'<tr[^>]*data-trial="([^"]+)" class="out"', dom))
     assert out_rows == {t.trial_id for t in _sweep().trials} - inside
@@ -835,11 +832,11 @@ def _pixels_near(rgb: np.ndarray, color: str, tolerance: float = 0.1) -> int:
 
 
 @pytest.mark.browser
-def test_report_looks_right_at_1600x1000(report: dict[str, str], page, tmp_path) -> None:
+def test_report_looks_right_at_1600x1000(report: dict[str, str], page, browser, tmp_path) -> None:
     """The first screen at 1600x1000 (highlighting the best trial, as a hover would): the header, the best trial
     and the learning curves, the best trial's curve drawn thick and starred."""
     _, _, data = page
-    shot = screenshot(
+    shot = browser.screenshot(
         f"file://{os.path.abspath(report['html'])}#highlight=t05",
         str(tmp_path / "sweep_report.png"),
         size=(1600, 1000),
@@ -855,7 +852,7 @@ def test_report_looks_right_at_1600x1000(report: dict[str, str], page, tmp_path)
 
 
 @pytest.mark.browser
-def test_the_trials_table_fits_its_box_with_a_pipelines_columns(tmp_path) -> None:
+def test_the_trials_table_fits_its_box_with_a_pipelines_columns(browser, tmp_path) -> None:
     """Seventeen columns, as a pipeline run's table has (six hyperparameters, its last train_loss, val_loss and
     val_accuracy, timings): at 1280 px the table fits its card, its headers wrapped after their underscores,
     instead of hiding its last columns behind a scroll."""
@@ -873,9 +870,7 @@ def test_the_trials_table_fits_its_box_with_a_pipelines_columns(tmp_path) -> Non
         "(() => { const w = document.querySelector('.table-wrap');"
         " if (w) document.body.dataset.table = w.scrollWidth + '/' + w.clientWidth; })()"
     )
-    dom = page_showing(
-        f"file://{os.path.abspath(out['html'])}", str(tmp_path / "p"), "data-table=", size=(1280, 900), script=measure
-    )
+    dom = browser.page_showing(f"file://{os.path.abspath(out['html'])}", "data-table=", size=(1280, 900), script=measure)
     needed, box = map(int, re.search(r'data-table="(\d+)/(\d+)"', dom).groups())
     assert needed <= box, f"the table needs {needed} px in a box of {box}"
     assert "last val_<wbr>accuracy" in dom and len(re.findall(r"<th[ >]", dom)) == 17
@@ -998,12 +993,12 @@ def test_a_multi_objective_sweep_without_a_metric_is_ranked_by_its_first_objecti
 
 
 @pytest.mark.browser
-def test_the_script_draws_the_pareto_front(tmp_path) -> None:
+def test_the_script_draws_the_pareto_front(browser, tmp_path) -> None:
     """Every finished trial a point, the front's three ringed and joined by the step line, axes named with their
     direction; ``#highlight=`` reaches the front's points and table rows too."""
     files = write_sweep_report(_objective_sweep(), out_dir=str(tmp_path), search_space=SPACE, title="two",
                                links=LINKS, objectives=OBJECTIVES)
-    dom = rendered_dom(f"file://{os.path.abspath(files['html'])}#highlight=t05", str(tmp_path / "p"), wait_ms=3000)
+    dom = browser.rendered_dom(f"file://{os.path.abspath(files['html'])}#highlight=t05", wait_ms=3000)
     plot = re.search(r'<div class="plot" id="plot-pareto">(.*?)</div>', dom, re.S).group(1)
     assert plot.startswith("<svg")
     assert plot.count('<g class="trial') == 5 and plot.count("front-mark") == 3

@@ -108,7 +108,9 @@ def _serve_report() -> Any:
     if denied is not None:
         return denied
     response = get_artifact_handler()  # MLflow's own: the run's artifact store, proxied or not
-    if response.status_code != 200:  # e.g. no such run or file: MLflow's JSON error, as it is
+    # 200, or 304 to a browser that asks whether its copy is current: the headers below go on both, since the
+    # browser merges a 304's headers into its copy (with MLflow's `attachment` it downloads the page it showed).
+    if response.status_code not in (200, 304):  # e.g. no such run or file: MLflow's JSON error, as it is
         return response
     response.headers["Content-Type"] = "text/html; charset=utf-8"
     response.headers["Content-Disposition"] = "inline"
