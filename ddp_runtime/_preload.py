@@ -7,14 +7,21 @@ one those seconds on start-up, beside the first trials. A multi-rank group's wor
 start-up (``_warmup.warm_process(ddp=True)``: a sweep does it on every capable worker before its first trial,
 ``cluster.warm_up_workers``), which is not charged to any group's time.
 
+The worker's own timers are set for training here first (``worker_config``): the profiler off, the loop's health
+check and the memory and system monitors at 1, 1 and 5 s, unless the cluster set them itself.
+
 The worker's exit is made quick here too (``fast_exit``): a worker that imported torch._dynamo and mlflow spent
 3-4 s in the interpreter's teardown when its cluster closed, past the nanny's 4-s wait, and was SIGKILLed.
 """
 
-import torch
-import torch.distributed  # noqa: F401
+from ddp_runtime.worker_config import apply_training_worker_config
 
-from ddp_runtime._exit import fast_exit
+apply_training_worker_config()  # before the nanny hands its configuration to the worker (module docstring)
+
+import torch  # noqa: E402
+import torch.distributed  # noqa: E402, F401
+
+from ddp_runtime._exit import fast_exit  # noqa: E402
 
 del torch
 fast_exit()

@@ -29,9 +29,9 @@ if TESTS_DIR not in sys.path:
 # the same 2 cores. A nanny hands the settings of the moment to the worker process it starts.
 import dask  # noqa: E402
 
-from sweepflow.services.local import LOCAL_DASK_CONFIG  # noqa: E402
+from sweepflow.services.local import local_dask_config  # noqa: E402
 
-dask.config.set(dict(LOCAL_DASK_CONFIG))
+dask.config.set(local_dask_config())
 
 
 #: Fixtures that start something -> the markers of every test using them (directly or through another fixture).

@@ -151,7 +151,7 @@ def test_the_local_dask_config_names_dasks_own_settings():
     import dask
     import distributed  # noqa: F401 - loads the distributed.* defaults
 
-    from sweepflow.services.local import LOCAL_DASK_CONFIG
+    from sweepflow.services.local import local_dask_config
 
-    for key in LOCAL_DASK_CONFIG:
+    for key in local_dask_config():
         dask.config.get(key)  # KeyError for a name Dask does not have

@@ -1,6 +1,6 @@
 """Local services that stop themselves after an idle period: a watchdog beside them, per state directory.
 
-Tuned as they are (``LOCAL_PREFECT_SERVER_SETTINGS``, ``LOCAL_DASK_CONFIG`` in ``sweepflow.services.local``),
+Tuned as they are (``LOCAL_PREFECT_SERVER_SETTINGS``, ``local_dask_config()`` in ``sweepflow.services.local``),
 ``sweepflow run``'s background services still cost more than 1 CPU-second a minute while nothing runs: the
 Prefect server alone polls its in-memory task queue 4 times a second (Prefect does not expose that interval),
 the Dask workers heartbeat twice a second (set by the scheduler), and the uvicorn behind the Prefect server wakes

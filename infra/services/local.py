@@ -94,18 +94,10 @@ LOCAL_PREFECT_SERVER_SETTINGS: Mapping[str, str] = {
 #: Dask settings of the background cluster (its scheduler, nannies and workers: a nanny hands its config to its
 #: worker), for a cluster that costs (almost) nothing while idle. With Dask's defaults an idle cluster of two
 #: workers used ~7 CPU-seconds a minute here (benchmarks/bench_idle_services.py), mostly on timers that run
-#: whether or not there is work, in every process.
-LOCAL_DASK_CONFIG: Mapping[str, Any] = {
-    # The statistical profiler samples each worker's threads 100 times a second, busy or not (~1.2 CPU-s/min
-    # per idle worker), for the dashboard's profile page, which nobody reads here.
-    "distributed.worker.profile.enabled": False,
-    # The event-loop health check, 50 times a second in the scheduler, each nanny and each worker; once a
-    # second still catches a loop blocked for longer than its 3-s warning limit.
-    "distributed.admin.tick.interval": "1s",
-    # Memory checks (worker: spill/pause; nanny: restart at 95 %), 10 a second -> 1.
-    "distributed.worker.memory.monitor-interval": "1s",
-    # CPU/memory/network samples for the dashboard's charts and the heartbeats, 2 a second -> 1 every 5 s.
-    "distributed.admin.system-monitor.interval": "5s",
+#: whether or not there is work, in every process. The workers' and nannies' own timers (profiler off, health
+#: check, memory and system monitors) are ddp_runtime's `TRAINING_WORKER_CONFIG`, which every training worker gets
+#: from its preload; `local_dask_config` adds them (here they also quiet the scheduler's).
+_LOCAL_ONLY_DASK_CONFIG: Mapping[str, Any] = {
     # The serving process's own client refreshes its view of the cluster (for a notebook widget) every 2 s.
     "distributed.client.scheduler-info-interval": "60s",
     # The scheduler keeps the last N of each of its event topics (each trial adds one to "scheduler",
@@ -117,6 +109,14 @@ LOCAL_DASK_CONFIG: Mapping[str, Any] = {
     # view): 10,000 by default, which a long sweep fills; the full log is the service's log file.
     "distributed.admin.log-length": 1000,
 }
+
+
+def local_dask_config() -> dict[str, Any]:
+    """The background cluster's Dask settings (above). A function: ddp_runtime is imported only when a cluster is
+    at hand, not by every command that reads this module."""
+    from ddp_runtime.worker_config import TRAINING_WORKER_CONFIG
+
+    return {**TRAINING_WORKER_CONFIG, **_LOCAL_ONLY_DASK_CONFIG}
 
 
 def server_env(state_dir: str) -> dict[str, str]:
@@ -349,7 +349,7 @@ def _serve_dask(ready_file: str, n_workers: int | None, worker_preload: Sequence
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with (
-        dask.config.set(dict(LOCAL_DASK_CONFIG)),
+        dask.config.set(local_dask_config()),
         local_cluster(n_workers=n_workers, preload=list(worker_preload)) as client,
     ):
         with open(ready_file + ".tmp", "w") as f:

@@ -1,0 +1,65 @@
+"""A training worker's own timers (ddp_runtime.worker_config): set by the preload a cluster's workers run, with a
+cluster's own settings kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import dask.config
+import pytest
+
+from ddp_runtime.worker_config import TRAINING_WORKER_CONFIG, _dask_default, apply_training_worker_config
+
+TICK = "distributed.admin.tick.interval"
+
+
+def test_the_keys_at_dasks_defaults_are_set_and_a_clusters_own_are_kept():
+    defaults = {key: _dask_default(key) for key in TRAINING_WORKER_CONFIG}
+    assert defaults["distributed.worker.profile.enabled"] is True and defaults[TICK] == "20ms"  # Dask's, as read
+    with dask.config.set({**defaults, TICK: "200ms"}):  # as a cluster's YAML or DASK_* variable would
+        chosen = apply_training_worker_config()
+        assert chosen == {key: value for key, value in TRAINING_WORKER_CONFIG.items() if key != TICK}
+        assert dask.config.get(TICK) == "200ms"
+        assert dask.config.get("distributed.worker.profile.enabled") is False
+
+
+def _timers(dask_worker) -> dict:
+    callbacks = dask_worker.periodic_callbacks
+    return {
+        "profile": "profile" in callbacks,
+        **{name: callbacks[name].callback_time for name in ("tick", "memory_monitor", "monitor") if name in callbacks},
+    }
+
+
+@pytest.mark.dask
+@pytest.mark.subprocess
+def test_a_worker_started_with_the_preload_runs_without_the_profiler_and_keeps_the_clusters_own_tick(tmp_path):
+    """`dask worker --preload ddp_runtime._preload`, as docs/deploying.md starts a cluster's workers: the worker
+    process is built with the training settings (its nanny got them from the command's import of the preload), and
+    a setting the cluster made itself (here the tick, by a DASK_* variable) stays."""
+    from distributed import Client, LocalCluster
+
+    bin_dir = os.path.dirname(sys.executable)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DASK_")}
+    env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] = "200ms"
+    with (
+        LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        worker = subprocess.Popen(
+            [os.path.join(bin_dir, "dask"), "worker", cluster.scheduler_address, "--nthreads", "1",
+             "--preload", "ddp_runtime._preload", "--no-dashboard", "--local-directory", str(tmp_path)],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "w"),
+        )  # fmt: skip
+        try:
+            client.wait_for_workers(1, timeout=120)
+            (timers,) = client.run(_timers).values()
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+    assert timers["profile"] is False, timers
+    assert timers["tick"] == 200, timers  # the cluster's own
+    assert timers["monitor"] == 5000, timers
+    assert timers.get("memory_monitor", 1000) == 1000, timers
