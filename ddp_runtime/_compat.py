@@ -193,12 +193,14 @@ PRELOAD_THREAD_NAME = "sweepflow-preload"
 
 
 def warm_torch_imports() -> None:
-    """Import what the first ``DistributedDataParallel(...)`` of a process imports lazily.
+    """Import what a process's first optimizer and first ``DistributedDataParallel(...)`` import lazily.
 
-    Works around: DDP's constructor pulls in ``torch._dynamo`` (a private module; ~5 CPU-seconds, it imports
-    sympy), so the first rank of a multi-rank group on a fresh worker would pay for it inside the group's time;
-    the worker's one-time start-up (``_warmup.warm_process(ddp=True)``) imports it instead. Written for torch 2.14. If it breaks (the import fails, or DDP no longer imports
-    it): import what DDP imports now (the test shows it), or drop the warm-up — it only saves start-up time.
+    Works around: ``torch.optim.Optimizer.__init__`` and DDP's constructor pull in ``torch._dynamo`` (a private
+    module; 2-5 CPU-seconds, it imports sympy), so the first rank on a fresh worker would pay for it inside its
+    trial's time (a one-rank trial too: it builds an optimizer); the worker's one-time start-up
+    (``_warmup.warm_process``) imports it instead. Written for torch 2.14. If it breaks (the import fails, or
+    neither imports it any more): import what they import now (the test shows it), or drop the warm-up — it only
+    saves start-up time.
     """
     import torch._dynamo  # noqa: F401
     import torch.nn.parallel  # noqa: F401

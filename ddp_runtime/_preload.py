@@ -1,11 +1,10 @@
 """Dask worker preload: pay torch's import when the worker starts, not when the first group arrives.
 
 ``torch`` and ``torch.distributed`` are imported before the worker accepts tasks. ``torch._dynamo`` (pulled in
-lazily by the first ``DistributedDataParallel(...)``: ~5 CPU-seconds, more than torch itself; it imports sympy)
-is not: a worker that only ever runs one-rank groups never needs it, and importing it on every worker cost each
-one those seconds on start-up, beside the first trials. A multi-rank group's workers import it in their one-time
-start-up (``_warmup.warm_process(ddp=True)``: a sweep does it on every capable worker before its first trial,
-``cluster.warm_up_workers``), which is not charged to any group's time.
+lazily by a rank's first optimizer and first ``DistributedDataParallel(...)``: 2-5 CPU-seconds, more than torch
+itself; it imports sympy) is not: imported here it cost every worker those seconds on start-up, beside the first
+trials. Workers import it in their one-time start-up instead (``_warmup.warm_process``: a sweep does it on every
+capable worker before its first trial, ``cluster.warm_up_workers``), which is not charged to any trial's time.
 
 The worker's own timers are set for training here first (``worker_config``): the profiler off, the loop's health
 check and the memory and system monitors at 1, 1 and 5 s, unless the cluster set them itself.

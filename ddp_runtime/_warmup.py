@@ -1,7 +1,8 @@
 """A worker process's one-time start-up, kept apart from any group's time.
 
 A fresh Dask worker pays once for what its first rank needs: torch's lazy imports (``torch._dynamo``, pulled in
-by the first ``DistributedDataParallel(...)``: ~8 s on a small machine, seconds more on a busy one), the
+by the first optimizer a rank builds, ``torch.optim.Optimizer.__init__``, and by the first
+``DistributedDataParallel(...)``: ~2-8 s on a small machine, more on a busy one), the
 imports worker preloads started in background threads (any thread named ``sweepflow-preload...``, e.g. a
 pipeline's training-code imports), and the training function's module.
 Charged to the first group, that start-up made a cold cluster's first trial look three times as long as it
@@ -28,12 +29,12 @@ from typing import Any
 from ddp_runtime import _compat
 
 _lock = threading.Lock()
-_done = {"base": False, "ddp": False}  # preload threads joined / DDP's lazy imports done, in this process
+_done = {"base": False, "torch": False}  # preload threads joined / torch's lazy imports done, in this process
 
 
-def is_warm(*, ddp: bool) -> bool:
-    """Whether this process has done its start-up (for a multi-rank group: DDP's imports too)."""
-    return _done["base"] and (_done["ddp"] or not ddp)
+def is_warm() -> bool:
+    """Whether this process has done its start-up."""
+    return _done["base"] and _done["torch"]
 
 
 def _preload_threads() -> list[threading.Thread]:
@@ -43,18 +44,18 @@ def _preload_threads() -> list[threading.Thread]:
     ]
 
 
-def warm_process(*, ddp: bool, timeout_s: float, prepare: Callable[[], None] | None = None) -> float:
+def warm_process(*, timeout_s: float, prepare: Callable[[], None] | None = None) -> float:
     """Do this process's one-time start-up unless it is done: wait for the preload threads (at most
-    ``timeout_s``), then, for a multi-rank group (``ddp``), the imports DDP makes lazily, then ``prepare()`` (the
+    ``timeout_s``), then torch's lazy imports (a rank's first optimizer and first DDP), then ``prepare()`` (the
     caller's own, e.g. importing the training function's module). Returns the seconds this call spent because
     the process was cold (0.0 when it was warm). Threads that arrive meanwhile wait for the one doing it.
 
     Imports only once the preload threads are joined: importing a module they are importing can deadlock on the
     module locks. If they are still running after ``timeout_s``, the process stays cold (the next caller waits
-    for the rest) and DDP's imports are left to DDP.
+    for the rest) and torch's lazy imports are left to the first rank that needs them.
     """
     started = time.perf_counter()
-    cold = not is_warm(ddp=ddp)
+    cold = not is_warm()
     deadline = time.monotonic() + timeout_s
     if cold or prepare is not None:
         if not _lock.acquire(timeout=max(timeout_s, 0.0)):
@@ -64,9 +65,9 @@ def warm_process(*, ddp: bool, timeout_s: float, prepare: Callable[[], None] | N
                 for thread in _preload_threads():
                     thread.join(max(deadline - time.monotonic(), 0.0))
                 _done["base"] = not any(t.is_alive() for t in _preload_threads())
-            if ddp and _done["base"] and not _done["ddp"]:
+            if _done["base"] and not _done["torch"]:
                 _compat.warm_torch_imports()
-                _done["ddp"] = True
+                _done["torch"] = True
             if prepare is not None:
                 prepare()
             if cold:
@@ -86,7 +87,7 @@ def _freeze_what_is_loaded() -> None:
     gc.freeze()
 
 
-def _warm_in_thread(payload: bytes | None, ddp: bool, timeout_s: float, answer: dict[str, Any]) -> None:
+def _warm_in_thread(payload: bytes | None, timeout_s: float, answer: dict[str, Any]) -> None:
     try:
         prepare = None
         if payload is not None:
@@ -94,12 +95,12 @@ def _warm_in_thread(payload: bytes | None, ddp: bool, timeout_s: float, answer: 
 
             # Unpickled here, not on the worker's event loop: it may import the user's modules.
             prepare = cloudpickle.loads(payload)
-        answer["seconds"] = warm_process(ddp=ddp, timeout_s=timeout_s, prepare=prepare)
+        answer["seconds"] = warm_process(timeout_s=timeout_s, prepare=prepare)
     except BaseException as exc:  # noqa: BLE001 - told to the caller, who goes on: a rank pays what is left
         answer["error"] = f"{type(exc).__name__}: {exc}"
 
 
-async def warm_worker(payload: bytes | None, ddp: bool, timeout_s: float) -> float | str:
+async def warm_worker(payload: bytes | None, timeout_s: float) -> float | str:
     """Run on a worker (``client.run``): its start-up, in a thread of its own (the worker's task threads may be
     busy with another group's ranks; its event loop must keep answering). Returns the seconds it took (about
     0.0 when it was warm), or why it did not finish (an error, or still going after ``timeout_s``: a rank waits for the
@@ -107,7 +108,7 @@ async def warm_worker(payload: bytes | None, ddp: bool, timeout_s: float) -> flo
     answer: dict[str, Any] = {}
     thread = threading.Thread(
         target=_warm_in_thread,
-        args=(payload, ddp, timeout_s, answer),
+        args=(payload, timeout_s, answer),
         name="ddp-runtime-warm-up",
         daemon=True,
     )

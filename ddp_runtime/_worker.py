@@ -141,9 +141,9 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     # store-wait error that names nobody. Once all ranks are in, connecting takes milliseconds.
     # init_process_group touches torch._dynamo.trace_rules when torch._dynamo is in sys.modules, which it is
     # while the worker preload is still importing it in the background (seconds on a busy host): a cold worker
-    # finishes its start-up here (the preload threads, then DDP's lazy imports), before joining, not inside
+    # finishes its start-up here (the preload threads, then torch's lazy imports), before joining, not inside
     # init_process_group under the collective timeout; its driver takes that time out of the group's.
-    startup_s = _warmup.warm_process(ddp=True, timeout_s=spec.rendezvous_timeout_s)
+    startup_s = _warmup.warm_process(timeout_s=spec.rendezvous_timeout_s)
     store.set(f"joined/{spec.world_rank}", "1")
     store.wait([f"joined/{rank}" for rank in range(spec.world_size)], store_timeout)
     dist.init_process_group(
@@ -344,7 +344,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
     worker that was cold, also ``startup_s`` (seconds of its one-time start-up this rank waited for: imports)
     and ``ready_at`` (when it was done: time.time())."""
     entered = time.perf_counter()
-    cold = not _warmup.is_warm(ddp=spec.world_size > 1)
+    cold = not _warmup.is_warm()
     import torch
     import torch.distributed as dist
 
@@ -365,7 +365,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             startup_s = _init_process_group(spec, worker_address, device)
             initialised = True
         else:
-            startup_s = _warmup.warm_process(ddp=False, timeout_s=spec.rendezvous_timeout_s)
+            startup_s = _warmup.warm_process(timeout_s=spec.rendezvous_timeout_s)
         if cold:
             outcome.update(startup_s=imports_s + startup_s, ready_at=time.time())
         storage = RunStorage(spec.storage_path, spec.run_name, spec.storage_options)

@@ -130,7 +130,7 @@ def warm_up_workers(
 ) -> dict[str, float | str]:
     """Do the one-time start-up of every worker that could host a rank of ``scaling_config`` now, all at once,
     instead of inside the first groups (where it would count as their time and worker-seconds): the imports the
-    worker preloads started in the background, DDP's lazy imports for multi-rank groups, then ``prepare()`` on
+    worker preloads started in the background, torch's lazy imports (a rank's first optimizer and DDP), then ``prepare()`` on
     each (e.g. import the training function's module; shipped by cloudpickle). Runs in a thread of each worker
     beside whatever it runs; costs one round trip on warm workers.
 
@@ -148,9 +148,7 @@ def warm_up_workers(
         import cloudpickle
 
         payload = cloudpickle.dumps(prepare)
-    answers = client.run(
-        _warmup.warm_worker, payload, scaling.num_workers > 1, timeout_s, workers=workers, on_error="return"
-    )
+    answers = client.run(_warmup.warm_worker, payload, timeout_s, workers=workers, on_error="return")
     return {
         address: answer if isinstance(answer, float | str) else f"{type(answer).__name__}: {answer}"
         for address, answer in answers.items()

@@ -677,22 +677,27 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 before = "torch._dynamo" in sys.modules
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
-DistributedDataParallel(torch.nn.Linear(2, 2))
+if sys.argv[1] == "optimizer":
+    torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+else:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
+    DistributedDataParallel(torch.nn.Linear(2, 2))
+    dist.destroy_process_group()
 after = "torch._dynamo" in sys.modules
-dist.destroy_process_group()
 from ddp_runtime._compat import warm_torch_imports
 warm_torch_imports()
-print(json.dumps({"before_ddp": before, "after_ddp": after, "warmed": "torch._dynamo" in sys.modules}))
+print(json.dumps({"before": before, "after": after, "warmed": "torch._dynamo" in sys.modules}))
 """
 
 
 @pytest.mark.subprocess
-def test_warm_torch_imports_imports_what_the_first_ddp_imports():
-    proc = subprocess.run([sys.executable, "-c", _DDP_PROBE], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("first", ["optimizer", "ddp"])
+def test_warm_torch_imports_imports_what_the_first_optimizer_and_the_first_ddp_import(first):
+    proc = subprocess.run([sys.executable, "-c", _DDP_PROBE, first], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["after_ddp"], f"DDP no longer imports torch._dynamo: the start-up's warm-up of it is moot ({seen})"
+    assert not seen["before"], seen
+    assert seen["after"], f"the first {first} no longer imports torch._dynamo: the start-up's warm-up is moot ({seen})"
     assert seen["warmed"]
 
 
