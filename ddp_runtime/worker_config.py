@@ -36,12 +36,12 @@ TRAINING_WORKER_CONFIG: Mapping[str, Any] = {
 }
 
 
-def _dask_default(key: str) -> Any:
-    """``key``'s value in the defaults Dask's packages ship (before any YAML file, variable or ``set``)."""
+def _dask_defaults() -> dict[str, Any]:
+    """The defaults Dask's packages ship (before any YAML file, variable or ``set``)."""
     import dask.config
     import distributed.config  # noqa: F401 - registers distributed's defaults, where these keys are
 
-    return dask.config.get(key, default=None, config=dask.config.merge(*dask.config.defaults))
+    return dask.config.merge(*dask.config.defaults)
 
 
 def apply_training_worker_config() -> dict[str, Any]:
@@ -49,10 +49,11 @@ def apply_training_worker_config() -> dict[str, Any]:
     what it set."""
     import dask.config
 
+    defaults = _dask_defaults()
     chosen = {
         key: value
         for key, value in TRAINING_WORKER_CONFIG.items()
-        if dask.config.get(key, default=None) == _dask_default(key)
+        if dask.config.get(key, default=None) == dask.config.get(key, default=None, config=defaults)
     }
     dask.config.set(chosen)
     return chosen

@@ -1,8 +1,8 @@
 """Headless Chromium for the tests that look at pages: the sweep report, the MLflow UI of a finished sweep.
 
 One `Browser` is one Chromium driven over the DevTools protocol. A module that opens many pages keeps one (the
-``browser`` fixture): every page is still a full load in its tab (through about:blank), but the process and its
-caches are shared. MLflow's UI is a 4.4-MB script bundle; compiling it in a new browser costs ~7 CPU-s a page,
+``browser`` fixture): every page is still a full load, in a new tab, but the process and its caches are
+shared. MLflow's UI is a 4.4-MB script bundle; compiling it in a new browser costs ~7 CPU-s a page,
 in a warm one ~2.5 (measured 2026-11-29).
 """
 
@@ -74,9 +74,8 @@ class Browser:
                 assert time.monotonic() < deadline, "chromium did not open its DevTools port within 30 s"
                 time.sleep(0.1)
             port = int(open(port_file).read().split()[0])
-            direct = urllib.request.build_opener(
-                urllib.request.ProxyHandler({})
-            )  # loopback: never through a proxy
+            # Loopback: never through a proxy.
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
             version = json.load(direct.open(f"http://127.0.0.1:{port}/json/version", timeout=30))
             self._ws = connect(version["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
         except BaseException:
@@ -107,8 +106,9 @@ class Browser:
     def _receive(self, timeout: float) -> dict:
         assert self._proc is not None and self._proc.poll() is None, f"chromium exited: {self._log()}"
         message = json.loads(self._ws.recv(timeout=timeout))
-        if "method" in message:
-            self._events.append((message.get("sessionId"), message["method"]))
+        # Only a page's events are awaited (`_wait_for_event`); the browser's own are dropped.
+        if "method" in message and "sessionId" in message:
+            self._events.append((message["sessionId"], message["method"]))
         return message
 
     def call(self, method: str, session: str | None = None, **params: object) -> dict:
@@ -139,6 +139,7 @@ class Browser:
         A tab per page: a page whose virtual clock was set running again keeps a core busy (5 CPU-s in 5 s,
         measured), and a live page (Prefect's UI polls its API) would go on working."""
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        session = None
         try:
             session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
             self.call("Emulation.setDeviceMetricsOverride", session, width=size[0], height=size[1],
@@ -146,9 +147,8 @@ class Browser:
             if virtual_time:
                 self.call("Emulation.setVirtualTimePolicy", session, policy="pause")
             navigated = self.call("Page.navigate", session, url=url)
-            assert "errorText" not in navigated, (
-                f"{url}: {navigated['errorText']} ({navigated})"
-            )  # e.g. a download
+            # e.g. a download: {"errorText": "net::ERR_ABORTED", "isDownload": true}
+            assert "errorText" not in navigated, f"{url}: {navigated['errorText']} ({navigated})"
             yield session
         finally:
             self.call("Target.closeTarget", targetId=target)

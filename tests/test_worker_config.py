@@ -10,13 +10,14 @@ import sys
 import dask.config
 import pytest
 
-from ddp_runtime.worker_config import TRAINING_WORKER_CONFIG, _dask_default, apply_training_worker_config
+from ddp_runtime.worker_config import TRAINING_WORKER_CONFIG, _dask_defaults, apply_training_worker_config
 
 TICK = "distributed.admin.tick.interval"
 
 
 def test_the_keys_at_dasks_defaults_are_set_and_a_clusters_own_are_kept():
-    defaults = {key: _dask_default(key) for key in TRAINING_WORKER_CONFIG}
+    shipped = _dask_defaults()
+    defaults = {key: dask.config.get(key, config=shipped) for key in TRAINING_WORKER_CONFIG}
     assert defaults["distributed.worker.profile.enabled"] is True and defaults[TICK] == "20ms"  # Dask's, as read
     with dask.config.set({**defaults, TICK: "200ms"}):  # as a cluster's YAML or DASK_* variable would
         chosen = apply_training_worker_config()
