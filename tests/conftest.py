@@ -141,18 +141,24 @@ def s3_endpoint() -> Iterator[dict]:
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     """A real (temporary) Prefect API for the session: flow and task runs are recorded and queryable."""
     from prefect.settings import (
+        PREFECT_API_BLOCKS_REGISTER_ON_START,
         PREFECT_LOCAL_STORAGE_PATH,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         temporary_settings,
     )
     from prefect.testing.utilities import prefect_test_harness
 
+    from sweepflow.services import sqlite_templates
     from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS, PREFECT_SERVER_SETTINGS
+    from sweepflow.services.prefect_server import prefect_template_version
 
     settings = {
         PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
         PREFECT_SERVER_ANALYTICS_ENABLED: False,
     }
+    if os.path.exists(sqlite_templates.template_path("prefect", prefect_template_version())):
+        # Its database is a copy of the template (below), whose block types are registered already.
+        settings[PREFECT_API_BLOCKS_REGISTER_ON_START] = False
     with temporary_settings(settings):
         # The server runs with the background server's settings (`sweepflow server start`'s: quiet loop services,
         # the task-run recorder's batching): it lives as long as the session, beside the tests, on the same 2
@@ -174,12 +180,11 @@ def _seeded_harness_dir() -> str:
     exists (``sweepflow.services.sqlite_templates``; any new local server makes it): the harness's server then
     skips ~100 migrations. Without the template, or should the harness name its file otherwise, the server
     migrates its own as before."""
-    import prefect
-
     from sweepflow.services import sqlite_templates
+    from sweepflow.services.prefect_server import prefect_template_version
 
     directory = tempfile.mkdtemp()
-    template = sqlite_templates.template_path("prefect", prefect.__version__)
+    template = sqlite_templates.template_path("prefect", prefect_template_version())
     if os.path.exists(template):
         sqlite_templates.copy_database(template, os.path.join(directory, "prefect-test.db"))
     return directory

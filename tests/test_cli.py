@@ -184,6 +184,26 @@ def _temporary_server_env(tmp_path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _prefect_template_in(env: dict[str, str]) -> None:
+    """The Prefect database template (sweepflow.services.sqlite_templates) in env's XDG_CACHE_HOME: a copy of
+    this machine's when there is one (any local server made it), else made there by the code that makes it."""
+    from sweepflow.services import sqlite_templates
+    from sweepflow.services.prefect_server import prefect_template_version
+
+    version = prefect_template_version()
+    mine = sqlite_templates.template_path("prefect", version)
+    if os.path.exists(mine):
+        os.makedirs(os.path.join(env["XDG_CACHE_HOME"], "sweepflow"))
+        sqlite_templates.copy_database(mine, os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine)))
+        return
+    script = "from sweepflow.services.prefect_server import prefect_seed; print(prefect_seed())"
+    home = os.path.join(env["XDG_CACHE_HOME"], "prefect-home")
+    made = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env, "PREFECT_HOME": home}
+    )
+    assert made.stdout.strip() == "migrated", made.stdout + made.stderr[-3000:]
+
+
 def _running_with_prefect_home(prefect_home: str) -> list[int]:
     import psutil
 
@@ -233,7 +253,9 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
     """Offline (as here), Prefect's server logs an ERROR about its telemetry as it starts ("Failed to send
     telemetry", or the telemetry task's own failure). `--no-server`'s temporary server runs with it off: its
     settings say so, and nothing about telemetry is printed in the seconds after its start, when the telemetry
-    task runs first. The flow's client uses that server (the one started for it, not a second)."""
+    task runs first. The flow's client uses that server (the one started for it, not a second). Its new database
+    is a copy of the template a local server makes (sweepflow.services.sqlite_templates), block types included:
+    it starts with registration off and lists them."""
     script = "\n".join(
         [
             "import time, httpx",
@@ -247,10 +269,14 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
             "    assert str(client.api_url).rstrip('/') == server.api_url, (client.api_url, server.api_url)",
             "settings = httpx.get(server.api_url + '/admin/settings', timeout=30).json()",
             "print('analytics enabled:', settings['server']['analytics_enabled'], flush=True)",
+            "print('registers blocks:', settings['server']['register_blocks_on_start'], flush=True)",
+            "listed = httpx.post(server.api_url + '/block_types/filter', json={}, timeout=30).json()",
+            "print('block types:', sorted(b['slug'] for b in listed), flush=True)",
             "time.sleep(8)",
         ]
     )
-    env = _temporary_server_env(tmp_path)
+    env = _temporary_server_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    _prefect_template_in(env)
     assert "PREFECT_SERVER_ANALYTICS_ENABLED" not in env  # the setting is sweepflow's, not the test's
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
@@ -258,5 +284,8 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "analytics enabled: False" in proc.stdout, output[-3000:]
+    assert "registers blocks: False" in proc.stdout, output[-3000:]
+    listed = next(line for line in proc.stdout.splitlines() if line.startswith("block types:"))
+    assert all(f"'{slug}'" in listed for slug in ("secret", "local-file-system", "webhook")), listed
     assert "telemetry" not in output.lower(), output[-3000:]
     assert not _running_with_prefect_home(env["PREFECT_HOME"])  # stopped when the process exited

@@ -454,6 +454,19 @@ class TestServer:
         argv = psutil.Process(_record_pids(state)["prefect"]).cmdline()
         assert argv[1:3] == ["-m", "sweepflow.services.prefect_server"], argv
 
+    def test_a_new_prefect_server_has_its_block_types_without_registering_them_at_start_up(self, local_services):
+        """The state dir's new database is a copy of the template, which holds the block types (registered once,
+        when the template was made): the server ran with registration off, and lists them all the same."""
+        import httpx
+
+        state, _, _ = local_services
+        api = services.read_record(state, "prefect")["address"]
+        settings = httpx.get(f"{api}/admin/settings", timeout=30).json()
+        assert settings["server"]["register_blocks_on_start"] is False, settings["server"]
+        listed = httpx.post(f"{api}/block_types/filter", json={}, timeout=30).json()
+        slugs = {block_type["slug"] for block_type in listed}
+        assert {"secret", "local-file-system", "webhook"} <= slugs and len(slugs) >= 40, slugs
+
     def test_no_service_sends_mlflow_telemetry(self, local_services):
         """MLflow starts its telemetry client at import unless MLFLOW_DISABLE_TELEMETRY is set in the process:
         every process of the services (the MLflow server's, the Dask scheduler's and workers') has it, though

@@ -63,6 +63,55 @@ def bound_prefect_sqlite_page_cache(kib: int) -> None:
     AioSqliteConfiguration.setup_sqlite = setup_sqlite  # type: ignore[method-assign]
 
 
+def prefect_block_types_key() -> str:
+    """What decides which block types a Prefect server registers in its database at start-up: Prefect's version
+    and the Prefect collections installed beside it (the distributions behind the ``prefect.collections`` entry
+    points, with their versions), as one short string.
+
+    Relies on: the start-up registration (``create_app``'s ``add_block_types``) registering the block classes
+    Prefect imports, those of the collections it loads from that entry-point group, and the collections' blocks
+    data file Prefect ships (fixed per version). A block class a user defines in their own module is registered
+    by their ``prefect block register``, not by a server's start-up. Written for Prefect 3.9.
+    """
+    import hashlib
+    from importlib.metadata import entry_points, version
+
+    collections = sorted(
+        {f"{ep.dist.name}=={ep.dist.version}" for ep in entry_points(group="prefect.collections") if ep.dist}
+    )
+    key = version("prefect")
+    if collections:
+        key += "-" + hashlib.sha256("\n".join(collections).encode()).hexdigest()[:12]
+    return key
+
+
+def register_prefect_block_types() -> None:
+    """Register, in the database of this process's Prefect settings, the block types a Prefect server
+    registers at start-up, as its start-up would (the collections loaded first). Run on a new, migrated
+    database before its server starts, which may then skip its own registration (1.2 of the ~10 CPU-s a
+    server took to answer here: ``sweepflow.services.prefect_server``).
+
+    Relies on (internal): ``prefect.server.models.block_registration.run_block_auto_registration(session=)``,
+    which the server's start-up calls, and ``prefect.plugins.load_prefect_collections``, which its start-up
+    calls first. Written for Prefect 3.9. If it breaks: call what ``create_app``'s ``add_block_types`` calls
+    now; if that cannot be done, stop skipping the server's registration (``prefect_server.main``).
+    """
+    import asyncio
+
+    import prefect.plugins
+    from prefect.server.database import provide_database_interface
+    from prefect.server.models.block_registration import run_block_auto_registration
+
+    prefect.plugins.load_prefect_collections()
+
+    async def register() -> None:
+        db = provide_database_interface()
+        async with await db.session() as session:
+            await run_block_auto_registration(session=session)
+
+    asyncio.run(register())
+
+
 def retry_database_connection_errors() -> None:
     """Make the Prefect server of this process answer 503 (which Prefect's clients retry), not 500, to a
     request that failed because its database refused or dropped the connection.

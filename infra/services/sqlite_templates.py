@@ -10,9 +10,11 @@ kept in the user's cache (``$XDG_CACHE_HOME/sweepflow``, else ``~/.cache/sweepfl
 schema current and goes on (its migration step still runs and checks). A database that exists is never
 touched; PostgreSQL is not affected.
 
-The copy is the schema only: it is taken right after the migrations, before the server starts or writes
-anything of its own (Prefect's block types and events; MLflow's Default experiment, whose artifact location
-names the state directory).
+The copy is taken right after the migrations, before the server starts or writes anything of its own (Prefect's
+events; MLflow's Default experiment, whose artifact location names the state directory). Prefect's also holds the
+block types its server registers at start-up, which depend on the installation, not the state directory
+(``sweepflow.services.prefect_server``). Prefect's temporary server (``sweepflow run --no-server``), which
+Prefect starts itself, gets a copy when a template exists (``copy_template``).
 """
 
 from __future__ import annotations
@@ -74,10 +76,21 @@ def seed_database(connection_url: str, kind: str, version: str, migrate: Callabl
         return "not sqlite"
     if os.path.exists(path):
         return "existing"
-    template = template_path(kind, version)
-    if os.path.exists(template):
-        copy_database(template, path)
+    if copy_template(connection_url, kind, version):
         return "copied"
     migrate()
-    copy_database(path, template)
+    copy_database(path, template_path(kind, version))
     return "migrated"
+
+
+def copy_template(connection_url: str, kind: str, version: str) -> bool:
+    """A new SQLite database at ``connection_url`` becomes a copy of this version's template, if there is one.
+    True if it was copied; False (nothing done) for an existing database, another database, or no template."""
+    path = sqlite_file(connection_url)
+    if path is None or os.path.exists(path):
+        return False
+    template = template_path(kind, version)
+    if not os.path.exists(template):
+        return False
+    copy_database(template, path)
+    return True
