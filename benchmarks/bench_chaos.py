@@ -533,6 +533,9 @@ def soak(
     check = Checks()
     before = {p.pid for p in psutil.process_iter()}
     t_start = time.perf_counter()
+
+    def phase(label: str) -> None:  # where the wall time goes, printed as the run goes
+        print(f"  [{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
     cfg = config(num_samples, epochs)
     with contextlib.ExitStack() as cleanup:
         pg = cleanup.enter_context(postgres_server())
@@ -557,6 +560,7 @@ def soak(
         from sweepflow.services.stack import read_env
 
         world = World(stack_dir, env, {}, up_args, pg, net)
+        phase("PostgreSQL and the other host up")
         t0 = time.monotonic()
         world.stack_up()
         world.stack_env = {
@@ -583,12 +587,15 @@ def soak(
         plan = plan_faults(seed, faults, window, gap_s=gap_s, kinds=kinds)
         print(f"plan (seed {seed}): " + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in plan), flush=True)
         flow_run_id = deploy_and_run(world.stack_env, cfg)
+        phase("deployed, and its run created")
         print(f"deployment run {flow_run_id}: {num_samples} trials, {epochs} epochs each", flush=True)
         tracking = world.stack_env["MLFLOW_TRACKING_URI"]
         parent = wait_for(lambda: parent_run(tracking, flow_run_id), 600, "the sweep's parent run")
+        phase("the flow run's parent MLflow run")
         wait_for(
             lambda: mlflow_children(tracking, parent.info.experiment_id, parent.info.run_id), 600, "a trial"
         )
+        phase("its first trial's run")
         done = threading.Event()
         driver = ChaosDriver(world, plan, done)
         driver.start_at = sweep_t0 = time.monotonic()
@@ -628,7 +635,9 @@ def soak(
             "every planned fault was injected while the sweep ran",
             f"{len(injected)} of {len(plan)}: the sweep ended first (a longer sweep or a shorter --window)",
         )
+        phase("sweep ended")
         figures = verify(world.stack_env, parent, flow_runs, num_samples, check)
+        phase("checked")
         print("\nSUMMARY")
         print(
             f"   trials {num_samples}, faults planned {len(plan)}, injected {len(injected)} "
@@ -650,6 +659,7 @@ def soak(
         extra = sorted(set(world.restarted) - killed)
         print(f"   services `stack up` started again: {world.restarted}; why: {world.up_notes}")
         check(not extra, "`stack up` restarted only the services the faults took down", ", ".join(extra))
+    phase("stack down, PostgreSQL and the other host gone")
     left = leftovers(os.path.join(state_dir, "stack"), state_dir, before)
     check(not left, "no process or namespace left", "; ".join(left[:10]))
     print(f"\nwall {time.perf_counter() - t_start:.1f} s")
