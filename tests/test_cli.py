@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,9 +186,10 @@ def _temporary_server_env(tmp_path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _prefect_template_in(env: dict[str, str]) -> None:
+def _prefect_template_in(env: dict[str, str]) -> str:
     """The Prefect database template (sweepflow.services.sqlite_templates) in env's XDG_CACHE_HOME: a copy of
-    this machine's when there is one (any local server made it), else made there by the code that makes it."""
+    this machine's when there is one (any local server made it), else made there by the code that makes it.
+    Returns its path."""
     from sweepflow.services import sqlite_templates
     from sweepflow.services.prefect_server import prefect_template_version
 
@@ -194,14 +197,16 @@ def _prefect_template_in(env: dict[str, str]) -> None:
     mine = sqlite_templates.template_path("prefect", version)
     if os.path.exists(mine):
         os.makedirs(os.path.join(env["XDG_CACHE_HOME"], "sweepflow"))
-        sqlite_templates.copy_database(mine, os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine)))
-        return
+        copy = os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine))
+        sqlite_templates.copy_database(mine, copy)
+        return copy
     script = "from sweepflow.services.prefect_server import prefect_seed; print(prefect_seed())"
     home = os.path.join(env["XDG_CACHE_HOME"], "prefect-home")
     made = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env, "PREFECT_HOME": home}
     )
     assert made.stdout.strip() == "migrated", made.stdout + made.stderr[-3000:]
+    return os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine))
 
 
 def _running_with_prefect_home(prefect_home: str) -> list[int]:
@@ -268,22 +273,45 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
             "with get_client(sync_client=True) as client:",
             "    assert str(client.api_url).rstrip('/') == server.api_url, (client.api_url, server.api_url)",
             "settings = httpx.get(server.api_url + '/admin/settings', timeout=30).json()",
+            "started = time.monotonic()",
             "print('analytics enabled:', settings['server']['analytics_enabled'], flush=True)",
             "print('registers blocks:', settings['server']['register_blocks_on_start'], flush=True)",
             "listed = httpx.post(server.api_url + '/block_types/filter', json={}, timeout=30).json()",
             "print('block types:', sorted(b['slug'] for b in listed), flush=True)",
-            "time.sleep(8)",
+            # The template holds exactly what a server's start-up registers: on a copy of it, the start-up's
+            # registration (Prefect's own function, collections loaded first, as its start-up does) adds nothing.
+            "import asyncio, sqlite3, sys, prefect.plugins",
+            "from prefect.server.database import provide_database_interface",
+            "from prefect.server.models.block_registration import run_block_auto_registration",
+            "from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings",
+            "def rows():",
+            "    with sqlite3.connect(sys.argv[1]) as db:",
+            "        return [db.execute(f'SELECT COUNT(*) FROM {t}').fetchone()[0] for t in ('block_type', 'block_schema')]",
+            "before = rows()",
+            "prefect.plugins.load_prefect_collections()",
+            "async def start_up():",
+            "    async with await provide_database_interface().session() as session:",
+            "        await run_block_auto_registration(session=session)",
+            "with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: f'sqlite+aiosqlite:///{sys.argv[1]}'}):",
+            "    asyncio.run(start_up())",
+            "print('template rows:', before, 'after a start-up registration:', rows(), flush=True)",
+            "time.sleep(max(0.0, 8 - (time.monotonic() - started)))",
         ]
     )
     env = _temporary_server_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    _prefect_template_in(env)
+    template = _prefect_template_in(env)
+    check = str(tmp_path / "registration-check.db")
+    shutil.copyfile(template, check)
     assert "PREFECT_SERVER_ANALYTICS_ENABLED" not in env  # the setting is sweepflow's, not the test's
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", script, check], capture_output=True, text=True, timeout=300, env=env
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "analytics enabled: False" in proc.stdout, output[-3000:]
+    rows = next(line for line in proc.stdout.splitlines() if line.startswith("template rows:"))
+    before, after = (json.loads(part) for part in re.findall(r"\[[0-9, ]+\]", rows))
+    assert before == after and before[0] >= 40, rows
     assert "registers blocks: False" in proc.stdout, output[-3000:]
     listed = next(line for line in proc.stdout.splitlines() if line.startswith("block types:"))
     assert all(f"'{slug}'" in listed for slug in ("secret", "local-file-system", "webhook")), listed

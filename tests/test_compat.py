@@ -787,44 +787,27 @@ def test_bound_prefect_sqlite_page_cache_sets_the_cache_of_every_connection_pref
     assert proc.stdout.splitlines() == ["prefect: 20000", "bounded: -2048"], proc.stdout
 
 
-def test_register_prefect_block_types_registers_what_a_servers_start_up_would(tmp_path):
-    """In a process of its own, on a new migrated database: after ``register_prefect_block_types`` the
-    registration a server's start-up runs (Prefect's ``run_block_auto_registration``, collections loaded) finds
-    nothing to add; the block types are there, with their schemas."""
-    script = "\n".join(
-        [
-            "import asyncio, sqlite3, sys",
-            "import prefect.plugins",
-            "from prefect.server.database import provide_database_interface",
-            "from prefect.server.models.block_registration import run_block_auto_registration",
-            "from sweepflow.services.compat import register_prefect_block_types",
-            "def rows():",
-            "    with sqlite3.connect(sys.argv[1]) as db:",
-            "        return [db.execute(f'SELECT COUNT(*) FROM {t}').fetchone()[0] for t in ('block_type', 'block_schema')]",
-            "asyncio.run(provide_database_interface().create_db())",
-            "print('migrated:', rows())",
-            "register_prefect_block_types()",
-            "print('registered:', rows())",
-            "prefect.plugins.load_prefect_collections()",
-            "async def start_up():",
-            "    async with await provide_database_interface().session() as session:",
-            "        await run_block_auto_registration(session=session)",
-            "asyncio.run(start_up())",
-            "print('start-up:', rows())",
-        ]
-    )
-    path = tmp_path / "prefect.db"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path), PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{path}")
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
-    migrated, registered, start_up = (json.loads(lines[k]) for k in ("migrated", "registered", "start-up"))
-    assert migrated == [0, 0]
-    assert registered[0] >= 40 and registered[1] >= registered[0], registered
-    assert start_up == registered
+def test_prefect_block_types_key_names_prefects_version_and_its_installed_collections(monkeypatch):
+    """The template's name changes with what decides the block types a server registers. (That the template then
+    holds exactly what a server's start-up registers, ``register_prefect_block_types``, is checked on a real
+    temporary server in test_cli's ``test_no_servers_temporary_server_sends_no_telemetry``.)"""
+    import importlib.metadata as metadata
+
+    from sweepflow.services.compat import prefect_block_types_key
+
+    assert prefect_block_types_key() == metadata.version("prefect")  # no Prefect collection installed here
+
+    class Dist:
+        name, version = "prefect-aws", "0.5.0"
+
+    class EntryPoint:
+        dist = Dist()
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [EntryPoint()] if group == "prefect.collections" else [])
+    with_aws = prefect_block_types_key()
+    assert with_aws.startswith(metadata.version("prefect") + "-") and len(with_aws.split("-")[-1]) == 12
+    Dist.version = "0.6.0"
+    assert prefect_block_types_key() != with_aws
 
 
 @pytest.mark.mlflow_server
