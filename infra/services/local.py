@@ -335,9 +335,11 @@ def status(state_dir: str) -> dict[str, str | None]:
 
 
 def stop_server(state_dir: str) -> bool:
-    """Stop this state dir's local services (the idle watchdog first); True if any was recorded."""
-    order = (IDLE_STOP, *[name for name in LOCAL_SERVICES if name != IDLE_STOP])
-    return any([services.stop(state_dir, name) for name in order])
+    """Stop this state dir's local services (the idle watchdog first, then the others side by side); True if
+    any was recorded."""
+    watchdog = services.stop(state_dir, IDLE_STOP)
+    others = services.stop_side_by_side(state_dir, [name for name in LOCAL_SERVICES if name != IDLE_STOP])
+    return watchdog or bool(others)
 
 
 def _serve_dask(ready_file: str, n_workers: int | None, worker_preload: Sequence[str]) -> None:

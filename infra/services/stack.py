@@ -489,12 +489,12 @@ def status(state_dir: str) -> dict[str, Any]:
 
 
 def down(state_dir: str) -> list[str]:
-    """Stop every service, clients first (Prefect worker, Dask workers), servers last. State is kept."""
-    stopped = []
-    for name in reversed(service_names(state_dir)):
-        if services.stop(state_dir, name):
-            stopped.append(name)
-    return stopped
+    """Stop every service, clients first (Prefect worker, Dask workers), servers last, each group's side by
+    side (an idle stack: 3.9 s one after another). State is kept."""
+    names = list(reversed(service_names(state_dir)))
+    clients = [name for name in names if name == PREFECT_WORKER or name.startswith(WORKER_PREFIX)]
+    servers = [name for name in names if name not in clients]
+    return services.stop_side_by_side(state_dir, clients) + services.stop_side_by_side(state_dir, servers)
 
 
 def logs(state_dir: str, name: str | None = None, *, chars: int = 4000) -> str:

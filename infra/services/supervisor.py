@@ -495,6 +495,20 @@ def stop(state_dir: str, name: str) -> bool:
     return True
 
 
+def stop_side_by_side(state_dir: str, names: Sequence[str]) -> list[str]:
+    """Stop these recorded services at once, a thread each: each stop waits for its own processes to end
+    (a server's orderly shutdown: ~0.3-1.4 s each here), so together they take as long as the slowest, not the
+    sum. Returns those that were recorded, in the order given. A stop that fails (``terminate``'s error) is
+    raised once every stop has returned."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(names) < 2:
+        return [name for name in names if stop(state_dir, name)]
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="stop") as pool:
+        stopped = list(pool.map(lambda name: stop(state_dir, name), names))
+    return [name for name, was in zip(names, stopped, strict=True) if was]
+
+
 def replace_dead(state_dir: str, name: str, spare_env: str | None) -> list[dict[str, Any]]:
     """Stop what is left of a recorded service that died or hangs, before it is started again. With
     ``spare_env`` (see ``ServiceSpec.spare_env``) its processes carrying that variable live on; returns what
