@@ -135,7 +135,7 @@ def use_temporary_prefect(settings: Settings) -> None:
 
     started = time.monotonic()
     # A new database starts as a copy of the migrated template a local server made (when there is one): the
-    # server then skips Prefect's ~100 migrations and its block registration (17 -> 10 CPU-s to answer here).
+    # server then skips Prefect's ~100 migrations and its block registration (17-18 -> 7.5 CPU-s to answer here).
     copied = copy_prefect_template()
     try:
         with skip_block_registration() if copied else contextlib.nullcontext():

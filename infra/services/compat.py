@@ -88,8 +88,8 @@ def prefect_block_types_key() -> str:
 def register_prefect_block_types() -> None:
     """Register, in the database of this process's Prefect settings, the block types a Prefect server
     registers at start-up, as its start-up would (the collections loaded first). Run on a new, migrated
-    database before its server starts, which may then skip its own registration (1.2 of the ~10 CPU-s a
-    server took to answer here: ``sweepflow.services.prefect_server``).
+    database before its server starts, which may then skip its own registration (a new server answered after
+    8.3–8.5 CPU-s here instead of 10.1–11.1: ``sweepflow.services.prefect_server``).
 
     Relies on (internal): ``prefect.server.models.block_registration.run_block_auto_registration(session=)``,
     which the server's start-up calls, and ``prefect.plugins.load_prefect_collections``, which its start-up
