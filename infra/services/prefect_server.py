@@ -44,13 +44,18 @@ def prefect_template_version() -> str:
     return f"{prefect_block_types_key()}-blocks"
 
 
-def prefect_seed() -> str:
-    """``seed_database`` for this process's Prefect settings (before the server starts): "copied" or "migrated"
-    (a new SQLite database, its schema migrated and its block types registered), "existing" or "not sqlite"."""
+def _database_url() -> str:
+    """The database URL of this process's Prefect settings (the one its server will use)."""
     from prefect.settings import get_current_settings
 
     url = get_current_settings().server.database.connection_url
-    url = url.get_secret_value() if url is not None else ""
+    return url.get_secret_value() if url is not None else ""
+
+
+def prefect_seed() -> str:
+    """``seed_database`` for this process's Prefect settings (before the server starts): "copied" or "migrated"
+    (a new SQLite database, its schema migrated and its block types registered), "existing" or "not sqlite"."""
+    url = _database_url()
 
     def migrate() -> None:
         from prefect.server.database import provide_database_interface
@@ -65,10 +70,7 @@ def copy_prefect_template() -> bool:
     """For a Prefect server this process does not start itself (Prefect's temporary server): its new SQLite
     database becomes a copy of this installation's template, if there is one (a local server made it). True
     if it was copied: the database then holds its block types already (``skip_block_registration``)."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().server.database.connection_url
-    url = url.get_secret_value() if url is not None else ""
+    url = _database_url()
     return copy_template(url, "prefect", prefect_template_version())
 
 
