@@ -31,6 +31,7 @@ sweep's trial rate.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -355,6 +356,24 @@ def flow_run_state(flow_run_id: str) -> str:
     return state.type.value if state else "PENDING"
 
 
+def pickup_times(flow_run_id: str, parent: Any) -> str:
+    """How the deployment run was picked up, from its Prefect state history: seconds from the run's creation to
+    each of its first states, and to its parent MLflow run's start."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        created = client.read_flow_run(UUID(flow_run_id)).created
+        states = client.read_flow_run_states(UUID(flow_run_id))
+    seen: dict[str, float] = {}
+    for state in sorted(states, key=lambda s: s.timestamp):
+        seen.setdefault(state.name, (state.timestamp - created).total_seconds())
+    parts = [f"{name} +{at:.1f} s" for name, at in seen.items() if name in ("Pending", "Running")]
+    parts.append(f"parent MLflow run +{parent.info.start_time / 1000 - created.timestamp():.1f} s")
+    return "picked up: " + ", ".join(parts) + " after the run was created"
+
+
 def parent_run(tracking_uri: str, flow_run_id: str) -> Any | None:
     """The sweep's MLflow parent run, found by the flow run id it is tagged with."""
     from mlflow.tracking import MlflowClient
@@ -536,10 +555,17 @@ def soak(
 
     def phase(label: str) -> None:  # where the wall time goes, printed as the run goes
         print(f"  [{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
+
+    @contextlib.contextmanager
+    def reported(label: str, manager: Any) -> Iterator[Any]:  # a teardown step, timed
+        with manager as value:
+            yield value
+        phase(label)
+
     cfg = config(num_samples, epochs)
     with contextlib.ExitStack() as cleanup:
-        pg = cleanup.enter_context(postgres_server())
-        net = cleanup.enter_context(Hosts((REMOTE,)))
+        pg = cleanup.enter_context(reported("PostgreSQL stopped and removed", postgres_server()))
+        net = cleanup.enter_context(reported("the other host gone", Hosts((REMOTE,))))
         stack_dir = os.path.join(state_dir, "stack")
         env = {
             **bench_env(),
@@ -548,6 +574,7 @@ def soak(
         }
         up_args = ["--workers", "2", "--host", net.addresses["root"], "--insecure"]
         down = [sweepflow_exe(), "stack", "down", "--state-dir", stack_dir]
+        cleanup.callback(phase, "sweepflow stack down")
         cleanup.callback(lambda: subprocess.run(down, env=env, check=False, capture_output=True))
 
         # A resume's `sweepflow run` leaves its warm launcher under SWEEPFLOW_HOME, as on a user's machine.
@@ -555,23 +582,36 @@ def soak(
             home = world.stack_env.get("SWEEPFLOW_HOME", env["SWEEPFLOW_HOME"])
             stop = [sweepflow_exe(), "server", "stop", "--state-dir", home]
             subprocess.run(stop, env=env, check=False, capture_output=True)
+            phase("sweepflow server stop (the resume's local services)")
 
-        cleanup.callback(stop_local)
         from sweepflow.services.stack import read_env
 
         world = World(stack_dir, env, {}, up_args, pg, net)
         phase("PostgreSQL and the other host up")
         t0 = time.monotonic()
-        world.stack_up()
+        # The other host's worker needs only the scheduler's address: it starts as soon as `stack up` has written
+        # stack.env (its servers are up), beside the stack's own workers, not after them.
+        up = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="stack-up")
+        cleanup.callback(up.shutdown)
+        stack_started = up.submit(world.stack_up)
+        wait_for(
+            lambda: read_env(stack_dir) or stack_started.done(),
+            600,
+            "`stack up` to write stack.env",
+            every=0.2,
+        )
         world.stack_env = {
             **{k: v for k, v in env.items() if k != "SWEEPFLOW_STACK_DATABASE_URL"},
             **read_env(stack_dir),
         }
+        if "DASK_SCHEDULER_ADDRESS" in world.stack_env:
+            world.remote_worker = start_remote_worker(world, state_dir)
+        stack_started.result()  # `stack up`'s error, if it failed
+        phase("sweepflow stack up")
         os.environ.update(
             {k: v for k, v in world.stack_env.items() if k.startswith(("PREFECT_", "MLFLOW_", "AWS_"))}
         )
         os.environ["PREFECT_HOME"] = os.path.join(state_dir, "prefect-home")  # this process's: not ~/.prefect
-        world.remote_worker = start_remote_worker(world, state_dir)
         wait_for(
             lambda: workers_registered(world.stack_env) >= 3, 300, "3 Dask workers (one on the other host)"
         )
@@ -610,6 +650,7 @@ def soak(
         if driver.error is not None:
             raise RuntimeError(f"a fault could not be injected: {driver.error!r}") from driver.error
         print(f"flow run {flow_run_id}: {state} after {sweep_s:.1f} s of sweep", flush=True)
+        print(pickup_times(flow_run_id, parent), flush=True)
         flow_runs, resumed = [flow_run_id], False
         if state != "COMPLETED":
             resumed = True
@@ -618,6 +659,7 @@ def soak(
             argv = [sweepflow_exe(), "run", "--resume", parent.info.run_id, "--summary-json", summary]
             for item in as_sets(cfg):
                 argv += ["--set", item]
+            cleanup.callback(stop_local)  # only a resume starts local services
             t1 = time.monotonic()
             proc = subprocess.run(argv, env=world.stack_env, capture_output=True, text=True, timeout=6 * 3600)
             check(
@@ -659,7 +701,7 @@ def soak(
         extra = sorted(set(world.restarted) - killed)
         print(f"   services `stack up` started again: {world.restarted}; why: {world.up_notes}")
         check(not extra, "`stack up` restarted only the services the faults took down", ", ".join(extra))
-    phase("stack down, PostgreSQL and the other host gone")
+    phase("torn down")
     left = leftovers(os.path.join(state_dir, "stack"), state_dir, before)
     check(not left, "no process or namespace left", "; ".join(left[:10]))
     print(f"\nwall {time.perf_counter() - t_start:.1f} s")
