@@ -57,8 +57,12 @@ class Verdict:
 
 ReportCallback = Callable[[dict[str, Any]], bool | Verdict | None]
 
-_POLL_S = 0.1  # how long the driver blocks on the report queue before checking the ranks' futures
-_LIVENESS_EVERY_S = 0.5  # how often the driver checks that the group's workers are still alive
+# How often the driver asks the scheduler whether the group's workers are still alive. Each check is a
+# `run_on_scheduler` round trip that costs the flow process and the scheduler CPU for as long as a trial trains
+# (every 0.5 s, it was most of what they spent during long trials: benchmarks/RESULTS.md, "The watch loop"); a
+# killed worker is noticed within this long, against the seconds a group takes to restart.
+_LIVENESS_EVERY_S = 2.0
+_MIN_WAIT_S = 0.01  # the shortest wait on the report queue: a check that is due does not spin the loop
 _WORKER_RESTART_GRACE_S = (
     120.0  # how long killed workers may take to come back before "too few workers" is final
 )
@@ -322,8 +326,13 @@ class GroupRun:
         # before that (rendezvous, process group) is bounded by TorchConfig's rendezvous and collective timeouts.
         last_progress: float | None = None
         while True:
+            # Reports, a rank's start and a rank's end all arrive through the inbox (the futures' done callbacks
+            # put _WAKE there): between them the loop sleeps until its next check is due, not on a timer.
+            due = next_liveness
+            if hang_timeout_s is not None and last_progress is not None:
+                due = min(due, last_progress + hang_timeout_s)
             try:
-                message = inbox.get(timeout=_POLL_S)
+                message = inbox.get(timeout=max(_MIN_WAIT_S, due - time.monotonic()))
             except queue.Empty:
                 message = None
             if message == STARTED:
