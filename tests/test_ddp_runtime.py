@@ -680,15 +680,15 @@ def test_a_training_group_costs_the_scheduler_few_round_trips_while_it_trains(cl
     started = time.time()
     result = TorchTrainer(
         report_forever,
-        train_loop_config={"interval": 1.0, "max_reports": 6},
+        train_loop_config={"interval": 0.5, "max_reports": 8},
         scaling_config=train.ScalingConfig(num_workers=1),
         run_config=_run_config(tmp_path, name="quiet"),
         client=cluster,
     ).fit()
     ended = time.time()
-    assert result.error is None and len(result.metrics_history) == 6
+    assert result.error is None and len(result.metrics_history) == 8
     during = [t for t in cluster.run_on_scheduler(run_functions) if t not in before and started <= t <= ended]
-    # Placing and releasing the group take a few; the liveness checks one per 2 s of the ~6 s.
+    # Placing and releasing the group take a few; the liveness checks one per 2 s of the ~4 s.
     seconds = ended - started
     assert len(during) <= 6 + seconds / 2.0, (
         f"{len(during)} functions run on the scheduler in {seconds:.1f} s"
