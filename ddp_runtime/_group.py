@@ -59,8 +59,9 @@ ReportCallback = Callable[[dict[str, Any]], bool | Verdict | None]
 
 # How often the driver asks the scheduler whether the group's workers are still alive. Each check is a
 # `run_on_scheduler` round trip that costs the flow process and the scheduler CPU for as long as a trial trains
-# (every 0.5 s, it was most of what they spent during long trials: benchmarks/RESULTS.md, "The watch loop"); a
-# killed worker is noticed within this long, against the seconds a group takes to restart.
+# (every 0.5 s, with the loop's old 0.1-s wake-ups, it was about half the flow process's CPU during long trials:
+# benchmarks/RESULTS.md, "The watch loop"); a killed worker is noticed within this long, against the seconds a
+# group takes to restart.
 _LIVENESS_EVERY_S = 2.0
 _MIN_WAIT_S = 0.01  # the shortest wait on the report queue: a check that is due does not spin the loop
 _WORKER_RESTART_GRACE_S = (
