@@ -195,18 +195,18 @@ def _prefect_template_in(env: dict[str, str]) -> str:
 
     version = prefect_template_version()
     mine = sqlite_templates.template_path("prefect", version)
+    theirs = os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine))
     if os.path.exists(mine):
-        os.makedirs(os.path.join(env["XDG_CACHE_HOME"], "sweepflow"))
-        copy = os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine))
-        sqlite_templates.copy_database(mine, copy)
-        return copy
+        os.makedirs(os.path.dirname(theirs))
+        sqlite_templates.copy_database(mine, theirs)
+        return theirs
     script = "from sweepflow.services.prefect_server import prefect_seed; print(prefect_seed())"
     home = os.path.join(env["XDG_CACHE_HOME"], "prefect-home")
     made = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env, "PREFECT_HOME": home}
     )
     assert made.stdout.strip() == "migrated", made.stdout + made.stderr[-3000:]
-    return os.path.join(env["XDG_CACHE_HOME"], "sweepflow", os.path.basename(mine))
+    return theirs
 
 
 def _running_with_prefect_home(prefect_home: str) -> list[int]:

@@ -155,9 +155,7 @@ def test_more_ranks_than_the_cluster_can_ever_hold_fails_at_once(gpu3, tmp_path)
             run_config=_run_config(tmp_path),
             client=gpu3,
         ).fit()
-    assert (
-        time.monotonic() - start < 60
-    )  # at once: no wait for workers that can never come (seconds, not a timeout)
+    assert time.monotonic() - start < 60  # at once: no wait for workers that can never come (seconds, not a timeout)
 
 
 def test_report_callback_stops_a_group_and_releases_its_workers(gpu3, tmp_path):
@@ -219,10 +217,7 @@ def test_run_config_stop_ends_a_trainer_at_the_report_that_meets_it(cluster, tmp
         train_loop_config={"interval": 0.01},
         scaling_config=train.ScalingConfig(num_workers=1),
         run_config=train.RunConfig(
-            name="stop-fn",
-            storage_path=str(tmp_path),
-            stop=lambda trial_id, m: m["training_iteration"] == 4,
-            verbose=0,
+            name="stop-fn", storage_path=str(tmp_path), stop=lambda trial_id, m: m["training_iteration"] == 4, verbose=0
         ),
         client=cluster,
     ).fit()
@@ -329,9 +324,7 @@ def test_uncommitted_checkpoint_directories_are_invisible(tmp_path):
     assert [s.index for s in storage.list_committed()] == [0]
 
 
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="a thread's own working directory is Linux's"
-)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own working directory is Linux's")
 def test_ranks_sharing_a_worker_process_each_work_in_their_own_directory(tmp_path):
     """Two one-rank trials on a worker with two task threads: each rank's thread gets a working directory of its
     own (the process's, which the worker's other threads use, does not move), and goes back afterwards."""
@@ -359,12 +352,9 @@ def test_ranks_sharing_a_worker_process_each_work_in_their_own_directory(tmp_pat
     for t in threads:
         t.join()
     assert seen == {
-        "a": "a",
-        "b": "b",
-        "a-cwd": str(tmp_path / "a"),
-        "b-cwd": str(tmp_path / "b"),
-        "a-after": here,
-        "b-after": here,
+        "a": "a", "b": "b",
+        "a-cwd": str(tmp_path / "a"), "b-cwd": str(tmp_path / "b"),
+        "a-after": here, "b-after": here,
     }
     assert os.getcwd() == here
     with _working_in(str(tmp_path / "a"), own_process=True, enabled=False):  # RAY_CHDIR_TO_TRIAL_DIR=0
@@ -591,17 +581,13 @@ def test_finished_spans_are_forgotten_beyond_the_newest_and_the_scheduler_keeps_
         # is lost.
         assert cluster.submit(sum, [41, 1], key="span-probe-after", pure=False).result() == 42
         time.sleep(2)  # a few worker heartbeats
-        assert not [
-            line for _, line in cluster.get_scheduler_logs() if "KeyError" in line or "span" in line.lower()
-        ]
+        assert not [line for _, line in cluster.get_scheduler_logs() if "KeyError" in line or "span" in line.lower()]
         assert cluster.run_on_scheduler(_running_workers) == workers
     finally:
         cluster.unregister_scheduler_plugin(name)
 
 
-def test_side_messages_arrive_in_order_with_the_reports_or_the_result_and_alone_after_a_long_wait(
-    cluster, tmp_path
-):
+def test_side_messages_arrive_in_order_with_the_reports_or_the_result_and_alone_after_a_long_wait(cluster, tmp_path):
     """Rank 0's side channel (the sweep's system metrics use it): what was posted before a report reaches the
     driver before that report, with no round trip of its own; what was posted after the last report comes with
     the rank's result; messages whose oldest waited flush_after_s for a report go alone, at the next post. Rank 1
@@ -623,14 +609,8 @@ def test_side_messages_arrive_in_order_with_the_reports_or_the_result_and_alone_
     ).fit()
     assert result.error is None and len(result.metrics_history) == 2
     assert seen == [
-        ("side", "a"),
-        ("side", "b"),
-        ("report", 1),
-        ("side", "c"),
-        ("report", 2),
-        ("side", "d"),
-        ("side", "e"),
-        ("side", "f"),
+        ("side", "a"), ("side", "b"), ("report", 1), ("side", "c"), ("report", 2),
+        ("side", "d"), ("side", "e"), ("side", "f"),
     ], seen
     assert at["f"] - at["e"] > 0.8  # "d" and "e" went while the function ran, "f" with its result
 
@@ -690,6 +670,4 @@ def test_a_training_group_costs_the_scheduler_few_round_trips_while_it_trains(cl
     during = [t for t in cluster.run_on_scheduler(run_functions) if t not in before and started <= t <= ended]
     # Placing and releasing the group take a few; the liveness checks one per 2 s of the ~4 s.
     seconds = ended - started
-    assert len(during) <= 6 + seconds / 2.0, (
-        f"{len(during)} functions run on the scheduler in {seconds:.1f} s"
-    )
+    assert len(during) <= 6 + seconds / 2.0, f"{len(during)} functions run on the scheduler in {seconds:.1f} s"

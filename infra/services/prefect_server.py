@@ -13,8 +13,8 @@ the machine's noise). A server on PostgreSQL (the stack's ``--database-url-file`
 A new SQLite database is not migrated from nothing each time: see ``sweepflow.services.sqlite_templates``. Its
 template also holds the block types a server registers at start-up (registered once, when the template is made;
 ``prefect_block_types_key`` names the template after what decides them), so a server on a new database skips
-that registration: a new server answered after 8.3–8.5 CPU-seconds here instead of 10.1–11.1. A server on an existing
-database registers them as Prefect always does (it skips them itself when nothing changed).
+that registration: a new server answered after 8.3–8.5 CPU-seconds here instead of 10.1–11.1. A server on an
+existing database registers them as Prefect always does (it skips them itself when nothing changed).
 A database that refuses connections for a moment (PostgreSQL restarting) is answered 503, which Prefect's clients
 retry, not 500: ``sweepflow.services.compat.retry_database_connection_errors``.
 """
