@@ -9,18 +9,25 @@ capable worker before its first trial, ``cluster.warm_up_workers``), which is no
 The worker's own timers are set for training here first (``worker_config``): the profiler off, the loop's health
 check and the memory and system monitors at 1, 1 and 5 s, unless the cluster set them itself.
 
+torch is imported in ``dask_setup``, which Dask runs in the worker process only, before the worker joins its
+scheduler; the module's own top level stays light, since ``dask worker --preload`` imports it in the nanny too.
+
 The worker's exit is made quick here too (``fast_exit``): a worker that imported torch._dynamo and mlflow spent
 3-4 s in the interpreter's teardown when its cluster closed, past the nanny's 4-s wait, and was SIGKILLed.
 """
 
+from typing import Any
+
+from ddp_runtime._exit import fast_exit
 from ddp_runtime.worker_config import apply_training_worker_config
 
 apply_training_worker_config()  # before the nanny hands its configuration to the worker (module docstring)
-
-import torch  # noqa: E402
-import torch.distributed  # noqa: E402, F401
-
-from ddp_runtime._exit import fast_exit  # noqa: E402
-
-del torch
 fast_exit()
+
+
+def dask_setup(worker: Any) -> None:
+    """Dask calls this in the worker process only. ``dask worker --preload`` also imports this module in its own
+    (nanny) process, to check the preload's command-line options: imported there, torch cost each nanny 2.6
+    CPU-seconds on every start and 480 MiB of memory for its life, for nothing (benchmarks/RESULTS.md)."""
+    import torch
+    import torch.distributed  # noqa: F401

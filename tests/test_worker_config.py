@@ -26,6 +26,18 @@ def test_the_keys_at_dasks_defaults_are_set_and_a_clusters_own_are_kept():
         assert dask.config.get("distributed.worker.profile.enabled") is False
 
 
+def _heavy_modules() -> list[str]:
+    return sorted(name for name in ("torch", "sweepflow.tasks.training.loop") if name in sys.modules)
+
+
+def _wait_for_the_preload_thread() -> None:
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name.startswith("sweepflow-preload"):
+            thread.join(timeout=120)
+
+
 def _timers(dask_worker) -> dict:
     callbacks = dask_worker.periodic_callbacks
     return {
@@ -39,7 +51,9 @@ def _timers(dask_worker) -> dict:
 def test_a_worker_started_with_the_preload_runs_without_the_profiler_and_keeps_the_clusters_own_tick(tmp_path):
     """`dask worker --preload ddp_runtime._preload`, as docs/deploying.md starts a cluster's workers: the worker
     process is built with the training settings (its nanny got them from the command's import of the preload), and
-    a setting the cluster made itself (here the tick, by a DASK_* variable) stays."""
+    a setting the cluster made itself (here the tick, by a DASK_* variable) stays. The command imports the preloads
+    in its own (nanny) process as well: there they import neither torch nor the training code, which only the
+    worker process needs."""
     from distributed import Client, LocalCluster
 
     bin_dir = os.path.dirname(sys.executable)
@@ -51,15 +65,21 @@ def test_a_worker_started_with_the_preload_runs_without_the_profiler_and_keeps_t
     ):
         worker = subprocess.Popen(
             [os.path.join(bin_dir, "dask"), "worker", cluster.scheduler_address, "--nthreads", "1",
-             "--preload", "ddp_runtime._preload", "--no-dashboard", "--local-directory", str(tmp_path)],
+             "--preload", "ddp_runtime._preload", "--preload", "sweepflow.tasks.worker_preload", "--no-dashboard",
+             "--local-directory", str(tmp_path)],
             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "w"),
         )  # fmt: skip
         try:
             client.wait_for_workers(1, timeout=120)
             (timers,) = client.run(_timers).values()
+            client.run(_wait_for_the_preload_thread)
+            (in_worker,) = client.run(_heavy_modules).values()
+            (in_nanny,) = client.run(_heavy_modules, nanny=True).values()
         finally:
             worker.terminate()
             worker.wait(timeout=60)
+    assert in_worker == ["sweepflow.tasks.training.loop", "torch"], in_worker
+    assert in_nanny == [], f"the `dask worker` process imported {in_nanny}"
     assert timers["profile"] is False, timers
     assert timers["tick"] == 200, timers  # the cluster's own
     assert timers["monitor"] == 5000, timers
