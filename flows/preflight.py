@@ -319,7 +319,12 @@ def _check_training(cfg: PipelineConfig) -> None:
     from sweepflow.tasks.sweep.samplers import make_sampler
     from sweepflow.tasks.sweep.space import parse_space
 
-    fn = load_train_fn(cfg.training.train_fn)
+    if cfg.training.builtin:
+        # Its checks without the training code: the flow process runs no torch op, and importing torch there cost
+        # a deployment's new flow-run process ~3 s before its first task.
+        from sweepflow.tasks.training.hparams import BUILTIN_CHECKS as fn
+    else:
+        fn = load_train_fn(cfg.training.train_fn)
     base = {**cfg.training.base_config, "model": cfg.training.model, "epochs": cfg.training.epochs}
     sampler = make_sampler(
         cfg.sweep.sampler,

@@ -31,3 +31,21 @@ def test_the_flow_process_does_not_import_torch():
     assert not _imports_torch(
         "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.services.stack\nfrom sweepflow.tasks.training.function import TrainFunction"
     )
+
+
+@pytest.mark.subprocess
+def test_the_pre_flight_of_the_built_in_training_function_does_not_import_torch():
+    """A deployment's flow run checks its settings in a new process: the built-in function's checks run there
+    without its training code (tasks/training/hparams.py), and still refuse a config it would refuse."""
+    assert not _imports_torch(
+        "from sweepflow.flows.config import PipelineConfig\n"
+        "from sweepflow.flows.preflight import PreflightError, _check_training\n"
+        "_check_training(PipelineConfig())\n"
+        "bad = PipelineConfig(training={'base_config': {'optimizer': 'lbfgs'}})\n"
+        "try:\n"
+        "    _check_training(bad)\n"
+        "except PreflightError as exc:\n"
+        "    assert \"must be one of adam, adamw, sgd, got 'lbfgs'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('lbfgs was not refused')"
+    )

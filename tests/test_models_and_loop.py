@@ -17,7 +17,8 @@ from sweepflow.tasks.training.evaluate import (
     evaluate_checkpoint,
     evaluate_model,
 )
-from sweepflow.tasks.training.loop import _with_defaults, load_model_from_checkpoint, train_image_classifier
+from sweepflow.tasks.training.hparams import with_defaults
+from sweepflow.tasks.training.loop import load_model_from_checkpoint, train_image_classifier
 from sweepflow.tasks.training.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
 
 # Reaches val accuracy ~0.95 on digits in ~2 s with 2 ranks (seeds 0-3 all gave >= 0.94 when tuned).
@@ -68,10 +69,10 @@ def test_unknown_model_and_bad_hyperparameters_say_how_to_fix_them():
 
 def test_train_config_is_checked_before_any_work():
     with pytest.raises(ValueError, match="data_path"):
-        _with_defaults({"epochs": 1})
+        with_defaults({"epochs": 1})
     with pytest.raises(ValueError, match="optimizer.*adam, adamw, sgd"):
-        _with_defaults({"data_path": "/x", "optimizer": "lbfgs"})
-    assert _with_defaults({"data_path": "/x", "epochs": 3.0})["epochs"] == 3
+        with_defaults({"data_path": "/x", "optimizer": "lbfgs"})
+    assert with_defaults({"data_path": "/x", "epochs": 3.0})["epochs"] == 3
 
 
 # --------------------------------------------------------------------------------- training on a cluster

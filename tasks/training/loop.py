@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -43,52 +42,20 @@ import ddp_runtime
 from ddp_runtime.torch import prepare_data_loader, prepare_model
 from sweepflow.tasks.datasets import load_meta, load_split
 from sweepflow.tasks.training.function import with_checks
-from sweepflow.tasks.training.models import build_model, model_hparams
+from sweepflow.tasks.training.hparams import (
+    DEFAULTS,
+    OPTIMIZERS,
+    REPORTS,
+    model_hparams,
+    validate_config,
+    with_defaults,
+)
+from sweepflow.tasks.training.models import build_model
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
 CHECKPOINT_META = "meta.json"
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
-
-_DEFAULTS: dict[str, Any] = {
-    "model": "net",
-    "epochs": 10,
-    "batch_size": 64,
-    "lr": 1e-3,
-    "optimizer": "adam",
-    "momentum": 0.9,
-    "weight_decay": 0.0,
-    "seed": 0,
-    "num_workers": 0,
-}
 _EVAL_BATCH_SIZE = 512  # evaluation keeps no activations for backward, so much larger batches are cheap
-
-
-def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Config with defaults filled in, checked here so a typo fails on the first line, not mid-epoch."""
-    cfg = {**_DEFAULTS, **config}
-    if not cfg.get("data_path"):
-        raise ValueError(
-            "train_image_classifier needs config['data_path']: the prepared dataset directory, i.e. "
-            "sweepflow.tasks.datasets.prepare_dataset(DataConfig(...)).path"
-        )
-    for key, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0), ("num_workers", 0)):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer():
-            raise ValueError(f"config[{key!r}] must be a whole number, got {value!r}")
-        if value < minimum:
-            raise ValueError(f"config[{key!r}] must be >= {minimum}, got {value!r}")
-        cfg[key] = int(value)
-    for key in ("lr", "momentum", "weight_decay"):
-        cfg[key] = float(cfg[key])
-    if not math.isfinite(cfg["lr"]) or cfg["lr"] <= 0:
-        raise ValueError(f"config['lr'] must be a positive number, got {config.get('lr')!r}")
-    cfg["optimizer"] = str(cfg["optimizer"]).lower()
-    if cfg["optimizer"] not in OPTIMIZERS:
-        raise ValueError(
-            f"config['optimizer'] must be one of {', '.join(OPTIMIZERS)}, got {cfg['optimizer']!r}"
-        )
-    return cfg
 
 
 # ------------------------------------------------------------------------------------------------ creators
@@ -97,7 +64,7 @@ def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
 def make_model(config: Mapping[str, Any], meta: Mapping[str, Any]) -> nn.Module:
     """The model named by ``config['model']``, sized for the dataset described by ``meta`` (its meta.json)."""
     return build_model(
-        config.get("model", _DEFAULTS["model"]),
+        config.get("model", DEFAULTS["model"]),
         input_shape=tuple(meta["input_shape"]),
         num_classes=int(meta["num_classes"]),
         hparams=config,
@@ -131,37 +98,30 @@ def make_loaders(config: Mapping[str, Any]) -> tuple[DataLoader, DataLoader]:
 
 def make_optimizer(config: Mapping[str, Any], params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer named by ``config['optimizer']`` (adam, adamw, sgd)."""
-    name = str(config.get("optimizer", _DEFAULTS["optimizer"])).lower()
-    lr = float(config.get("lr", _DEFAULTS["lr"]))
-    weight_decay = float(config.get("weight_decay", _DEFAULTS["weight_decay"]))
+    name = str(config.get("optimizer", DEFAULTS["optimizer"])).lower()
+    lr = float(config.get("lr", DEFAULTS["lr"]))
+    weight_decay = float(config.get("weight_decay", DEFAULTS["weight_decay"]))
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
-        momentum = float(config.get("momentum", _DEFAULTS["momentum"]))
+        momentum = float(config.get("momentum", DEFAULTS["momentum"]))
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; use one of: {', '.join(OPTIMIZERS)}")
-
-
-def validate_config(config: Mapping[str, Any]) -> None:
-    """Everything ``train_image_classifier`` checks on its first line, run before a sweep starts (the prepared
-    data path is filled in later by the pipeline, so a stand-in is used when it is missing)."""
-    cfg = _with_defaults({"data_path": "<the prepared dataset>", **config})
-    model_hparams(cfg["model"], cfg)
 
 
 # ------------------------------------------------------------------------------------------- the training
 
 
-@with_checks(validate=validate_config, reports=("epoch", "train_loss", "val_loss", "val_accuracy"))
+@with_checks(validate=validate_config, reports=REPORTS)
 def train_image_classifier(config: dict[str, Any]) -> None:
     """Train ``config['model']`` on ``config['data_path']`` on this rank; see the module docstring for keys.
 
     Reports once per epoch ``{"epoch" (1-based), "train_loss", "val_loss", "val_accuracy"}`` (global over
     all ranks) with a checkpoint from rank 0 (``model.pt``, ``optimizer.pt``, ``meta.json``).
     """
-    cfg = _with_defaults(config)
+    cfg = with_defaults(config)
     ctx = ddp_runtime.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     is_rank0 = rank == 0  # rank 0 alone writes the checkpoint: the others' would be discarded anyway

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
 from torch import nn
 
+from sweepflow.tasks.training.hparams import MODEL_NAMES, model_hparams
+
 # Below this side length two valid 5x5 convs + two 2x2 pools would shrink the feature map to nothing
 # (16x16 -> 12 -> 6 -> 2 -> 1), so Net switches to padded 3x3 convs that keep the size until pooling.
 _NET_MIN_SIZE_FOR_5X5 = 16
@@ -123,68 +125,27 @@ class SmallCNN(nn.Module):
 # ------------------------------------------------------------------------------------------------ factory
 
 
-def _positive_int(name: str, value: Any) -> int:
-    # Search spaces often yield floats (uniform/loguniform) or numpy numbers; accept whole numbers of any type.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer():
-        raise ValueError(
-            f"model hyperparameter {name!r} must be a whole number, got {value!r}; "
-            "use an integer search space (e.g. randint/qrandint or a choice of ints)"
-        )
-    number = int(value)
-    if number < 1:
-        raise ValueError(f"model hyperparameter {name!r} must be >= 1, got {value!r}")
-    return number
-
-
-def _probability(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"model hyperparameter {name!r} must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class _ModelSpec:
-    """How to build one named model: its hyperparameters (name -> validator) and a builder."""
+    """How to build one named model (its hyperparameters and their checks: ``hparams.MODEL_HPARAMS``)."""
 
-    hparams: Mapping[str, Callable[[str, Any], Any]]
     build: Callable[..., nn.Module]  # (input_shape, num_classes, **hparams) -> model
 
 
 _MODELS: dict[str, _ModelSpec] = {
     "net": _ModelSpec(
-        hparams={"l1": _positive_int, "l2": _positive_int},
         build=lambda shape, num_classes, **hp: Net(
             in_channels=shape[0], num_classes=num_classes, image_size=(shape[1], shape[2]), **hp
         ),
     ),
     "resnet18": _ModelSpec(
-        hparams={},
         build=lambda shape, num_classes: resnet18_1ch(in_channels=shape[0], num_classes=num_classes),
     ),
     "small_cnn": _ModelSpec(
-        hparams={"channels": _positive_int, "dropout": _probability},
         build=lambda shape, num_classes, **hp: SmallCNN(in_channels=shape[0], num_classes=num_classes, **hp),
     ),
 }
-
-MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
-
-
-def _spec(name: str) -> _ModelSpec:
-    try:
-        return _MODELS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}; use one of: {', '.join(MODEL_NAMES)}") from None
-
-
-def model_hparams(name: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset of ``hparams`` that model ``name`` takes, validated and converted to plain Python types.
-
-    Keys the model does not take (``lr``, ``batch_size``, ...) are dropped; missing ones keep the model's
-    defaults. What this returns is what a checkpoint records to rebuild the model.
-    """
-    spec = _spec(name)
-    return {key: check(key, hparams[key]) for key, check in spec.hparams.items() if key in hparams}
+assert tuple(_MODELS) == MODEL_NAMES  # one list of models: hparams.MODEL_HPARAMS
 
 
 def build_model(
@@ -194,7 +155,7 @@ def build_model(
 
     ``hparams`` may hold any trial hyperparameters: only those the model takes are used (``model_hparams``).
     """
-    spec = _spec(name)
+    checked = model_hparams(name, hparams)  # an unknown name fails here, naming the models there are
     shape = tuple(int(v) for v in input_shape)
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(
@@ -203,4 +164,4 @@ def build_model(
         )
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
         raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
-    return spec.build(shape, int(num_classes), **model_hparams(name, hparams))
+    return _MODELS[name].build(shape, int(num_classes), **checked)
