@@ -59,8 +59,9 @@ def _module_file(train_fn: str, project_dir: str | None = None) -> str | None:
 def launcher_preload() -> list[str]:
     """What the warm launcher imports once, so that each run's process starts with it (on the seed sweep's warm
     path: 2.3 s of CPU per run for the first two, 2.6 s for the last two). The flow; the built-in training
-    function's module, which the pre-flight checks import (and with it torch: the flow runs no torch op, but
-    the check imports the module the ranks will run); the sweep report and the fANOVA importances it draws
+    function's module, and with it torch: the flow runs no torch op and checks the built-in function without it
+    (``sweepflow.tasks.training.hparams``), but the pre-flight imports a training function of one's own, which
+    imports torch, in each run; the sweep report and the fANOVA importances it draws
     (Optuna, scikit-learn, SciPy). Only our own modules: a user's training module is imported by each run, so
     an edit to it is always seen (the launcher restarts when our code changes)."""
     from sweepflow.flows.config import DEFAULT_TRAIN_FN

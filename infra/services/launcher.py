@@ -3,12 +3,12 @@
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
 search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
 stays in the background with those modules imported (the caller's ``preload``: ``sweepflow run``'s includes the
-built-in training module, and so torch, which its pre-flight checks import, though the flow runs no torch op). Each
-``sweepflow run`` hands it its arguments, environment, working directory and terminal (stdin/stdout/stderr,
-passed as file descriptors over a Unix socket); the launcher forks a child that runs the command exactly as
-the CLI would, in a fresh process of its own, and reports the child's exit code back. The client forwards
-Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own process and its
-own recorded Prefect flow run.
+built-in training module, and so torch, which the pre-flight of a training function of one's own imports, though
+the flow runs no torch op). Each ``sweepflow run`` hands it its arguments, environment, working directory and
+terminal (stdin/stdout/stderr, passed as file descriptors over a Unix socket); the launcher forks a child that
+runs the command exactly as the CLI would, in a fresh process of its own, and reports the child's exit code back.
+The client forwards Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own
+process and its own recorded Prefect flow run.
 
 The launcher is keyed by what it cannot change after start: the Prefect settings (read when prefect is
 imported) and the code itself. If either differs from the client's — another PREFECT_API_URL, or an edited
