@@ -34,8 +34,8 @@ def _train(config: dict[str, Any], report: Callable[[dict[str, float], str], Non
     from torch.utils.data import DataLoader, TensorDataset
 
     from sweepflow.tasks.datasets import load_meta, load_split
+    from sweepflow.tasks.training.hparams import model_hparams
     from sweepflow.tasks.training.loop import make_model, make_optimizer
-    from sweepflow.tasks.training.models import model_hparams
 
     torch.set_num_threads(1)  # as on a Dask worker (its nanny sets OMP_NUM_THREADS=1)
     data_path = config["data_path"]

@@ -17,9 +17,9 @@ from sweepflow.tasks.training.evaluate import (
     evaluate_checkpoint,
     evaluate_model,
 )
-from sweepflow.tasks.training.hparams import with_defaults
+from sweepflow.tasks.training.hparams import MODEL_NAMES, model_hparams, with_defaults
 from sweepflow.tasks.training.loop import load_model_from_checkpoint, train_image_classifier
-from sweepflow.tasks.training.models import MODEL_NAMES, Net, SmallCNN, build_model, model_hparams
+from sweepflow.tasks.training.models import Net, SmallCNN, build_model
 
 # Reaches val accuracy ~0.95 on digits in ~2 s with 2 ranks (seeds 0-3 all gave >= 0.94 when tuned).
 DIGITS_CONFIG = {"model": "net", "epochs": 10, "batch_size": 32, "lr": 5e-3, "seed": 0}

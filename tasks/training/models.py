@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional PyTorch alias
 from torch import nn
 
-from sweepflow.tasks.training.hparams import MODEL_NAMES, model_hparams
+from sweepflow.tasks.training.hparams import model_hparams
 
 # Below this side length two valid 5x5 convs + two 2x2 pools would shrink the feature map to nothing
 # (16x16 -> 12 -> 6 -> 2 -> 1), so Net switches to padded 3x3 convs that keep the size until pooling.
@@ -125,27 +124,15 @@ class SmallCNN(nn.Module):
 # ------------------------------------------------------------------------------------------------ factory
 
 
-@dataclass(frozen=True)
-class _ModelSpec:
-    """How to build one named model (its hyperparameters and their checks: ``hparams.MODEL_HPARAMS``)."""
-
-    build: Callable[..., nn.Module]  # (input_shape, num_classes, **hparams) -> model
-
-
-_MODELS: dict[str, _ModelSpec] = {
-    "net": _ModelSpec(
-        build=lambda shape, num_classes, **hp: Net(
-            in_channels=shape[0], num_classes=num_classes, image_size=(shape[1], shape[2]), **hp
-        ),
+#: How to build each named model: (input_shape, num_classes, **hparams) -> model. Its hyperparameters and their
+#: checks are ``hparams.MODEL_HPARAMS``'s.
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "net": lambda shape, num_classes, **hp: Net(
+        in_channels=shape[0], num_classes=num_classes, image_size=(shape[1], shape[2]), **hp
     ),
-    "resnet18": _ModelSpec(
-        build=lambda shape, num_classes: resnet18_1ch(in_channels=shape[0], num_classes=num_classes),
-    ),
-    "small_cnn": _ModelSpec(
-        build=lambda shape, num_classes, **hp: SmallCNN(in_channels=shape[0], num_classes=num_classes, **hp),
-    ),
+    "resnet18": lambda shape, num_classes: resnet18_1ch(in_channels=shape[0], num_classes=num_classes),
+    "small_cnn": lambda shape, num_classes, **hp: SmallCNN(in_channels=shape[0], num_classes=num_classes, **hp),
 }
-assert tuple(_MODELS) == MODEL_NAMES  # one list of models: hparams.MODEL_HPARAMS
 
 
 def build_model(
@@ -164,4 +151,4 @@ def build_model(
         )
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
         raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
-    return _MODELS[name].build(shape, int(num_classes), **checked)
+    return _BUILDERS[name](shape, int(num_classes), **checked)
