@@ -10,8 +10,9 @@ imports it.
 
 from __future__ import annotations
 
+import importlib
 import queue
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -192,6 +193,10 @@ def tcp_store_on_free_port(
 PRELOAD_THREAD_NAME = "sweepflow-preload"
 
 
+#: What a process's first optimizer and first ``DistributedDataParallel(...)`` import lazily (``warm_torch_imports``).
+TORCH_LAZY_IMPORTS = ("torch._dynamo", "torch.nn.parallel")
+
+
 def warm_torch_imports() -> None:
     """Import what a process's first optimizer and first ``DistributedDataParallel(...)`` import lazily.
 
@@ -202,11 +207,46 @@ def warm_torch_imports() -> None:
     neither imports it any more): import what they import now (the test shows it), or drop the warm-up — it only
     saves start-up time.
     """
-    import torch._dynamo  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+    for module in TORCH_LAZY_IMPORTS:
+        importlib.import_module(module)
+
+
+def set_fork_server_imports(modules: Sequence[str]) -> None:
+    """Make ``modules`` what multiprocessing's fork server imports when it starts: a local cluster whose Dask
+    config says ``distributed.worker.multiprocessing-method: forkserver`` forks its worker processes from it.
+
+    Works around: Dask's ``distributed.utils.get_mp_context`` sets the fork server's list itself (Dask and its
+    optional packages, not torch), once per process, the first time it is called with that method; calling it
+    first and then setting the list keeps ours. The list counts until the fork server starts (with the first
+    worker) and is then fixed for the process's life. Written for distributed 2026.8. If it breaks (Dask sets
+    its list at every call): set the list after the cluster's first nanny asked for the context and before it
+    started its process, or drop the list (workers are then forked from a server that imported only Dask's, and
+    import torch themselves).
+    """
+    import dask.config
+    from distributed.utils import get_mp_context
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        context = get_mp_context()
+    context.set_forkserver_preload(list(modules))
 
 
 # ------------------------------------------------------------------------------------------------- the stdlib
+
+
+def run_atexit_handlers_when_the_process_ends() -> None:
+    """Have this process run its ``atexit`` handlers when it ends, in a process that would skip them: a child of
+    multiprocessing's fork server, which ends with ``os._exit`` once its target returned.
+
+    Works around: that ``os._exit``. The handlers run as one of multiprocessing's own exit finalizers (its
+    ``util.Finalize`` with a negative priority: after the others, once the process's children were joined), by
+    ``atexit._run_exitfuncs``, private CPython API (stable since Python 3.0). Written for Python 3.11. If it
+    breaks: keep a list of our own exit callbacks and run it from the worker's ``dask_teardown``.
+    """
+    import atexit
+    from multiprocessing import util
+
+    util.Finalize(None, atexit._run_exitfuncs, exitpriority=-100)
 
 
 def queued_items(q: queue.Queue[T]) -> list[T]:
@@ -220,14 +260,17 @@ def queued_items(q: queue.Queue[T]) -> list[T]:
 
 
 __all__ = [
+    "TORCH_LAZY_IMPORTS",
     "client_singleton",
     "has_worker",
     "processing_keys",
     "queued_items",
+    "run_atexit_handlers_when_the_process_ends",
     "running_workers",
     "runs_alone_in_its_process",
     "scheduler_address",
     "scheduler_singleton",
+    "set_fork_server_imports",
     "task_abandoned",
     "task_left_its_worker",
     "tcp_store_on_free_port",

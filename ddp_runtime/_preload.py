@@ -19,6 +19,7 @@ The worker's exit is made quick here too (``fast_exit``): a worker that imported
 from typing import Any
 
 from ddp_runtime._exit import fast_exit
+from ddp_runtime._fork_server import as_if_spawned
 from ddp_runtime.worker_config import apply_training_worker_config
 
 apply_training_worker_config()  # before the nanny hands its configuration to the worker (module docstring)
@@ -29,5 +30,6 @@ def dask_setup(worker: Any) -> None:
     """Dask calls this in the worker process only. ``dask worker --preload`` also imports this module in its own
     (nanny) process, to check the preload's command-line options: imported there, torch cost each nanny 2.6
     CPU-seconds on every start and 480 MiB of memory for its life, for nothing (benchmarks/RESULTS.md)."""
+    as_if_spawned()  # a forked worker's environment and exit as a spawned one's (``_fork_server``)
     import torch
     import torch.distributed  # noqa: F401

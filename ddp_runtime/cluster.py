@@ -1,8 +1,9 @@
 """Starting a Dask cluster fit for DDP ranks when the user has none.
 
 Workers are non-daemonic so DataLoader worker subprocesses can start inside them (dask/distributed#2718),
-single-threaded (one rank per worker process), and import torch when they start, so the first group does not
-pay for it.
+single-threaded (one rank per worker process), and hold torch before their first task, so the first group does
+not pay for its import: a local cluster forks them from a server process that imported it once
+(``_fork_server``), except on a host with GPUs, where they are spawned and import it themselves.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import dask
 from distributed import Client, LocalCluster
 
-from ddp_runtime import _compat, _warmup
+from ddp_runtime import _compat, _fork_server, _warmup
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
 from ddp_runtime.object_store import object_store
@@ -46,8 +47,13 @@ def local_cluster(
     resources: dict[str, float] | None = None,
     threads_per_worker: int = 1,
     preload: list[str] | None = None,
+    start_method: Literal["forkserver", "spawn"] = "forkserver",
 ) -> Iterator[Client]:
     """A LocalCluster on 127.0.0.1 with worker processes; yields a Client and closes both.
+
+    ``start_method``: ``"forkserver"`` forks the workers from a server process that imported torch once per
+    process (``_fork_server``), except on a host with GPUs, where they are spawned. ``"spawn"`` starts each
+    worker as a new interpreter, as Dask does by default. A Dask config that says ``fork`` is kept.
 
     On a host with GPUs, use dask-cuda's ``LocalCUDACluster`` instead (one worker per GPU, each with its own
     ``CUDA_VISIBLE_DEVICES``): see ``gpu_local_cluster``.
@@ -56,8 +62,10 @@ def local_cluster(
     # Every worker advertises its share of the host's cores as a "CPU" resource, so ScalingConfig's
     # resources_per_worker={"CPU": k} (cores for DataLoader workers) means the same here as on a real cluster.
     resources = {"CPU": float(max(1, (os.cpu_count() or 1) // n)), **(resources or {})}
-    # The cluster reads the lost-worker timeout whenever a worker goes: it stays set while the cluster lives.
-    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT}):
+    start_config, nanny_kwargs = _fork_server.start_settings(start_method, gpus=gpu_count())
+    # The cluster reads the lost-worker timeout whenever a worker goes, and the start method whenever a nanny
+    # starts one: they stay set while the cluster lives.
+    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT, **start_config}):
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=threads_per_worker,
@@ -67,6 +75,7 @@ def local_cluster(
             dashboard_address="127.0.0.1:0",
             resources=resources,
             preload=[PRELOAD, *(preload or [])],
+            **nanny_kwargs,
         )
         with _client_of(cluster) as client:
             yield client

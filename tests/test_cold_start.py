@@ -1,5 +1,6 @@
 """A cold cluster's start-up is not a trial's time (issue 22, item 5): on a Dask cluster started a moment ago
-(its workers still importing the pipeline's modules in their preload threads; torch._dynamo not yet imported), the sweep does
+whose workers were spawned (as `dask worker` starts them, and a local cluster on a host with GPUs: still importing
+the pipeline's modules in their preload threads; torch._dynamo not yet imported), the sweep does
 the workers' one-time start-up before its first trial and reports it apart (``startup_seconds``), so the first
 trial's group time, worker-seconds and MLflow run are its own; the progress line never counts more trials
 running than the sweep runs at a time."""
@@ -23,7 +24,7 @@ from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 def test_the_first_trial_on_a_cold_cluster_is_charged_only_its_own_time(prefect_harness, mlflow_server, tmp_path):
     prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
     lines: list[str] = []
-    with local_cluster(n_workers=2, preload=[WORKER_PRELOAD]) as cluster:  # as `sweepflow run` starts its own
+    with local_cluster(n_workers=2, preload=[WORKER_PRELOAD], start_method="spawn") as cluster:
         cfg = resolve_settings(
             PipelineConfig.model_validate(
                 {
@@ -103,7 +104,7 @@ def test_a_one_rank_workers_start_up_imports_what_its_first_optimizer_would():
     from ddp_runtime.cluster import warm_up_workers
     from ddp_runtime.config import ScalingConfig
 
-    with local_cluster(n_workers=1) as cluster:
+    with local_cluster(n_workers=1, start_method="spawn") as cluster:
         assert list(cluster.run(_imported, "torch._dynamo").values()) == [False]  # the preload leaves it
         (cold,) = warm_up_workers(cluster, ScalingConfig(num_workers=1)).values()
         assert list(cluster.run(_imported, "torch._dynamo").values()) == [True]

@@ -701,6 +701,29 @@ def test_warm_torch_imports_imports_what_the_first_optimizer_and_the_first_ddp_i
     assert seen["warmed"]
 
 
+_FORK_SERVER_PROBE = """
+import json, multiprocessing.forkserver
+import dask.config
+from distributed.utils import get_mp_context
+from ddp_runtime._compat import set_fork_server_imports
+set_fork_server_imports(["torch", "distributed"])
+with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+    context = get_mp_context()  # as each nanny asks for it when it starts a worker
+print(json.dumps({"kind": type(context).__name__, "preload": multiprocessing.forkserver._forkserver._preload_modules}))
+"""
+
+
+@pytest.mark.subprocess
+def test_set_fork_server_imports_sets_a_list_dasks_nannies_keep():
+    """In a process of its own: the fork server's list is process-wide."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_SERVER_PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"kind": "ForkServerContext", "preload": ["torch", "distributed"]}, seen
+
+
 # ------------------------------------------------------------------------------------------------- the stdlib
 
 

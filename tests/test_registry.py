@@ -275,7 +275,8 @@ class _Records(logging.Handler):
 
 @pytest.mark.dask
 def test_registrations_imports_warm_on_an_idle_worker_that_then_finalizes_and_exits_unkilled(tmp_path):
-    """After the sweep, ``warm_finalizer`` starts registration's imports (mlflow.pytorch; torch._dynamo and sympy, by a first pt2 export) on one
+    """After the sweep, ``warm_finalizer`` starts registration's imports (mlflow.pytorch and a first pt2 export;
+    torch._dynamo and sympy, which that export needs, a local cluster's forked workers hold already) on one
     worker with nothing running, not on the busy one; ``finalizing_worker`` then sends evaluation and
     registration there. When the cluster closes, that worker (torch._dynamo, sympy and mlflow loaded) exits by
     itself: the nanny never has to kill it (``ddp_runtime._exit``: its teardown used to outlast the nanny's 4-s
@@ -284,7 +285,7 @@ def test_registrations_imports_warm_on_an_idle_worker_that_then_finalizes_and_ex
     from sweepflow.tasks import WORKER_PRELOAD
     from sweepflow.tasks.finalize import finalizing_worker, warm_finalizer
 
-    heavy = ("sweepflow.tasks.tracking.registry", "mlflow.pytorch", "torch._dynamo", "sympy")
+    heavy = ("sweepflow.tasks.tracking.registry", "mlflow.pytorch")
 
     # Defined here, so they reach the workers by value: by reference they would import this module there, and
     # with it the registry.

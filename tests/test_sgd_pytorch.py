@@ -323,8 +323,10 @@ SHUTDOWN_SCRIPT = textwrap.dedent(
         x = torch.arange(0, 10, 0.1)[:, None]
         return torch.utils.data.TensorDataset(x, 2 * x + 5)
 
-    def cluster_processes():
-        return [p for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    def cluster_processes():  # the workers: spawned, or forked from the fork server (which lives as long as we do)
+        return [p for p in psutil.Process().children(recursive=True)
+                if "spawn_main" in " ".join(p.cmdline())
+                or ("forkserver" in " ".join(p.cmdline()) and p.ppid() != os.getpid())]
 
     assert cluster_processes() == []
     trainer = PyTorchTrainer(lambda config: nn.Linear(1, 1), data_creator,
