@@ -11,6 +11,8 @@ check and the memory and system monitors at 1, 1 and 5 s, unless the cluster set
 
 torch is imported in ``dask_setup``, which Dask runs in the worker process only, before the worker joins its
 scheduler; the module's own top level stays light, since ``dask worker --preload`` imports it in the nanny too.
+A local cluster's worker was forked from a server that imported torch already (``_fork_server``): there
+``dask_setup`` first makes its environment and exit a spawned worker's, and the imports cost nothing.
 
 The worker's exit is made quick here too (``fast_exit``): a worker that imported torch._dynamo and mlflow spent
 3-4 s in the interpreter's teardown when its cluster closed, past the nanny's 4-s wait, and was SIGKILLed.
