@@ -215,20 +215,21 @@ def set_fork_server_imports(modules: Sequence[str]) -> None:
     """Make ``modules`` what multiprocessing's fork server imports when it starts: a local cluster whose Dask
     config says ``distributed.worker.multiprocessing-method: forkserver`` forks its worker processes from it.
 
-    Works around: Dask's ``distributed.utils.get_mp_context`` sets the fork server's list itself (Dask and its
-    optional packages, not torch), once per process, the first time it is called with that method; calling it
-    first and then setting the list keeps ours. The list counts until the fork server starts (with the first
-    worker) and is then fixed for the process's life. Written for distributed 2026.8. If it breaks (Dask sets
-    its list at every call): set the list after the cluster's first nanny asked for the context and before it
-    started its process, or drop the list (workers are then forked from a server that imported only Dask's, and
-    import torch themselves).
+    Works around: Dask's ``distributed.utils.get_mp_context`` (each nanny calls it when it starts a worker) sets
+    the fork server's list itself the first time it is called with that method, once per process (its module
+    global ``_forkserver_preload_set``), and to build it imports its optional packages in the calling process
+    (numpy, pandas, pyarrow: ~60 MiB in a process that had none of them). Setting that global first keeps our
+    list and skips those imports. The list counts until the fork server starts (with the first worker) and is
+    then fixed for the process's life. Written for distributed 2026.8. If it breaks (the global goes, or Dask
+    sets its list at every call): call ``get_mp_context`` under the forkserver config first and set the list
+    after it, paying those imports; or drop the list (workers then import torch themselves).
     """
-    import dask.config
-    from distributed.utils import get_mp_context
+    import multiprocessing
 
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-        context = get_mp_context()
-    context.set_forkserver_preload(list(modules))
+    import distributed.utils
+
+    distributed.utils._forkserver_preload_set = True
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
 
 
 # ------------------------------------------------------------------------------------------------- the stdlib

@@ -702,14 +702,18 @@ def test_warm_torch_imports_imports_what_the_first_optimizer_and_the_first_ddp_i
 
 
 _FORK_SERVER_PROBE = """
-import json, multiprocessing.forkserver
+import json, multiprocessing.forkserver, sys
 import dask.config
 from distributed.utils import get_mp_context
 from ddp_runtime._compat import set_fork_server_imports
 set_fork_server_imports(["torch", "distributed"])
 with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
     context = get_mp_context()  # as each nanny asks for it when it starts a worker
-print(json.dumps({"kind": type(context).__name__, "preload": multiprocessing.forkserver._forkserver._preload_modules}))
+print(json.dumps({
+    "kind": type(context).__name__,
+    "preload": multiprocessing.forkserver._forkserver._preload_modules,
+    "pandas": "pandas" in sys.modules,
+}))
 """
 
 
@@ -721,7 +725,8 @@ def test_set_fork_server_imports_sets_a_list_dasks_nannies_keep():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen == {"kind": "ForkServerContext", "preload": ["torch", "distributed"]}, seen
+    # ... and Dask did not import its optional packages here to build a list of its own.
+    assert seen == {"kind": "ForkServerContext", "preload": ["torch", "distributed"], "pandas": False}, seen
 
 
 # ------------------------------------------------------------------------------------------------- the stdlib
