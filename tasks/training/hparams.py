@@ -32,9 +32,13 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def positive_int(name: str, value: Any) -> int:
-    # Search spaces often yield floats (uniform/loguniform) or numpy numbers; accept whole numbers of any type.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer():
+def _whole(value: Any) -> bool:
+    """A whole number of any numeric type (search spaces often yield floats or numpy numbers), not a bool."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and float(value).is_integer()
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not _whole(value):
         raise ValueError(
             f"model hyperparameter {name!r} must be a whole number, got {value!r}; "
             "use an integer search space (e.g. randint/qrandint or a choice of ints)"
@@ -45,7 +49,7 @@ def positive_int(name: str, value: Any) -> int:
     return number
 
 
-def probability(name: str, value: Any) -> float:
+def _probability(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"model hyperparameter {name!r} must be a number in [0, 1), got {value!r}")
     return float(value)
@@ -53,9 +57,9 @@ def probability(name: str, value: Any) -> float:
 
 #: Each built-in model's hyperparameters: name -> validator (``models.py`` builds the models).
 MODEL_HPARAMS: dict[str, Mapping[str, Callable[[str, Any], Any]]] = {
-    "net": {"l1": positive_int, "l2": positive_int},
+    "net": {"l1": _positive_int, "l2": _positive_int},
     "resnet18": {},
-    "small_cnn": {"channels": positive_int, "dropout": probability},
+    "small_cnn": {"channels": _positive_int, "dropout": _probability},
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODEL_HPARAMS)
@@ -84,7 +88,7 @@ def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
         )
     for key, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0), ("num_workers", 0)):
         value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer():
+        if not _whole(value):
             raise ValueError(f"config[{key!r}] must be a whole number, got {value!r}")
         if value < minimum:
             raise ValueError(f"config[{key!r}] must be >= {minimum}, got {value!r}")
