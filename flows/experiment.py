@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddp_runtime.cluster import cluster_client
-from sweepflow.tasks.finalize import evaluate_best, mark_winner, register_best, warm_finalizer
+from sweepflow.tasks.finalize import (
+    evaluate_best,
+    log_confusion_matrix,
+    mark_winner,
+    register_best,
+    warm_finalizer,
+)
 from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
 from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement
@@ -265,19 +271,21 @@ def finalize(
     stage: Finalize, best: TrialResult, tracker: RunTracker, parent: str, client: Any, stages: StageTimer
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The best trial's best checkpoint evaluated on the test split (metrics on the parent and the trial's
-    run), then registered: its test metric decides whether it becomes the champion."""
+    run), then registered: its test metric decides whether it becomes the champion. The evaluation's confusion
+    matrix is drawn while a worker registers the model."""
+    runs = [parent, best.run_id]
     evaluation = evaluate_best(
         best.best_checkpoint,
         stage.data_path,
         tracker,
-        [parent, best.run_id],
+        runs,
         client,
         evaluate_fn=stage.evaluate_fn,
         project_dir=stage.project_dir,
     )
     check_champion_metric(stage, evaluation["metrics"])
     stages.lap("evaluate_s")
-    registration = register_best(
+    registering = register_best.submit(
         best.best_checkpoint,
         stage.data_path,
         client=client,
@@ -291,6 +299,11 @@ def finalize(
         model_fn=stage.model_fn,
         project_dir=stage.project_dir,
     )
+    try:
+        log_confusion_matrix(evaluation, tracker, runs)
+    finally:  # a registration is never left running behind a failed flow
+        registering.wait()
+    registration = registering.result()
     stages.lap("register_s")
     return evaluation, registration
 

@@ -178,11 +178,13 @@ def _check_cluster(cfg: PipelineConfig) -> None:
             client.close()
         _check_room(cfg, fits)
         return
-    from ddp_runtime.cluster import gpu_count
-
     cores = os.cpu_count() or 1
     n_workers = cfg.dask.n_workers or cores
-    gpus = gpu_count() if resources.use_gpu else 0  # asked once: nvidia-smi takes a while
+    gpus = 0
+    if resources.use_gpu:  # asked once: nvidia-smi takes a while (and ddp_runtime imports Dask: only then)
+        from ddp_runtime.cluster import gpu_count
+
+        gpus = gpu_count()
     check_local_resources(
         ranks_per_trial=resources.ranks_per_trial,
         n_workers=n_workers,

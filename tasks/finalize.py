@@ -66,11 +66,13 @@ def evaluate_best(
     evaluate_fn: str | None = None,
     project_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Test-set loss, accuracy, per-class accuracy and a confusion-matrix PNG, logged to each of ``run_ids``
-    (the pipeline's parent run, and the best trial's run: the registered version's source). With the project's
-    ``evaluate_fn`` (``evaluation.evaluate_fn``), what it returns instead, as ``test_<name>``."""
+    """Test-set loss, accuracy and per-class accuracy, logged to each of ``run_ids`` (the pipeline's parent run,
+    and the best trial's run: the registered version's source). With the project's ``evaluate_fn``
+    (``evaluation.evaluate_fn``), what it returns instead, as ``test_<name>``. The built-in evaluation also
+    returns its confusion matrix (``confusion_matrix``, ``class_names``): ``log_confusion_matrix`` draws it,
+    while the model registers."""
     if evaluate_fn is not None:
-        metrics = client.submit(
+        out = client.submit(
             evaluate_own_model,
             evaluate_fn,
             project_dir,
@@ -80,27 +82,36 @@ def evaluate_best(
             pure=False,
             **finalizing_worker(client),
         ).result()
-        for run_id in run_ids:
-            tracker.log_metrics(run_id, metrics, step=0)
-        return {"metrics": metrics}
+        out = {"metrics": out}
+    else:
+        out = client.submit(
+            evaluate_on_worker,
+            checkpoint_path,
+            data_path,
+            storage_options,
+            pure=False,
+            **finalizing_worker(client),
+        ).result()
+    for run_id in run_ids:
+        tracker.log_metrics(run_id, out["metrics"], step=0)
+    return out
+
+
+def log_confusion_matrix(evaluation: dict[str, Any], tracker: RunTracker, run_ids: Sequence[str]) -> None:
+    """The built-in evaluation's confusion matrix as ``evaluation/confusion_matrix.png`` on each of ``run_ids``
+    (nothing for a project's ``evaluate_fn``, which returns metrics only). Drawn here, in the flow process, where
+    matplotlib already is (the sweep report): ~0.7 CPU-s of text layout, which the pipeline spends while a
+    worker exports and registers the model."""
+    if "confusion_matrix" not in evaluation:
+        return
     from sweepflow.tasks.reporting.confusion_matrix import plot_confusion_matrix
 
-    out = client.submit(
-        evaluate_on_worker,
-        checkpoint_path,
-        data_path,
-        storage_options,
-        pure=False,
-        **finalizing_worker(client),
-    ).result()
     with tempfile.TemporaryDirectory() as tmp:
         png = plot_confusion_matrix(
-            out["confusion_matrix"], out["class_names"], os.path.join(tmp, "confusion_matrix.png")
+            evaluation["confusion_matrix"], evaluation["class_names"], os.path.join(tmp, "confusion_matrix.png")
         )
         for run_id in run_ids:
-            tracker.log_metrics(run_id, out["metrics"], step=0)
             tracker.log_artifact(run_id, png, "evaluation")
-    return out
 
 
 @task(name="register-model", cache_policy=NO_CACHE)
