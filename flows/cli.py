@@ -56,22 +56,20 @@ def _module_file(train_fn: str, project_dir: str | None = None) -> str | None:
     return spec.origin
 
 
-def launcher_preload() -> list[str]:
+def launcher_preload() -> tuple[list[str], list[str]]:
     """What the warm launcher imports once, so that each run's process starts with it (on the seed sweep's warm
-    path: 2.3 s of CPU per run for the first two, 2.6 s for the last two). The flow; the built-in training
-    function's module, and with it torch: the flow runs no torch op and checks the built-in function without it
-    (``sweepflow.tasks.training.hparams``), but the pre-flight imports a training function of one's own, which
-    imports torch, in each run; the sweep report and the fANOVA importances it draws
-    (Optuna, scikit-learn, SciPy). Only our own modules: a user's training module is imported by each run, so
-    an edit to it is always seen (the launcher restarts when our code changes)."""
+    path: 2.3 s of CPU per run for the first two, 2.6 s for the last two): before it is ready, the flow, and the
+    sweep report and the fANOVA importances it draws (Optuna, scikit-learn, SciPy); once it is idle, the
+    built-in training function's module, and with it torch. The flow runs no torch op and checks the built-in
+    function without it (``sweepflow.tasks.training.hparams``), but the pre-flight imports a training function of
+    one's own, which imports torch, in each run: a cold start's first run does not wait for that import (2.5
+    CPU-s on the two cores the services start on), later runs find it done. Only our own modules: a user's
+    training module is imported by each run, so an edit to it is always seen (the launcher restarts when our
+    code changes)."""
     from sweepflow.flows.config import DEFAULT_TRAIN_FN
 
-    return [
-        "sweepflow.flows.pipeline",
-        DEFAULT_TRAIN_FN.partition(":")[0],
-        "sweepflow.tasks.reporting.sweep_report",
-        "optuna.importance",
-    ]
+    now = ["sweepflow.flows.pipeline", "sweepflow.tasks.reporting.sweep_report", "optuna.importance"]
+    return now, [DEFAULT_TRAIN_FN.partition(":")[0]]
 
 
 def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
@@ -82,8 +80,9 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
 
     extra = {}
     if launcher:  # reads the environment once the Prefect settings are in it
+        now, when_idle = launcher_preload()
         extra["launcher"] = lambda: warm_launcher.ensure(
-            state_dir, dict(os.environ), entry=f"{__name__}:main", preload=launcher_preload()
+            state_dir, dict(os.environ), entry=f"{__name__}:main", preload=now, preload_when_idle=when_idle
         )
     chosen = use_run_services(
         settings,
@@ -148,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _refuse(exc, args)
     # Everything checkable is checked now, before any service, run or trial starts. The thin front process
     # that hands the run to the warm launcher leaves the training code's import to that process (torch is
-    # already loaded there), which checks everything again before it starts the flow.
+    # loaded there once the launcher has been idle), which checks everything again before it starts the flow.
     front = not args.no_server and not args.in_process
     try:
         check_pipeline(

@@ -2,9 +2,9 @@
 
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
 search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
-stays in the background with those modules imported (the caller's ``preload``: ``sweepflow run``'s includes the
-built-in training module, and so torch, which the pre-flight of a training function of one's own imports, though
-the flow runs no torch op). Each ``sweepflow run`` hands it its arguments, environment, working directory and
+stays in the background with those modules imported (the caller's ``preload``), and imports more once it is idle
+(``preload_when_idle``: ``sweepflow run``'s is the built-in training module, and so torch, which the pre-flight of a
+training function of one's own imports, though the flow runs no torch op; it is not on a cold run's path). Each ``sweepflow run`` hands it its arguments, environment, working directory and
 terminal (stdin/stdout/stderr, passed as file descriptors over a Unix socket); the launcher forks a child that
 runs the command exactly as the CLI would, in a fresh process of its own, and reports the child's exit code back.
 The client forwards Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own
@@ -25,6 +25,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,10 @@ from sweepflow.services.compat import run_atexit_handlers
 
 NAME = "launcher"
 _MAX_REQUEST = 4 << 20
+#: How long the launcher waits for a first run after becoming ready, and for the next one after a run ended,
+#: before it imports ``preload_when_idle``: a script's back-to-back runs do not wait for that import.
+IDLE_PRELOAD_SECONDS = 30.0
+IDLE_AFTER_RUN_SECONDS = 2.0
 
 
 def socket_path(state_dir: str) -> str:
@@ -46,16 +51,24 @@ def fingerprint(env: dict[str, str]) -> str:
 
 
 def launcher_spec(
-    state_dir: str, env: dict[str, str], *, entry: str, preload: Sequence[str] = ()
+    state_dir: str,
+    env: dict[str, str],
+    *,
+    entry: str,
+    preload: Sequence[str] = (),
+    preload_when_idle: Sequence[str] = (),
 ) -> services.ServiceSpec:
     """``entry`` (``module:function``) is the command line's ``main(argv)`` each child runs; ``preload`` the
-    modules the launcher imports once so that children start with them. Both are the caller's: the launcher
-    knows nothing of the program it serves."""
+    modules the launcher imports once, before it is ready, so that children start with them;
+    ``preload_when_idle`` those it imports later, one at a time while no run is going: ``IDLE_AFTER_RUN_SECONDS``
+    after a run ended, or ``IDLE_PRELOAD_SECONDS`` after it became ready. All are the caller's: the launcher knows nothing of the
+    program it serves."""
     path = socket_path(state_dir)
     ready = os.path.join(state_dir, "services", f"{NAME}.ready")
     key = fingerprint(env)
     argv = [sys.executable, "-m", "sweepflow.services.launcher", "--socket", path, "--ready-file", ready]
     argv += ["--key", key, "--entry", entry, *[f"--preload={module}" for module in preload]]
+    argv += [f"--preload-when-idle={module}" for module in preload_when_idle]
     return services.ServiceSpec(
         name=NAME,
         argv=argv,
@@ -67,9 +80,17 @@ def launcher_spec(
     )
 
 
-def ensure(state_dir: str, env: dict[str, str], *, entry: str, preload: Sequence[str] = ()) -> str:
+def ensure(
+    state_dir: str,
+    env: dict[str, str],
+    *,
+    entry: str,
+    preload: Sequence[str] = (),
+    preload_when_idle: Sequence[str] = (),
+) -> str:
     """A launcher matching ``env`` and the current code; an outdated one is replaced."""
-    return services.ensure(state_dir, launcher_spec(state_dir, env, entry=entry, preload=preload))
+    spec = launcher_spec(state_dir, env, entry=entry, preload=preload, preload_when_idle=preload_when_idle)
+    return services.ensure(state_dir, spec)
 
 
 # --------------------------------------------------------------------------------------------------- client
@@ -144,8 +165,22 @@ def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]],
             os._exit(code)
 
 
-def serve(path: str, ready_file: str, *, entry: str, preload: Sequence[str] = ()) -> None:
-    """Foreground body of the launcher service: import the stack once, then fork one child per request."""
+def serve(
+    path: str,
+    ready_file: str,
+    *,
+    entry: str,
+    preload: Sequence[str] = (),
+    preload_when_idle: Sequence[str] = (),
+    idle_seconds: float = IDLE_PRELOAD_SECONDS,
+    idle_after_run: float = IDLE_AFTER_RUN_SECONDS,
+) -> None:
+    """Foreground body of the launcher service: import the stack once, then fork one child per request.
+
+    ``preload_when_idle`` is imported by this (the main) thread between requests, one module at a time, only while
+    no child runs, ``idle_after_run`` seconds after a run ended or ``idle_seconds`` after the launcher became
+    ready: a cold start's first run neither waits for those imports nor shares the cores with them, and a
+    request that comes in meanwhile waits at most for the module being imported. Forking happens only between imports, never during one."""
     module_name, _, function = entry.partition(":")
     main = getattr(importlib.import_module(module_name), function)
     for module in preload:  # e.g. the flow: prefect, mlflow, distributed, pandas and our tasks
@@ -171,9 +206,14 @@ def serve(path: str, ready_file: str, *, entry: str, preload: Sequence[str] = ()
         f.write(path)
     os.replace(ready_file + ".tmp", ready_file)
     print(f"launcher ready on {path}", flush=True)
+    later = list(preload_when_idle)
+    idle_from = time.monotonic() + idle_seconds
     try:
         while not stopping:
-            for key, _ in selector.select(timeout=5):
+            waiting = bool(later) and not children  # something to import, and no run it would slow down
+            due = waiting and time.monotonic() >= idle_from
+            events = selector.select(timeout=min(5.0, max(0.0, idle_from - time.monotonic())) if waiting else 5.0)
+            for key, _ in events:
                 if key.fileobj is wake_r:
                     os.read(wake_r, 512)
                     continue
@@ -200,7 +240,10 @@ def serve(path: str, ready_file: str, *, entry: str, preload: Sequence[str] = ()
                 children[pid] = conn
                 _reply(conn, {"pid": pid})
                 print(f"run {pid}: sweepflow {' '.join(request['argv'])}", flush=True)
-            _reap(children)
+            if _reap(children):
+                idle_from = time.monotonic() + idle_after_run
+            if due and not events and not children:
+                _import_when_idle(later.pop(0))
     finally:
         listener.close()
         if os.path.exists(path):
@@ -230,20 +273,34 @@ def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
         print(f"could not reply {message} to a client: {exc}", flush=True)
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _import_when_idle(module: str) -> None:
+    started = time.monotonic()
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:  # each run then imports it itself, and says what is wrong there
+        print(f"could not import {module} ahead of the runs: {exc}", flush=True)
+        return
+    print(f"imported {module} while idle in {time.monotonic() - started:.1f}s", flush=True)
+
+
+def _reap(children: dict[int, socket.socket]) -> int:
+    """Reply to the clients of the children that have ended; how many did."""
+    ended = 0
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
         conn = children.pop(pid, None)
         if conn is not None:
             code = os.waitstatus_to_exitcode(status)
             _reply(conn, {"exit": code if code >= 0 else 128 - code})
             conn.close()
             print(f"run {pid}: exit {code}", flush=True)
+            ended += 1
+    return ended
 
 
 if __name__ == "__main__":
@@ -255,5 +312,10 @@ if __name__ == "__main__":
     parser.add_argument("--key", required=True, help="the fingerprint this launcher was started for")
     parser.add_argument("--entry", required=True, help="module:function, the CLI's main(argv)")
     parser.add_argument("--preload", action="append", default=[], help="a module to import once, up front")
+    parser.add_argument(
+        "--preload-when-idle", action="append", default=[], help="a module to import once no run is going"
+    )
     args = parser.parse_args()
-    serve(args.socket, args.ready_file, entry=args.entry, preload=args.preload)
+    serve(
+        args.socket, args.ready_file, entry=args.entry, preload=args.preload, preload_when_idle=args.preload_when_idle
+    )
