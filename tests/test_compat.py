@@ -381,6 +381,20 @@ def test_build_mlflow_requirement_map_builds_the_map_log_models_requirement_chec
     assert scans == [], "the requirement check mapped the installed packages again"
 
 
+def test_packages_distributions_gives_the_librarys_own_map_of_the_installed_environment():
+    """``compat.packages_distributions`` (how ``build_mlflow_requirement_map`` maps the installed distributions
+    to their modules, fast) against the libraries' own ``packages_distributions``, on this environment: its
+    ~100 distributions with and without ``top_level.txt``, sweepflow's editable install among them."""
+    import importlib.metadata
+
+    import importlib_metadata
+
+    for library in (importlib_metadata, importlib.metadata):
+        expected = library.packages_distributions()
+        assert compat.packages_distributions(library) == expected
+    assert expected["torch"] == ["torch"] and "sweepflow" in expected.get("ddp_runtime", [])
+
+
 def test_database_outages_answered_503_only_for_a_lost_database_connection(monkeypatch):
     import sqlite3
 
