@@ -72,7 +72,7 @@ def evaluate_best(
     returns its confusion matrix (``confusion_matrix``, ``class_names``): ``log_confusion_matrix`` draws it,
     while the model registers."""
     if evaluate_fn is not None:
-        out = client.submit(
+        metrics = client.submit(
             evaluate_own_model,
             evaluate_fn,
             project_dir,
@@ -82,7 +82,7 @@ def evaluate_best(
             pure=False,
             **finalizing_worker(client),
         ).result()
-        out = {"metrics": out}
+        out: dict[str, Any] = {"metrics": metrics}
     else:
         out = client.submit(
             evaluate_on_worker,
@@ -107,9 +107,8 @@ def log_confusion_matrix(evaluation: dict[str, Any], tracker: RunTracker, run_id
     from sweepflow.tasks.reporting.confusion_matrix import plot_confusion_matrix
 
     with tempfile.TemporaryDirectory() as tmp:
-        png = plot_confusion_matrix(
-            evaluation["confusion_matrix"], evaluation["class_names"], os.path.join(tmp, "confusion_matrix.png")
-        )
+        path = os.path.join(tmp, "confusion_matrix.png")
+        png = plot_confusion_matrix(evaluation["confusion_matrix"], evaluation["class_names"], path)
         for run_id in run_ids:
             tracker.log_artifact(run_id, png, "evaluation")
 
@@ -135,9 +134,10 @@ def register_best(
     it: the version's source run) and register it: alias ``challenger`` always, ``champion`` only if it beats
     the current champion on the test metric.
 
-    The model is logged from the Dask worker that exports it (the flow process waits meanwhile, so the run
-    still has one writer at a time); the worker gets the tracking URI and this process's MLflow credentials
-    (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), which never pass through Prefect."""
+    The model is logged from the Dask worker that exports it (the flow process meanwhile only uploads the
+    evaluation's confusion-matrix image, so the run's data still has one writer at a time); the worker gets the
+    tracking URI and this process's MLflow credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``), which
+    never pass through Prefect."""
     registration_args = {
         "registered_model_name": registered_model_name,
         "run_id": run_id,

@@ -2,11 +2,12 @@
 
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
 search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
-stays in the background with those modules imported (the caller's ``preload``), and imports more once it is idle
-(``preload_when_idle``: ``sweepflow run``'s is the built-in training module, and so torch, which the pre-flight of a
-training function of one's own imports, though the flow runs no torch op; it is not on a cold run's path). Each ``sweepflow run`` hands it its arguments, environment, working directory and
-terminal (stdin/stdout/stderr, passed as file descriptors over a Unix socket); the launcher forks a child that
-runs the command exactly as the CLI would, in a fresh process of its own, and reports the child's exit code back.
+stays in the background with those modules imported (the caller's ``preload``), and imports more once it is
+idle (``preload_when_idle``: ``sweepflow run``'s is the built-in training module, and so torch, which the
+pre-flight of a training function of one's own imports, though the flow runs no torch op; it is not on a cold
+run's path). Each ``sweepflow run`` hands it its arguments, environment, working directory and terminal
+(stdin/stdout/stderr, passed as file descriptors over a Unix socket); the launcher forks a child that runs the
+command exactly as the CLI would, in a fresh process of its own, and reports the child's exit code back.
 The client forwards Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own
 process and its own recorded Prefect flow run.
 
@@ -61,8 +62,8 @@ def launcher_spec(
     """``entry`` (``module:function``) is the command line's ``main(argv)`` each child runs; ``preload`` the
     modules the launcher imports once, before it is ready, so that children start with them;
     ``preload_when_idle`` those it imports later, one at a time while no run is going: ``IDLE_AFTER_RUN_SECONDS``
-    after a run ended, or ``IDLE_PRELOAD_SECONDS`` after it became ready. All are the caller's: the launcher knows nothing of the
-    program it serves."""
+    after a run ended, or ``IDLE_PRELOAD_SECONDS`` after it became ready. All are the caller's: the launcher
+    knows nothing of the program it serves."""
     path = socket_path(state_dir)
     ready = os.path.join(state_dir, "services", f"{NAME}.ready")
     key = fingerprint(env)
@@ -177,10 +178,11 @@ def serve(
 ) -> None:
     """Foreground body of the launcher service: import the stack once, then fork one child per request.
 
-    ``preload_when_idle`` is imported by this (the main) thread between requests, one module at a time, only while
-    no child runs, ``idle_after_run`` seconds after a run ended or ``idle_seconds`` after the launcher became
-    ready: a cold start's first run neither waits for those imports nor shares the cores with them, and a
-    request that comes in meanwhile waits at most for the module being imported. Forking happens only between imports, never during one."""
+    ``preload_when_idle`` is imported by this (the main) thread between requests, one module at a time, only
+    while no child runs, ``idle_after_run`` seconds after a run ended or ``idle_seconds`` after the launcher
+    became ready: a cold start's first run neither waits for those imports nor shares the cores with them, and a
+    request that comes in meanwhile waits at most for the module being imported. Forking happens only between
+    imports, never during one."""
     module_name, _, function = entry.partition(":")
     main = getattr(importlib.import_module(module_name), function)
     for module in preload:  # e.g. the flow: prefect, mlflow, distributed, pandas and our tasks
@@ -277,8 +279,8 @@ def _import_when_idle(module: str) -> None:
     started = time.monotonic()
     try:
         importlib.import_module(module)
-    except ImportError as exc:  # each run then imports it itself, and says what is wrong there
-        print(f"could not import {module} ahead of the runs: {exc}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the launcher stays up; each run imports it and says what is wrong
+        print(f"could not import {module} ahead of the runs: {type(exc).__name__}: {exc}", flush=True)
         return
     print(f"imported {module} while idle in {time.monotonic() - started:.1f}s", flush=True)
 
