@@ -504,15 +504,25 @@ def test_an_outage_error_escaping_the_handlers_is_answered_503(monkeypatch):
 
 
 @pytest.mark.dask
-def test_dask_identity_json_lists_the_workers_by_name():
+def test_the_worker_names_route_lists_the_workers_while_a_heartbeat_carries_task_metrics():
+    """``serve_dask_worker_names`` (through the scheduler preload ``sweepflow.services.dask_worker_names``): the
+    route the stack's probe of each `dask worker` service reads lists the workers by name, also while a worker's
+    metrics hold tuple-keyed digests, as a heartbeat after a task leaves them (Dask's identity document cannot
+    be encoded then)."""
+    from sweepflow.services import dask_worker_names
     from sweepflow.services.supervisor import dask_worker_registered
 
     async def body(scheduler, workers, client) -> None:
-        url = f"http://127.0.0.1:{scheduler.http_server.port}/json/identity.json"
+        dask_worker_names.dask_setup(scheduler)
+        url = f"http://127.0.0.1:{scheduler.http_server.port}{dask_worker_names.PATH}"
         assert await asyncio.to_thread(dask_worker_registered, url, "w0")
         assert await asyncio.to_thread(dask_worker_registered, url, "w1")
         assert not await asyncio.to_thread(dask_worker_registered, url, "w2")
-        assert services_compat.dask_identity_has_worker(scheduler.identity(), "w1")
+        digests = {("execute", "trial", "thread-cpu", "seconds"): 0.5}
+        for worker in scheduler.workers.values():
+            worker.metrics = {**worker.metrics, "digests_total_since_heartbeat": digests}
+        assert await asyncio.to_thread(dask_worker_registered, url, "w1")
+        assert not await asyncio.to_thread(dask_worker_registered, url.replace(dask_worker_names.PATH, "/nope"), "w1")
 
     _with_cluster(body)
 

@@ -19,16 +19,25 @@ from typing import Any
 # ------------------------------------------------------------------------------------------- Dask (HTTP routes)
 
 
-def dask_identity_has_worker(identity: Mapping[str, Any], worker_name: str) -> bool:
-    """Whether the Dask scheduler's ``/json/identity.json`` document lists a worker named ``worker_name``.
+def serve_dask_worker_names(scheduler: Any, path: str) -> None:
+    """Add ``path`` to the Dask scheduler's HTTP server: ``{"workers": [name, ...]}``, its workers' names.
 
-    Relies on the document's layout (undocumented: ``Scheduler.identity()`` as JSON): ``{"workers": {address:
-    {"name": ..., ...}}}``. Read over HTTP so the service supervisor needs no Dask client (nor Dask imported).
-    Written for distributed 2026.8. If it breaks: match the new layout here, or probe with
-    ``distributed.Client(address).scheduler_info()`` instead.
+    Works around: Dask's own ``/json/identity.json`` (``Scheduler.identity()``) lists the workers by name, but
+    answers HTTP 500 whenever a worker's last heartbeat carried fine-grained task metrics: each worker's
+    ``metrics["digests_total_since_heartbeat"]`` is keyed by tuples, which JSON cannot encode. During a sweep
+    that is often, and the stack's probe of each `dask worker` service read it: `sweepflow stack up` took every
+    healthy worker for hung and restarted them all, killing their trials (found by tests/test_chaos.py).
+    Relies on the scheduler's tornado application (``scheduler.http_application``, undocumented) and Dask's
+    ``RequestHandler`` (``dask_server``: the scheduler). Written for distributed 2026.8. If it breaks: register
+    the handler through the ``distributed.scheduler.http.routes`` setting instead (a module with ``routes``).
     """
-    workers = identity.get("workers", {})
-    return any(isinstance(w, Mapping) and w.get("name") == worker_name for w in workers.values())
+    from distributed.http.utils import RequestHandler
+
+    class WorkerNames(RequestHandler):
+        def get(self) -> None:
+            self.write({"workers": sorted(str(worker.name) for worker in self.server.workers.values())})
+
+    scheduler.http_application.add_handlers(r".*$", [(path, WorkerNames, {"dask_server": scheduler})])
 
 
 # ------------------------------------------------------------------------------------------ Prefect (server)
@@ -313,7 +322,7 @@ def run_atexit_handlers() -> None:
 
 __all__ = [
     "bound_prefect_sqlite_page_cache",
-    "dask_identity_has_worker",
     "fork_mlflow_gunicorn",
     "run_atexit_handlers",
+    "serve_dask_worker_names",
 ]

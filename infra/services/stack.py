@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sweepflow.services import dask_worker_names
 from sweepflow.services import supervisor as services
 from sweepflow.services.database import PostgresServer, prepare
 from sweepflow.services.exposure import HOST, INTERNAL, Exposure, url_host
@@ -226,17 +227,20 @@ def dask_scheduler_spec(
             # Forgets finished spans: Dask keeps one per trial otherwise (ddp_runtime/span_pruner.py).
             "--preload",
             "ddp_runtime.span_pruner",
+            # Serves the workers' names, which each `dask worker` service's health probe reads.
+            "--preload",
+            dask_worker_names.__name__,
         ],
         health={"kind": "http", "url": f"http://{INTERNAL}:{http_port}/health"},
         address=f"{scheme}://{url_host(exposure.host)}:{port}",
-        code_key=_key(secret, host=exposure.host, tls=_tls_args(exposure)),
+        code_key=_key(secret, host=exposure.host, tls=_tls_args(exposure), preload=dask_worker_names.__name__),
     )
 
 
 def dask_worker_spec(
     index: int,
     scheduler: str,
-    identity_url: str,
+    names_url: str,
     env: dict[str, str],
     gpu: int | None,
     exposure: Exposure = Exposure(),
@@ -279,7 +283,7 @@ def dask_worker_spec(
             "--local-directory",
             os.path.join(env["SWEEPFLOW_HOME"], "dask-worker-space"),
         ],
-        health={"kind": "dask_worker", "identity_url": identity_url, "name": name},
+        health={"kind": "dask_worker", "names_url": names_url, "name": name},
         address=name,
         env=worker_env,
         code_key=_key(
@@ -289,6 +293,7 @@ def dask_worker_spec(
             host=exposure.host,
             tls=_tls_args(exposure),
             preload=list(worker_preload),
+            probe=names_url,
         ),
     )
 
@@ -437,7 +442,7 @@ def up(
     os.makedirs(env["SWEEPFLOW_HOME"], exist_ok=True)
     _write_env(state_dir, env)
 
-    identity_url = scheduler_http(state_dir, "/json/identity.json")
+    names_url = scheduler_http(state_dir, dask_worker_names.PATH)
     from ddp_runtime.cluster import gpu_count  # here: importing distributed is not free
 
     gpus = gpu_count()
@@ -446,7 +451,7 @@ def up(
         dask_worker_spec(
             i,
             env["DASK_SCHEDULER_ADDRESS"],
-            identity_url,
+            names_url,
             env,
             i if gpus else None,
             exposure,

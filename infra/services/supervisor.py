@@ -39,8 +39,6 @@ from urllib.parse import urlsplit
 
 import psutil  # a dependency of distributed
 
-from sweepflow.services.compat import dask_identity_has_worker
-
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 LOOPBACK = "127.0.0.1"  # every service binds here unless its caller asks for another address
@@ -75,14 +73,15 @@ def tcp_open(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def dask_worker_registered(identity_url: str, worker_name: str, timeout: float = 1.0) -> bool:
-    """True when the scheduler's ``/json/identity.json`` lists a worker with this name."""
+def dask_worker_registered(names_url: str, worker_name: str, timeout: float = 1.0) -> bool:
+    """True when the scheduler lists a worker with this name (``names_url``: its
+    ``sweepflow.services.dask_worker_names`` route)."""
     try:
-        with urllib.request.urlopen(identity_url, timeout=timeout) as response:
-            identity = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError):
+        with urllib.request.urlopen(names_url, timeout=timeout) as response:
+            names = json.load(response).get("workers", [])
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return False
-    return dask_identity_has_worker(identity, worker_name)
+    return worker_name in names
 
 
 def unix_socket_accepts(path: str) -> bool:
@@ -110,7 +109,9 @@ def probe(health: Mapping[str, Any], timeout: float = 1.0) -> bool:
     if kind == "tcp":
         return tcp_open(health["address"], timeout)
     if kind == "dask_worker":
-        return dask_worker_registered(health["identity_url"], health["name"], timeout)
+        # "identity_url": a record written before the names route (its service is replaced on the next start)
+        url = health.get("names_url") or health.get("identity_url", "")
+        return dask_worker_registered(url, health["name"], timeout)
     if kind == "unix":
         return unix_socket_accepts(health["path"])
     if kind == "alive":  # a service that serves nothing (a watchdog): its process being alive is its health
