@@ -368,7 +368,12 @@ def test_build_mlflow_requirement_map_builds_the_map_log_models_requirement_chec
     import torch
     from mlflow.utils import requirements_utils
 
+    ours = []
+    fast = compat.packages_distributions
+    monkeypatch.setattr(compat, "packages_distributions", lambda library: ours.append(1) or fast(library))
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a process that built none yet
     assert compat.build_mlflow_requirement_map() is True
+    assert ours == [1], "MLflow built its map without compat.packages_distributions"
     assert "torch" in requirements_utils._PACKAGES_TO_MODULES
 
     scans = []
