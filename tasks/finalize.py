@@ -72,26 +72,12 @@ def evaluate_best(
     returns its confusion matrix (``confusion_matrix``, ``class_names``): ``log_confusion_matrix`` draws it,
     while the model registers."""
     if evaluate_fn is not None:
-        metrics = client.submit(
-            evaluate_own_model,
-            evaluate_fn,
-            project_dir,
-            checkpoint_path,
-            data_path,
-            storage_options,
-            pure=False,
-            **finalizing_worker(client),
-        ).result()
+        metrics = _on_finalizing_worker(
+            client, evaluate_own_model, evaluate_fn, project_dir, checkpoint_path, data_path, storage_options
+        )
         out: dict[str, Any] = {"metrics": metrics}
     else:
-        out = client.submit(
-            evaluate_on_worker,
-            checkpoint_path,
-            data_path,
-            storage_options,
-            pure=False,
-            **finalizing_worker(client),
-        ).result()
+        out = _on_finalizing_worker(client, evaluate_on_worker, checkpoint_path, data_path, storage_options)
     for run_id in run_ids:
         tracker.log_metrics(run_id, out["metrics"], step=0)
     return out
@@ -148,7 +134,8 @@ def register_best(
         "extra_tags": tags,
     }
     if model_fn is not None:  # the project's model (training.model_fn), from the checkpoint its train_fn wrote
-        return client.submit(
+        return _on_finalizing_worker(
+            client,
             register_own_model,
             model_fn,
             project_dir,
@@ -156,20 +143,21 @@ def register_best(
             storage_options,
             registration_args,
             tracking_auth_env(),
-            pure=False,
-            **finalizing_worker(client),
-        ).result()
-    future = client.submit(
+        )
+    return _on_finalizing_worker(
+        client,
         register_on_worker,
         checkpoint_path,
         data_path,
         storage_options,
         registration_args,
         tracking_auth_env(),
-        pure=False,
-        **finalizing_worker(client),
     )
-    return future.result()
+
+
+def _on_finalizing_worker(client: Client, function: Any, *args: Any) -> Any:
+    """``function(*args)`` on the worker evaluation and registration go to (``finalizing_worker``); its result."""
+    return client.submit(function, *args, pure=False, **finalizing_worker(client)).result()
 
 
 def mark_winner(
