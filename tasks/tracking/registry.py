@@ -204,9 +204,11 @@ def _export_copy(model: torch.nn.Module) -> torch.nn.Module:
 def _preflight_export(model: torch.nn.Module, example: torch.Tensor) -> None:
     """Trace the model the way mlflow's pt2 path will, before anything is written to the tracking server.
 
-    A failure inside ``log_model`` would leave a PENDING LoggedModel behind in the run; ``torch.export``
-    raises many different exception types (guards, unsupported ops, dtype errors), all turned here into one
-    message that says what to do.
+    A failure inside ``log_model`` would leave a PENDING LoggedModel behind in the run, and more: MLflow 3's
+    ``Model.log`` records the run's model output and copies the run's step-0 metrics onto the model *before* it
+    exports, so deleting the model afterwards would not undo it. That is worth this second trace (0.2 s of a
+    warm registration). ``torch.export`` raises many different exception types (guards, unsupported ops, dtype
+    errors), all turned here into one message that says what to do.
     """
     try:
         torch.export.export(model, (example,), dynamic_shapes=[{0: torch.export.Dim.AUTO}])
