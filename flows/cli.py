@@ -185,23 +185,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         except (TemporaryServerError, ValueError) as exc:
             return _refuse(exc, args)
     t_server = time.time()
+    from sweepflow.flows.experiment import AfterSweepFailed
     from sweepflow.flows.pipeline import (  # imports prefect: after PREFECT_API_URL is set
         EvaluationMismatch,
         training_pipeline,
     )
+    from sweepflow.flows.run_console import console_tracebacks, finish_command
     from sweepflow.tasks.sweep.trial import MetricNotReported
     from sweepflow.tasks.tracking.runs import TrackingServerError, TrackingServerUnavailable
 
     t_import = time.time()
     credentials.install()  # for the flow, in this process only
     try:
-        summary = training_pipeline(config=config, resume_from=args.resume)
+        with console_tracebacks(shown=args.debug):
+            summary = training_pipeline(config=config, resume_from=args.resume)
     except MetricNotReported as exc:  # found at the first report: the sweep stopped at once
         return _refuse(exc, args)
     except (TrackingServerError, TrackingServerUnavailable) as exc:  # said at once, not the user's mistake
         return _service_failed(exc, args)
-    except EvaluationMismatch as exc:  # the sweep is recorded; nothing registered
-        return _refuse(exc, args)
+    except AfterSweepFailed as exc:  # the sweep is recorded: its sentence ends with the command that finishes it
+        said = RuntimeError(exc.finish(finish_command(args, exc.parent_run_id, sets=len(overrides))))
+        said.__cause__ = exc
+        # A setting to change (the champion metric) is the user's mistake, exit 2; a function that failed, 1.
+        return _refuse(said, args) if isinstance(exc, EvaluationMismatch) else _service_failed(said, args)
     t_end = time.time()
 
     import pandas as pd

@@ -33,7 +33,10 @@ from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, load_prior_sweep
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.tracking.runs import RunTracker
+from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError, TrackingServerUnavailable
+
+#: A tracking server's own failure during the stages after the sweep: said as the service's, not the project's.
+_SERVICE_ERRORS = (TrackingServerError, TrackingServerUnavailable)
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,54 @@ class ExperimentRun:
     view_key: str | None = None  # the sweep's saved view of MLflow's runs page (links.sweep_view_state)
 
 
-class EvaluationMismatch(ValueError):
-    """The evaluation did not report the metric that decides the champion: nothing is registered."""
+
+
+class AfterSweepFailed(RuntimeError):
+    """A stage after the sweep (evaluation, building the model, registration) failed: the sweep's trials are
+    recorded under ``parent_run_id``, and resuming that run finishes it without training again. ``str()`` is
+    one sentence: the stage, the function, what went wrong and the fix; ``finish(command)`` ends it with the
+    command that resumes."""
+
+    def __init__(self, stage: str, problem: str, parent_run_id: str, trials: int) -> None:
+        self.stage, self.problem, self.parent_run_id, self.trials = stage, problem, parent_run_id, trials
+        super().__init__(self.finish(f"sweepflow run --resume {parent_run_id} (same settings)"))
+
+    def finish(self, command: str) -> str:
+        return (
+            f"{self.stage} failed after the sweep: {self.problem.rstrip('.')}; the sweep's {self.trials} trial(s) "
+            f"are recorded in MLflow run {self.parent_run_id}: fix it, then finish the run without training "
+            f"again: {command}"
+        )
+
+
+def _failure(what: str, exc: BaseException, project_dir: str | None) -> str:
+    """What went wrong in one clause: a message that names the function already (ours) as it is, anything else
+    as ``<what> raised <type>: <message> (<file>:<line> of the project's code, where it was raised)``."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if text.startswith(("training.model_fn=", "evaluation.evaluate_fn=")):
+        return text
+    where = _raised_at(exc, project_dir)
+    return f"{what} raised {type(exc).__name__}: {text}" + (f" ({where})" if where else "")
+
+
+def _raised_at(exc: BaseException, project_dir: str | None) -> str | None:
+    """``file:line`` of the innermost frame of ``exc``'s traceback in the project's directory, if any."""
+    import traceback
+
+    if not project_dir:
+        return None
+    root = os.path.realpath(project_dir)
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if os.path.realpath(f.filename).startswith(root + os.sep)
+    ]
+    if not frames:
+        return None
+    return f"{os.path.relpath(os.path.realpath(frames[-1].filename), root)}:{frames[-1].lineno}"
+
+
+class EvaluationMismatch(AfterSweepFailed, ValueError):
+    """The evaluation did not report the metric that decides the champion: nothing is registered (a setting to
+    change: the command exits 2)."""
 
 
 class NoBestTrial(RuntimeError):
@@ -99,7 +148,9 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
                             f"no trial reported {exp.metric} ({len(sweep.failed)} of {len(sweep.trials)} failed); "
                             "see the MLflow child runs' sweepflow.error tags"
                         )
-                    evaluation, registration = finalize(exp.finalize, best, tracker, parent, client, stages)
+                    evaluation, registration = finalize(
+                        exp.finalize, best, tracker, parent, client, stages, trials=len(sweep.trials)
+                    )
                     mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
             finally:
                 # Once per flow run, however the stages after the sweep ended: the trials are recorded, and the
@@ -268,23 +319,63 @@ def name_best(sweep: SweepResult, tracker: RunTracker, parent: str, exp: Experim
 
 
 def finalize(
-    stage: Finalize, best: TrialResult, tracker: RunTracker, parent: str, client: Any, stages: StageTimer
+    stage: Finalize,
+    best: TrialResult,
+    tracker: RunTracker,
+    parent: str,
+    client: Any,
+    stages: StageTimer,
+    *,
+    trials: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The best trial's best checkpoint evaluated on the test split (metrics on the parent and the trial's
     run), then registered: its test metric decides whether it becomes the champion. The evaluation's confusion
-    matrix is drawn while a worker registers the model."""
+    matrix is drawn while a worker registers the model.
+
+    A failure of either (the project's function, the export, the registry's refusal) raises
+    ``AfterSweepFailed``: one sentence with the fix, the ``trials`` recorded, and the run to resume. A tracking
+    server's own error stays what it is (a service's failure, not the project's)."""
     runs = [parent, best.run_id]
-    evaluation = evaluate_best(
-        best.best_checkpoint,
-        stage.data_path,
-        tracker,
-        runs,
-        client,
-        evaluate_fn=stage.evaluate_fn,
-        project_dir=stage.project_dir,
-    )
-    check_champion_metric(stage, evaluation["metrics"])
+    evaluator = f"evaluation.evaluate_fn={stage.evaluate_fn!r}" if stage.evaluate_fn else "the built-in evaluation"
+    try:
+        evaluation = evaluate_best(
+            best.best_checkpoint,
+            stage.data_path,
+            tracker,
+            runs,
+            client,
+            evaluate_fn=stage.evaluate_fn,
+            project_dir=stage.project_dir,
+        )
+    except _SERVICE_ERRORS:
+        raise
+    except Exception as exc:  # re-raised as the run's one sentence; the cause (and traceback) chained
+        raise AfterSweepFailed("the evaluation", _failure(evaluator, exc, stage.project_dir), parent, trials) from exc
+    check_champion_metric(stage, evaluation["metrics"], parent=parent, trials=trials)
     stages.lap("evaluate_s")
+    try:
+        registration = _register(stage, best, tracker, evaluation, runs, client)
+    except _SERVICE_ERRORS:
+        raise
+    except Exception as exc:  # re-raised as the run's one sentence; the cause (and traceback) chained
+        builder = f"training.model_fn={stage.model_fn!r}" if stage.model_fn else "the built-in model"
+        raise AfterSweepFailed(
+            "the registration", _failure(builder, exc, stage.project_dir), parent, trials
+        ) from exc
+    stages.lap("register_s")
+    return evaluation, registration
+
+
+def _register(
+    stage: Finalize,
+    best: TrialResult,
+    tracker: RunTracker,
+    evaluation: dict[str, Any],
+    runs: list[str],
+    client: Any,
+) -> dict[str, Any]:
+    """The best trial's model registered on a worker while this process draws the evaluation's confusion
+    matrix; the registration's outcome."""
     registering = register_best.submit(
         best.best_checkpoint,
         stage.data_path,
@@ -303,18 +394,19 @@ def finalize(
         log_confusion_matrix(evaluation, tracker, runs)
     finally:  # a registration is never left running behind a failed flow
         registering.wait()
-    registration = registering.result()
-    stages.lap("register_s")
-    return evaluation, registration
+    return registering.result()
 
 
-def check_champion_metric(stage: Finalize, metrics: dict[str, float]) -> None:
+def check_champion_metric(stage: Finalize, metrics: dict[str, float], *, parent: str = "", trials: int = 0) -> None:
     """Before registering: the champion metric is one the evaluation reported."""
     if stage.champion_metric not in metrics:
         raise EvaluationMismatch(
+            "the evaluation",
             f"selection.champion_metric={stage.champion_metric!r} is not among the evaluation's metrics "
             f"{sorted(metrics)}: name one of them (what evaluate_fn returns, prefixed test_); nothing was "
-            "registered, the trials are in MLflow"
+            "registered",
+            parent,
+            trials,
         )
 
 

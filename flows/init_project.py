@@ -54,7 +54,8 @@ MODEL_PY = '''"""{package}'s model: a small MLP regressor of house prices, train
 
 The four functions sweepflow's pipeline calls (sweep.yaml names them):
     train_fn(config)                      every rank of every trial; reports val_rmse, checkpoints the model
-    model_fn(checkpoint)                  the best checkpoint's model and an input example, for the registry
+    model_fn(checkpoint)                  the best checkpoint's model, for the registry: the module alone (its
+                                          input example: test.csv's first rows), or (module, input_example)
     evaluate_fn(checkpoint, data_path)    the test-set metrics of the best checkpoint (logged as test_<name>)
 config["data_path"] is the prepared data: train.csv, val.csv, test.csv and schema.json (format: csv).
 """
@@ -144,24 +145,24 @@ def train_fn(config: dict) -> None:
         with tempfile.TemporaryDirectory() as d:
             torch.save({{"state": core.state_dict(), "hidden": config["hidden"], "features": features,
                         "stats": stats, "epoch": epoch + 1}}, os.path.join(d, "model.pt"))
-            np.save(os.path.join(d, "example.npy"), val_x[:4].numpy())
             train.report(
                 {{"epoch": epoch + 1, "val_rmse": val_rmse, "train_loss": float(loss)}},
                 checkpoint=train.Checkpoint.from_directory(d),
             )
 
 
-def model_fn(checkpoint: train.Checkpoint) -> tuple[nn.Module, np.ndarray]:
+def model_fn(checkpoint: train.Checkpoint) -> nn.Module:
+    """The trained module. sweepflow stores it with the first rows of test.csv's features as its input example
+    (MLflow infers the signature from them); return (model, x[:4]) to choose the example yourself."""
     with checkpoint.as_directory() as d:
         saved = torch.load(os.path.join(d, "model.pt"), weights_only=False)
-        example = np.load(os.path.join(d, "example.npy"))
     model = PriceModel(len(saved["features"]), saved["hidden"], saved["stats"])
     model.load_state_dict(saved["state"])
-    return model.eval(), example
+    return model.eval()
 
 
 def evaluate_fn(checkpoint: train.Checkpoint, data_path: str) -> dict[str, float]:
-    model, _ = model_fn(checkpoint)
+    model = model_fn(checkpoint)
     x, y, _ = load_split(data_path, "test")
     with torch.no_grad():
         error = model(x) - y
@@ -271,8 +272,11 @@ evaluated and registered by sweepflow's pipeline.
 
     sweepflow run --config sweep.yaml     # sweep, evaluate the best on the test split, register {package}-price
 
-- `{package}/model.py`: `train_fn` (each rank of each trial), `model_fn` (the registered model),
-  `evaluate_fn` (test metrics, logged as test_<name>). Replace them with yours; keep the signatures.
+- `{package}/model.py`: `train_fn` (each rank of each trial), `model_fn` (the registered model: the module
+  alone, or `(module, input_example)`), `evaluate_fn` (test metrics, logged as test_<name>). Replace them with
+  yours; keep the signatures. If evaluation or registration fails after the sweep, the error says so in one
+  sentence; fix it and run the command it prints (`sweepflow run --config sweep.yaml --resume <run id>`): it
+  evaluates and registers again without training.
 - `sweep.yaml`: the data (`data.source`: a path or any fsspec URL; `format: csv` + `target`, or your own
   `data.prepare_fn`), the functions, the search space. `--set key=value` overrides one setting.
 - `prefect.yaml` + `flow.py`: deployments of this pipeline (on demand, nightly): `prefect deploy --all`.

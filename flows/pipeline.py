@@ -73,6 +73,8 @@ def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any
     started = time.perf_counter()
     prepared = PreparedDataset.from_dict(download_dataset(cfg.data))
     data_s = round(time.perf_counter() - started, 3)
+    if not cfg.training.builtin_model:
+        _say_input_example(logger, cfg, prepared.path)
     exp = experiment_for(cfg, prepared, resume_from=resume_from)
     run = run_experiment(exp, log=logger.info)
     assert run.best is not None and run.evaluation is not None and run.registration is not None  # finalize ran
@@ -81,6 +83,26 @@ def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any
     _log_outcome(logger, cfg, run.best, run.evaluation, run.registration)
     _log_views(logger, cfg, run.parent_run_id, run.views)
     return _summary(cfg, run, prepared, timings)
+
+
+def _say_input_example(logger: Any, cfg: PipelineConfig, data_path: str) -> None:
+    """Before the sweep: where the registered model's input example will come from if ``training.model_fn``
+    returns the module alone, so that a model without a signature is known before the training, not after."""
+    from sweepflow.tasks.datasets.examples import example_layout
+
+    layout = example_layout(data_path)
+    if layout:
+        logger.info(
+            "registry: if training.model_fn returns the module alone, its input example will be the first rows "
+            "of the prepared data's test split (%s)",
+            layout,
+        )
+    else:
+        logger.info(
+            "registry: the prepared data has no test split sweepflow reads (schema.json + test.csv/.parquet, "
+            "test.npz, test/<class>/<image>): if training.model_fn returns the module alone, the model is "
+            "registered without a signature (pickled with its code); return (module, input_example) to add one"
+        )
 
 
 # ------------------------------------------------------------------------------------------- the lowering

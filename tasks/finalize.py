@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distributed import Client
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from sweepflow.tasks.finalize_on_worker import (
@@ -134,16 +134,19 @@ def register_best(
         "extra_tags": tags,
     }
     if model_fn is not None:  # the project's model (training.model_fn), from the checkpoint its train_fn wrote
-        return _on_finalizing_worker(
+        outcome = _on_finalizing_worker(
             client,
             register_own_model,
             model_fn,
             project_dir,
             checkpoint_path,
+            data_path,
             storage_options,
             registration_args,
             tracking_auth_env(),
         )
+        get_run_logger().info("registered model's input example: %s", outcome["input_example"])
+        return outcome
     return _on_finalizing_worker(
         client,
         register_on_worker,

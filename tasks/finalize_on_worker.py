@@ -165,37 +165,94 @@ def register_own_model(
     model_fn: str | Callable[..., Any],
     project_dir: str | None,
     checkpoint_path: str,
+    data_path: str | None,
     storage_options: dict[str, Any] | None,
     registration_args: dict[str, Any],
     auth_env: SecretEnv,
 ) -> dict[str, Any]:
-    """The project's ``model_fn(checkpoint)`` model (and input example), logged with mlflow.pytorch and
-    registered (``log_and_register``)."""
-    import numpy as np
-    import torch
-
+    """The project's ``model_fn(checkpoint)`` model, logged with mlflow.pytorch and registered
+    (``log_and_register``). ``model_fn`` returns the module, or ``(module, input_example)``; for the module alone
+    the example is the prepared test split's first rows (``find_input_example``) when the module accepts them,
+    else there is none and the model is logged without a signature (pickled, with its package's code). The
+    outcome's ``input_example`` says which, in a sentence the flow logs."""
+    from sweepflow.tasks.datasets.examples import find_input_example
     from sweepflow.tasks.tracking.registry import log_and_register
     from sweepflow.tasks.training.function import project_importable
 
     _registry_warmed()
 
+    shown = _shown(model_fn)
     with project_importable(project_dir):
         built = _project_function(model_fn)(Checkpoint(checkpoint_path, storage_options=storage_options))
-        module, example = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(
-                f"training.model_fn={_shown(model_fn)!r} returned {type(module).__name__}: return the trained "
-                "torch.nn.Module, or (module, input_example)"
+        module, example = own_model(built, shown)
+        if example is not None:
+            said = f"the input example training.model_fn={shown!r} returned"
+        else:
+            found = find_input_example(data_path, storage_options) if data_path else None
+            example = found.array if found is not None and accepts(module, found.array) else None
+            said = (
+                f"{found.source} of {data_path}" if example is not None and found is not None
+                else f"none: training.model_fn={shown!r} returned the module alone and the data "
+                f"({data_path or 'none given'}) holds no test split the module accepts (test.csv/.parquet with schema.json, test.npz, "
+                "test/<class>/<image>), so the model is registered without a signature, pickled with its "
+                "code; return (module, input_example) to add one (and a pt2 graph that loads without your code)"
             )
+        extra: dict[str, Any] = {}
         if example is None:
-            raise TypeError(
-                f"training.model_fn={_shown(model_fn)!r} returned a module without an input example: return (module, "
-                "input_example), a batch of a few inputs (numpy array or tensor) that MLflow stores with the "
-                "model and infers its signature from"
-            )
-        if isinstance(example, torch.Tensor):
-            example = example.detach().cpu().numpy()
-        example = np.asarray(example)
+            extra = {"serialization_format": "pickle", "code_paths": model_code_paths(module, project_dir)}
         with tracking_auth_scope(auth_env):
-            registration = log_and_register(model=module, input_example=example, **registration_args)
-    return _outcome(registration)
+            registration = log_and_register(model=module, input_example=example, **registration_args, **extra)
+    return {**_outcome(registration), "input_example": said}
+
+
+def own_model(built: Any, shown: str) -> tuple[Any, Any]:
+    """``model_fn``'s return value as ``(module, input example or None)``, the example as a numpy array; a
+    return value of another shape is refused naming the function."""
+    import numpy as np
+    import torch
+
+    module, example = built if isinstance(built, tuple) and len(built) == 2 else (built, None)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"training.model_fn={shown!r} returned {type(module).__name__}: return the trained "
+            "torch.nn.Module, or (module, input_example)"
+        )
+    if isinstance(example, torch.Tensor):
+        example = example.detach().cpu().numpy()
+    return module, None if example is None else np.asarray(example)
+
+
+def accepts(module: Any, example: Any) -> bool:
+    """Whether ``module`` (in eval mode, on the CPU, no gradients) maps the numpy batch ``example`` to one
+    tensor: an example it does not accept would register a signature the model contradicts. The module's own
+    mode and device are left as they were."""
+    import copy
+
+    import torch
+
+    core = module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+    probe = copy.deepcopy(core).to("cpu").eval()
+    try:
+        with torch.no_grad():
+            out = probe(torch.from_numpy(example))
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError):
+        return False  # a shape, dtype or layout the model was not built for: not this example
+    return isinstance(out, torch.Tensor)
+
+
+def model_code_paths(module: Any, project_dir: str | None) -> list[str]:
+    """The package (or module file) inside ``project_dir`` that defines ``module``'s class: stored with a
+    pickled model so that loading it needs only the model's own imports. Empty when the class is defined
+    elsewhere (an installed package: the loading environment installs it too)."""
+    import os
+
+    defined_in = sys.modules.get(type(module).__module__)
+    path = getattr(defined_in, "__file__", None)
+    if not path or not project_dir:
+        return []
+    root, path = os.path.realpath(project_dir), os.path.realpath(path)
+    if os.path.commonpath([root, path]) != root:
+        return []
+    top = type(module).__module__.split(".")[0]
+    package = os.path.join(root, top)
+    return [package] if os.path.isdir(package) else [os.path.join(root, f"{top}.py")]

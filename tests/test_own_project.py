@@ -398,3 +398,82 @@ def test_a_tune_experiment_hands_its_best_trial_to_the_same_evaluation_and_regis
     assert best_run.data.metrics["test_mse"] == pytest.approx(metrics["test_mse"])
     rows = np.linspace(-1, 1, 2 * forecast.WINDOW, dtype=np.float32).reshape(2, forecast.WINDOW)
     assert _predict_in_fresh_process(services["mlflow"], f"models:/{name}@champion", rows).shape == (2,)
+
+
+def _break_model_fn_while(project: Path, flag: Path, calls: Path) -> None:
+    """The init project with a bug in ``model_fn`` while ``flag`` exists (its evaluation builds the model itself),
+    and a ``train_fn`` that counts its calls into ``calls`` (a resume must train nothing)."""
+    path = project / package_name(project) / "model.py"
+    source = path.read_text()
+    source = source.replace(
+        "def train_fn(config: dict) -> None:\n",
+        f"def train_fn(config: dict) -> None:\n    with open({str(calls)!r}, 'a') as f:\n        f.write('call\\n')\n",
+    )
+    source = source.replace(
+        '    model.load_state_dict(saved["state"])\n    return model.eval()\n',
+        f'    model.load_state_dict(saved["state"])\n    if os.path.exists({str(flag)!r}):\n'
+        '        return saved["stats_v2"]  # the bug: a key the checkpoint does not have\n    return model.eval()\n',
+    )
+    source = source.replace(
+        "    model = model_fn(checkpoint)\n    x, y, _ = load_split(data_path, \"test\")",
+        "    with checkpoint.as_directory() as d:\n"
+        "        saved = torch.load(os.path.join(d, 'model.pt'), weights_only=False)\n"
+        "    model = PriceModel(len(saved['features']), saved['hidden'], saved['stats'])\n"
+        "    model.load_state_dict(saved['state'])\n"
+        "    model.eval()\n"
+        "    x, y, _ = load_split(data_path, \"test\")",
+    )
+    assert source.count(str(flag)) == 1 and source.count(str(calls)) == 1 and "saved['stats']" in source
+    path.write_text(source)
+
+
+def test_a_failure_after_the_sweep_is_one_sentence_and_its_resume_registers_without_training_again(
+    project, services, tmp_path, capsys
+):
+    """Issue 62: the sweep's trials stay recorded, the command says what failed where and how to finish, and
+    `--resume` after the fix evaluates and registers without calling train_fn once."""
+    flag, calls = tmp_path / "BREAK", tmp_path / "train_calls.log"
+    _break_model_fn_while(project, flag, calls)
+    flag.touch()
+    name = f"houses-{os.urandom(3).hex()}"
+    argv = ["run", "--no-server", "--config", str(project / "sweep.yaml")]
+    for item in ["sweep.num_samples=2", "training.epochs=2", "scheduler.max_t=2", "scheduler.grace_period=1",
+                 "resources.ranks_per_trial=1", f"mlflow.registered_model_name={name}", f"mlflow.experiment_name={name}"]:
+        argv += ["--set", item]
+    assert main(argv) == 1
+    failed_at = time.monotonic()
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, err[-3000:]
+    said = err.strip().splitlines()[-1]
+    assert said.startswith(
+        f"sweepflow: the registration failed after the sweep: training.model_fn='{package_name(project)}.model:model_fn' "
+        "raised KeyError: 'stats_v2' ("
+    ), said
+    assert f"{package_name(project)}/model.py:" in said and "the sweep's 2 trial(s) are recorded in MLflow run" in said
+    parent = said.split("--resume ")[1].split()[0]
+    assert said.endswith(
+        f"finish the run without training again: sweepflow run --config {project / 'sweep.yaml'} --no-server --resume {parent} "
+        "with the same 7 --set option(s)"
+    ), said
+    trained = calls.read_text().count("call")
+    client = MlflowClient(services["mlflow"])
+    assert client.get_run(parent).info.status == "FAILED"
+    assert not client.search_model_versions(f"name='{name}'")
+    children = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(children) == 2 and all("val_rmse" in c.data.metrics for c in children)
+
+    flag.unlink()  # the fix
+    summary = tmp_path / "summary.json"
+    assert main([*argv, "--resume", parent, "--summary-json", str(summary)]) == 0, capsys.readouterr().err[-3000:]
+    registered_after = time.monotonic() - failed_at
+    assert calls.read_text().count("call") == trained, "the resume trained again"
+    done = json.loads(summary.read_text())
+    assert done["parent_run_id"] == parent and done["registration"]["version"] == 1
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert {c.info.run_id for c in children} == {
+        c.info.run_id for c in client.search_runs([client.get_run(parent).info.experiment_id],
+                                                   f"tags.mlflow.parentRunId = '{parent}'")
+    }
+    rows = pd.read_csv(project / "data" / "houses.csv")[["sqft", "rooms", "age", "distance_km"]].to_numpy(np.float32)[:3]
+    assert _predict_in_fresh_process(services["mlflow"], f"models:/{name}/1", rows).shape == (3,)
+    print(f"failure -> registered with --resume: {registered_after:.1f} s")

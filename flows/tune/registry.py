@@ -79,6 +79,7 @@ def register_best(
         model_fn,
         None,
         best.checkpoint.path,
+        data_path,
         None,
         {
             "registered_model_name": registered_model_name,

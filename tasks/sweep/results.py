@@ -1,8 +1,9 @@
 """What a sweep produces: one ``TrialResult`` per trial and the ``SweepResult`` over all of them.
 
 Every field of a ``TrialResult`` is also written to the trial's MLflow child run (params: the sampled config;
-tags: trial id, status, error, best checkpoint; metrics: the per-epoch history and the resource summary), so a
-sweep's state can be rebuilt from MLflow and storage alone: ``TrialResult.from_mlflow`` does it for one run.
+tags: trial id, status, error, best and latest checkpoint; metrics: the per-epoch history and the resource
+summary), so a sweep's state can be rebuilt from MLflow and storage alone: ``TrialResult.from_mlflow`` does it
+for one run.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ TAG_STATUS = "sweepflow.status"
 TAG_EPOCHS = "sweepflow.epochs"
 TAG_ERROR = "sweepflow.error"
 TAG_BEST_CHECKPOINT = "sweepflow.best_checkpoint"
+TAG_CHECKPOINT = "sweepflow.checkpoint"  # its latest checkpoint (Ray's Result.checkpoint)
 TAG_OUTCOME = "sweepflow.outcome"  # how the trial ended, in words
 TAG_STOP_REASON = "sweepflow.stop_reason"
+#: The tags that say how a trial ended. A resumed trial's run is no longer ended: they are removed as it reopens
+#: (its end writes them again), so an error or stop reason of its earlier end does not outlive it.
+ENDED_TAGS = (TAG_STATUS, TAG_OUTCOME, TAG_ERROR, TAG_STOP_REASON)
 #: Per-trial summary metrics (``TrialResult.summary_metrics``): not per-epoch reports.
 SUMMARY_METRICS = ("epochs_run", "best_epoch")
 TAG_CONFIG = "sweepflow.config"  # the sampled hyperparameters as JSON (params are strings in MLflow)
@@ -183,6 +188,7 @@ class TrialResult:
             status=TrialStatus(tags[TAG_STATUS]),
             run_id=run_id,
             best_checkpoint=tags.get(TAG_BEST_CHECKPOINT) or None,
+            checkpoint=tags.get(TAG_CHECKPOINT) or None,
             error=tags.get(TAG_ERROR),
             train_time_s=float(tags.get("sweepflow.train_time_s", 0.0)),
             usage=usage,
@@ -191,11 +197,14 @@ class TrialResult:
         )
 
     def summary_tags(self) -> dict[str, Any]:
-        """The tags that, with the run's params and metric history, make ``from_mlflow`` possible."""
+        """The tags that, with the run's params and metric history, make ``from_mlflow`` possible. The error and
+        the stop reason are written only when there is one: a resumed trial's run had those of its earlier end
+        removed as it reopened (``ENDED_TAGS``)."""
         tags = {
             TAG_STATUS: self.status.value,
             TAG_EPOCHS: self.epochs,
             TAG_BEST_CHECKPOINT: self.best_checkpoint or "",
+            TAG_CHECKPOINT: self.checkpoint or "",
             "sweepflow.train_time_s": round(self.train_time_s, 4),
             "sweepflow.saved_epochs": self.usage.saved_epochs,
             "sweepflow.epoch_seconds": round(self.usage.epoch_seconds, 4),

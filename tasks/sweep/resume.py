@@ -6,7 +6,9 @@ config and, once it ends, its status and summary (``results.py``); its checkpoin
 That is enough to pick up where a dead flow process stopped:
 
 - trials that ended (completed, stopped early, failed) are read back (``TrialResult.from_mlflow``), not run;
-- trials that were running continue in the same child run from their latest committed checkpoint;
+- trials that were running continue in the same child run from their latest committed checkpoint (so do failed
+  ones a restore resumes: their run's tags of how it ended, ``ENDED_TAGS``, are removed as it reopens, so an
+  earlier error does not outlive the trial's new end);
 - trials never started start; the sampler regenerates them in the same order (TPE is re-told the results).
 
     prior = load_prior_sweep(tracker, parent_run_id, metric="val_loss", mode="min")
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweepflow.tasks.sweep.results import (
+    ENDED_TAGS,
     TAG_CONFIG,
     TAG_STATUS,
     TAG_TRIAL_ID,
@@ -39,6 +42,9 @@ RESUME_KEY_ARTIFACT = "sweepflow/resume_key.json"  # the settings themselves, to
 # The settings that decide which trials run and what they compute. Where the trials run (Dask, MLflow
 # addresses, state dir), how many run at once and the time budget may change between the two runs.
 _SWEEP_IRRELEVANT = {"max_concurrent_trials", "time_budget_s"}
+# What only the stages after the sweep read (building, judging the registered model): the fix of a run that
+# failed there may change them, and its resume trains nothing again. (evaluation.* is not in the key at all.)
+_AFTER_THE_SWEEP = (("training", "model_fn"), ("selection", "champion_metric"), ("selection", "champion_mode"))
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class ResumeFrom:
     history: tuple[dict[str, Any], ...]  # the reports its child run holds, in order
     resumes: int  # times it was picked up before
     system_steps: int = 0  # system-metric samples its run holds (the next one's step)
+    # its run's tags of how it ended before (a failed trial resumed): removed as the run reopens
+    ended_tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,12 @@ class PriorTrial:
     resumes: int = 0
     restart: bool = False  # it failed and starts over in a new run (``Tuner.restore(restart_errored=True)``)
     system_steps: int = 0
+    ended_tags: tuple[str, ...] = ()  # see ResumeFrom
 
     def resume_from(self) -> ResumeFrom:
-        return ResumeFrom(self.run_id, self.artifact_uri, self.history, self.resumes, self.system_steps)
+        return ResumeFrom(
+            self.run_id, self.artifact_uri, self.history, self.resumes, self.system_steps, self.ended_tags
+        )
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ def resume_key(settings: Mapping[str, Any]) -> dict[str, Any]:
     kept = {name: dict(settings.get(name) or {}) for name in sections}
     for name in _SWEEP_IRRELEVANT:
         kept["sweep"].pop(name, None)
+    for section, name in _AFTER_THE_SWEEP:
+        kept[section].pop(name, None)
     kept["data"].pop("cache_dir", None)  # where the download is kept, not what it is
     flat = public_params(flatten("", kept))
     return {key: json.loads(json.dumps(value, default=str)) for key, value in sorted(flat.items())}
@@ -276,10 +289,19 @@ def load_prior_sweep(
 
 
 def _to_resume(client: Any, run: Any, index: int, config: dict[str, Any], resumes: int, metric: str) -> PriorTrial:
-    """A trial picked up in its own run where it stopped: its reports so far and its system-metric samples."""
+    """A trial picked up in its own run where it stopped: its reports so far, its system-metric samples, and the
+    tags of how it ended that its run holds (a failed trial resumed), which go when it reopens."""
     history = tuple(_history(client, run.info.run_id, run.data.metrics, metric))
     return PriorTrial(
-        index, run.info.run_id, run.info.artifact_uri, config, None, history, resumes, system_steps=_system_steps(run)
+        index,
+        run.info.run_id,
+        run.info.artifact_uri,
+        config,
+        None,
+        history,
+        resumes,
+        system_steps=_system_steps(run),
+        ended_tags=tuple(key for key in ENDED_TAGS if key in run.data.tags),
     )
 
 

@@ -102,11 +102,14 @@ def train_trial(spec: SweepTrial, rt: SweepRuntime, logger: Any) -> TrialResult:
 def _open_run(spec: SweepTrial, rt: SweepRuntime, queued_s: float, logger: Any) -> tuple[RunWriter, str]:
     """The trial's MLflow child run, and its artifact location. One round trip to MLflow; every other write of
     the run (params, metrics, tags, status, end) goes through its background writer, in order. A resumed
-    trial reopens its run instead, and counts the resume. ``queued_s``: its wait for a slot, as a tag."""
+    trial reopens its run instead, and counts the resume; a failed one's tags of how it ended (its error, its
+    outcome) go, the run is running again and its new end writes them. ``queued_s``: its wait for a slot, as a
+    tag."""
     queued = {TAG_QUEUED_S: f"{queued_s:.1f}"}
     if spec.resume is not None:
         writer = RunWriter(rt.tracker, spec.resume.run_id, on_error=rt.writer_failed)
         rt.writers.add(writer)
+        writer.delete_tags(spec.resume.ended_tags)
         writer.set_tags({TAG_RESUMES: spec.resume.resumes + 1, **queued})
         writer.set_status("RUNNING")
         return writer, spec.resume.artifact_uri

@@ -240,7 +240,7 @@ def _tags(
 def log_and_register(
     *,
     model: torch.nn.Module,
-    input_example: np.ndarray,
+    input_example: np.ndarray | None,
     registered_model_name: str,
     run_id: str,
     metric_name: str,
@@ -249,13 +249,16 @@ def log_and_register(
     tracking_uri: str | None = None,
     extra_tags: dict | None = None,
     serialization_format: Literal["pt2", "pickle"] = "pt2",
+    code_paths: list[str] | None = None,
 ) -> RegistrationResult:
     """Log ``model`` into run ``run_id``, register it, make it ``@challenger``, and ``@champion`` if it wins.
 
     Args:
         model: The trained module (a DDP wrapper is unwrapped; a CPU eval-mode copy is logged).
         input_example: A numpy batch the model accepts; stored with the model and used to infer the
-            signature and to trace the pt2 graph. Its first axis is the batch axis.
+            signature and to trace the pt2 graph. Its first axis is the batch axis. None: the model is logged
+            without a signature or example, which only ``serialization_format="pickle"`` allows (pt2 traces
+            the graph on the example).
         registered_model_name: Registry name; created on first use.
         run_id: The run the model belongs to (the pipeline passes the trial that trained it, so it is the
             version's source run); it is not started or ended here, and may have ended.
@@ -265,11 +268,19 @@ def log_and_register(
         extra_tags: More tags for the LoggedModel and the version (values are stringified).
         serialization_format: ``"pt2"`` (default, see module docstring) or ``"pickle"`` for models
             ``torch.export`` cannot trace.
+        code_paths: Directories or files stored with a pickled model (MLflow's ``code_paths``) and put on the
+            path of the process that loads it: the package that defines the model's class.
 
     Returns:
         RegistrationResult with the new version and where ``@champion`` points afterwards.
     """
-    if not isinstance(input_example, np.ndarray) or input_example.ndim < 1:
+    if input_example is None:
+        if serialization_format != "pickle":
+            raise ValueError(
+                "input_example is None: the pt2 format traces the model on an example; pass one (a numpy batch), "
+                "or serialization_format='pickle' to log the model without a signature."
+            )
+    elif not isinstance(input_example, np.ndarray) or input_example.ndim < 1:
         raise TypeError(
             f"input_example must be a numpy array with a batch axis, got {type(input_example).__name__}; "
             "pass e.g. x_batch.cpu().numpy()."
@@ -283,21 +294,23 @@ def log_and_register(
         raise ValueError(f"serialization_format must be 'pt2' or 'pickle', got {serialization_format!r}.")
     tags = _tags(metric_name, metric_value, higher_is_better, extra_tags)
 
-    if input_example.shape[0] == 1:
-        # torch.export turns a size-1 batch axis into a constant; two rows keep it dynamic.
-        input_example = np.concatenate([input_example, input_example])
     module = _export_copy(model)
-    example_tensor = torch.from_numpy(np.ascontiguousarray(input_example))
-    with torch.no_grad():
-        output = module(example_tensor)
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(
-            f"{type(model).__name__} returned {type(output).__name__}; MLflow's pyfunc predict needs one "
-            "tensor. Wrap the model in a module whose forward returns a single tensor."
-        )
-    signature = infer_signature(input_example, output.numpy())
-    if serialization_format == "pt2":
-        _preflight_export(module, example_tensor)
+    signature = None
+    if input_example is not None:
+        if input_example.shape[0] == 1:
+            # torch.export turns a size-1 batch axis into a constant; two rows keep it dynamic.
+            input_example = np.concatenate([input_example, input_example])
+        example_tensor = torch.from_numpy(np.ascontiguousarray(input_example))
+        with torch.no_grad():
+            output = module(example_tensor)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(
+                f"{type(model).__name__} returned {type(output).__name__}; MLflow's pyfunc predict needs one "
+                "tensor. Wrap the model in a module whose forward returns a single tensor."
+            )
+        signature = infer_signature(input_example, output.numpy())
+        if serialization_format == "pt2":
+            _preflight_export(module, example_tensor)
 
     client = MlflowClient(tracking_uri)
     with _REGISTRY_LOCK, tracking_uri_scope(tracking_uri):
@@ -332,6 +345,7 @@ def log_and_register(
             signature=signature,
             pip_requirements=_pip_requirements(serialization_format),
             serialization_format=serialization_format,
+            code_paths=code_paths or None,
             registered_model_name=registered_model_name,
             tags=tags,
         )

@@ -318,6 +318,20 @@ class RunTracker:
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.log_batch(run_id, tags=tag_items(tags))
 
+    def delete_tags(self, run_id: str, keys: Sequence[str]) -> None:
+        """Remove ``keys`` from the run's tags (one request each: MLflow deletes tags one by one). A tag the run
+        does not hold (or no longer holds: a retried delete that had landed) is left as it is, absent."""
+
+        def attempt(key: str) -> None:
+            try:
+                self.client.delete_tag(run_id, key)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+
+        for key in keys:
+            self._call(f"removing tag {key} from MLflow run {run_id}", lambda _, key=key: attempt(key))
+
     def set_experiment_tag(self, key: str, value: str) -> None:
         """Set a tag on the experiment (e.g. a saved view of its runs page); setting it again is harmless."""
         self._call(f"tagging experiment {self.experiment_id}", lambda _: self.client.set_experiment_tag(self.experiment_id, key, value))

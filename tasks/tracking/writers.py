@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class RunWriter:
-    """All writes of one run, from one background thread, in order: params, metrics, tags, artifacts, end.
+    """All writes of one run, from one background thread, in order: params, metrics, tags (set and removed),
+    artifacts, end.
 
     A trial's training reports and its start/finish are then not held up by the tracking server's latency
     (an HTTP round trip, a SQLite commit); what is queued within ``linger_s`` of a write, or while one is in
@@ -71,6 +72,11 @@ class RunWriter:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._queue.put(("tags", dict(tags)))
+
+    def delete_tags(self, keys: list[str] | tuple[str, ...]) -> None:
+        """Remove these tags (those the run holds); in order with the writes queued before and after."""
+        if keys:
+            self._queue.put(("delete_tags", tuple(keys)))
 
     def set_status(self, status: str) -> None:
         """SCHEDULED or RUNNING; of several queued together only the last is written."""
@@ -160,6 +166,9 @@ class RunWriter:
             elif kind == "artifacts":
                 flush()
                 tracker.log_artifact(self.run_id, *value)
+            elif kind == "delete_tags":  # after what was set before it, before what is set after
+                flush()
+                tracker.delete_tags(self.run_id, value)
             elif kind == "end":
                 flush(end=value)
                 status = None  # ended: a queued SCHEDULED/RUNNING is moot
