@@ -176,7 +176,7 @@ def register_own_model(
     else there is none and the model is logged without a signature (pickled, with its package's code). The
     outcome's ``input_example`` says which, in a sentence the flow logs."""
     from sweepflow.tasks.datasets.examples import find_input_example
-    from sweepflow.tasks.tracking.registry import log_and_register
+    from sweepflow.tasks.tracking.registry import ExportError, log_and_register
     from sweepflow.tasks.training.function import project_importable
 
     _registry_warmed()
@@ -197,11 +197,15 @@ def register_own_model(
                 "test/<class>/<image>), so the model is registered without a signature, pickled with its "
                 "code; return (module, input_example) to add one (and a pt2 graph that loads without your code)"
             )
-        extra: dict[str, Any] = {}
-        if example is None:
-            extra = {"serialization_format": "pickle", "code_paths": model_code_paths(module, project_dir)}
+        pickled = {"serialization_format": "pickle", "code_paths": model_code_paths(module, project_dir)}
         with tracking_auth_scope(auth_env):
-            registration = log_and_register(model=module, input_example=example, **registration_args, **extra)
+            try:
+                registration = log_and_register(
+                    model=module, input_example=example, **registration_args, **({} if example is not None else pickled)
+                )
+            except ExportError as exc:  # raised before anything was written: the same model, pickled
+                registration = log_and_register(model=module, input_example=example, **registration_args, **pickled)
+                said += f"; pickled with its code, not pt2: {str(exc).split(' (')[0]} (data-dependent control flow?)"
     return {**_outcome(registration), "input_example": said}
 
 

@@ -229,12 +229,12 @@ print(json.dumps({"y": np.asarray(model.predict(x)).reshape(-1).tolist(),
 """
 
 
-def _project(tmp_path: Path) -> tuple[Path, str]:
+def _project(tmp_path: Path, source: str = MODEL_PY) -> tuple[Path, str]:
     """A project whose model_fn returns the module alone, and the checkpoint its train_fn would have written."""
     project = tmp_path / "proj"
     (project / "housing_pkg").mkdir(parents=True)
     (project / "housing_pkg" / "__init__.py").write_text("")
-    (project / "housing_pkg" / "model.py").write_text(MODEL_PY)
+    (project / "housing_pkg" / "model.py").write_text(source)
     sys.path.insert(0, str(project))
     try:
         from housing_pkg.model import Price
@@ -328,3 +328,21 @@ def test_the_module_alone_with_no_example_registers_without_a_signature_and_load
         for n in [n for n in sys.modules if n.partition(".")[0] == "housing_pkg"]:
             sys.modules.pop(n)
     assert got["y"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_model_torch_export_cannot_trace_registers_pickled_instead_of_failing(mlflow_server, tmp_path):
+    """Data-dependent control flow: the pt2 export fails before anything is written, and the same model is
+    registered pickled with its code (the pipeline's user cannot pass serialization_format)."""
+    branching = MODEL_PY.replace(
+        "return self.net(x).squeeze(-1) * 10",
+        "y = self.net(x).squeeze(-1)\n        return y * 10 if float(y.sum()) > 0 else y * -10",
+    )
+    project, checkpoint = _project(tmp_path, branching)
+    data = tmp_path / "prepared"
+    data.mkdir()
+    _table(data, "csv")
+    name = f"branching-{os.urandom(3).hex()}"
+    outcome = _register(mlflow_server, project, checkpoint, str(data), name)
+    assert outcome["version"] == 1 and "pickled with its code, not pt2: torch.export could not trace" in outcome["input_example"]
+    got = _predict_elsewhere(mlflow_server, f"models:/{name}/1", [[1.0, 2.0], [3.0, 4.0]])
+    assert got["signature"] is True and len(got["y"]) == 2

@@ -201,6 +201,10 @@ def _export_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).to("cpu").eval()
 
 
+class ExportError(ValueError):
+    """``torch.export`` cannot trace the model (the pt2 format): raised before anything is written to MLflow."""
+
+
 def _preflight_export(model: torch.nn.Module, example: torch.Tensor) -> None:
     """Trace the model the way mlflow's pt2 path will, before anything is written to the tracking server.
 
@@ -213,7 +217,7 @@ def _preflight_export(model: torch.nn.Module, example: torch.Tensor) -> None:
     try:
         torch.export.export(model, (example,), dynamic_shapes=[{0: torch.export.Dim.AUTO}])
     except Exception as exc:  # re-raised with the fix; torch.export has no common base exception
-        raise ValueError(
+        raise ExportError(
             f"torch.export could not trace {type(model).__name__} on an input of shape {tuple(example.shape)} "
             f"and dtype {example.dtype} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
             "Check that input_example has the dtype the model expects; if the model has data-dependent "
