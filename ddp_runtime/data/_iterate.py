@@ -134,6 +134,24 @@ def _frames(
 # ---------------------------------------------------------------------------------------------- iterators
 
 
+class Passes:
+    """What ``iter_batches``/``iter_torch_batches`` return, as Ray's do: an iterable whose every ``iter()`` is a
+    new pass over the data (an epoch), so a framework's loop can iterate it once per epoch. ``next()`` on it
+    reads the pass under way (the first ``next()`` starts one), as on a generator."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
+        self._start = start
+        self._current: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._start()
+
+    def __next__(self) -> Any:
+        if self._current is None:
+            self._current = self._start()
+        return next(self._current)
+
+
 class DataIterator:
     """Iterates a dataset, or a rank's shard of one (Ray: ``ray.data.DataIterator``, what
     ``ddp_runtime.get_dataset_shard`` returns). Each call of an ``iter_*`` method is a new pass (an epoch),
@@ -181,15 +199,19 @@ class DataIterator:
         batch_format: BatchFormat = "numpy",
         drop_last: bool = False,
         **ray_options: Any,
-    ) -> Iterator[Any]:
-        """One pass in batches of ``batch_size`` rows (formed across partition boundaries, so only the last is
+    ) -> Passes:
+        """Passes in batches of ``batch_size`` rows (formed across partition boundaries, so only the last is
         shorter; None: one batch per partition), each a dict of column -> ndarray (``"numpy"``, the default) or
         a ``pandas.DataFrame``. ``prefetch_batches`` is accepted (one partition is always computed ahead);
         ``local_shuffle_buffer_size`` is refused (``random_shuffle`` the dataset instead)."""
         _check_options("iter_batches", ray_options)
         _check_batch_size(batch_size, allow_none=True)
         _check_batch_format(batch_format)
-        return (_format(frame, batch_format) for frame in _rebatch(self._frames(), batch_size, drop_last))
+        return Passes(
+            lambda: (
+                _format(frame, batch_format) for frame in _rebatch(self._frames(), batch_size, drop_last)
+            )
+        )
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """One pass, row by row, each a dict of column -> value."""
@@ -205,8 +227,9 @@ class DataIterator:
         collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
         drop_last: bool = False,
         **ray_options: Any,
-    ) -> Iterator[Any]:
-        """One pass in batches of dicts of column -> ``torch.Tensor`` (Ray's ``iter_torch_batches``).
+    ) -> Passes:
+        """Passes in batches of dicts of column -> ``torch.Tensor`` (Ray's ``iter_torch_batches``); each
+        ``iter()`` of the result is one pass (``Passes``).
 
         ``dtypes``: one ``torch.dtype`` for every column, or a dict column -> dtype. ``device``: where the
         tensors go ("auto": the rank's device inside a training function, else the CPU). ``collate_fn``: called
@@ -222,10 +245,12 @@ class DataIterator:
             batch_size=batch_size, batch_format="numpy", drop_last=drop_last, **ray_options
         )
         if collate_fn is not None:
-            return (collate_fn(batch) for batch in batches)
-        return (
-            {name: _tensor(values, _dtype(dtypes, name), target, torch) for name, values in batch.items()}
-            for batch in batches
+            return Passes(lambda: (collate_fn(batch) for batch in batches))
+        return Passes(
+            lambda: (
+                {name: _tensor(values, _dtype(dtypes, name), target, torch) for name, values in batch.items()}
+                for batch in batches
+            )
         )
 
     def materialize(self) -> Dataset:
