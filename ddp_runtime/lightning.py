@@ -131,10 +131,31 @@ def _refuse_group_settings(strategy: str, kwargs: dict[str, Any]) -> None:
 
 
 class _OnTheGroup:
-    """What the three strategies share: the rank's device, and a sampler over the group's ranks."""
+    """What the three strategies share: the rank's device, a sampler over the group's ranks, and the process
+    group: the TorchTrainer's, or, for a group of one rank (which has none), one of this Trainer's own, in
+    memory (no port, nothing a later group on this worker could meet), taken down with the Trainer."""
 
     world_size: int
     global_rank: int
+    _own_group = False
+
+    def setup_environment(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and not dist.is_initialized() and get_context().get_world_size() == 1:
+            device = get_device()
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            self._own_group = True
+        super().setup_environment()  # type: ignore[misc]
+
+    def teardown(self) -> None:
+        import torch.distributed as dist
+
+        super().teardown()  # type: ignore[misc]
+        if self._own_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._own_group = False
 
     @property
     def root_device(self) -> torch.device:
@@ -183,18 +204,23 @@ def _build(pl: Any, lightning_environment: type) -> types.SimpleNamespace:
 
         @property
         def creates_processes_externally(self) -> bool:
+            """The group's processes exist: Lightning launches none."""
             return True
 
         def world_size(self) -> int:
+            """``ScalingConfig.num_workers``: the group's size."""
             return get_context().get_world_size()
 
         def global_rank(self) -> int:
+            """This rank's index in the group."""
             return get_context().get_world_rank()
 
         def local_rank(self) -> int:
+            """This rank's index among the group's ranks on its machine."""
             return get_context().get_local_rank()
 
         def node_rank(self) -> int:
+            """The index of this rank's machine among the group's."""
             return get_context().get_node_rank()
 
         def set_world_size(self, size: int) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -44,6 +46,27 @@ def _module_class(pl):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=self.lr)
 
+        # Provenance, for the PBT test: the learning rate the weights this run started from were trained with.
+        restored_lr = 0.0
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["trained_with_lr"] = self.lr
+
+        def on_load_checkpoint(self, checkpoint):
+            self.restored_lr = float(checkpoint.get("trained_with_lr", 0.0))
+
+        def on_train_epoch_start(self):
+            time.sleep(self.epoch_sleep_s)  # an epoch that takes time: a PBT population's trials train side by side
+            self.log("restored_lr", self.restored_lr, sync_dist=True)
+            kill = self.kill
+            if kill and self.current_epoch == kill["epoch"] and self.global_rank == kill["rank"]:
+                if not os.path.exists(kill["marker"]):
+                    open(kill["marker"], "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)  # the rank's Dask worker dies, as under the OOM killer
+
+        kill: dict | None = None
+        epoch_sleep_s = 0.0
+
     return Regression
 
 
@@ -65,6 +88,8 @@ def train_lightning(config: dict) -> None:
 
     torch.manual_seed(train.get_context().get_world_rank())  # different init per rank: DDP must sync them
     model = _module_class(pl)(config.get("lr", 0.05))
+    model.kill = config.get("kill")
+    model.epoch_sleep_s = config.get("epoch_sleep_s", 0.0)
     trainer = pl.Trainer(
         max_epochs=config["epochs"],
         devices="auto",

@@ -50,6 +50,12 @@ def test_a_table_gives_its_test_splits_first_rows_features_in_the_schemas_order(
     assert f"test.{fmt}" in found.source and example_layout(str(tmp_path)) == "schema.json + test.csv/.parquet"
 
 
+def test_a_table_with_a_text_feature_gives_none(tmp_path):
+    pd.DataFrame({"text": ["a b", "c d"], "label": [0, 1]}).to_csv(tmp_path / "test.csv", index=False)
+    (tmp_path / "schema.json").write_text(json.dumps({"target": "label", "features": ["text"], "format": "csv"}))
+    assert find_input_example(str(tmp_path)) is None
+
+
 def test_an_npz_gives_its_first_inputs_as_float32(tmp_path):
     np.savez(tmp_path / "test.npz", x=np.arange(60, dtype=np.float64).reshape(10, 6), y=np.zeros(10))
     found = find_input_example(str(tmp_path))

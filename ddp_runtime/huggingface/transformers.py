@@ -53,6 +53,7 @@ class RayTrainReportCallback(TrainerCallback):
     CHECKPOINT_NAME = "checkpoint"
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer saved: report its metrics so far with its newest checkpoint."""
         metrics: dict[str, Any] = {}
         for entry in state.log_history:
             metrics.update(entry)

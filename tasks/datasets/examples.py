@@ -87,7 +87,10 @@ def _from_table(fs: Any, root: str, rows: int) -> InputExample | None:
     missing = [c for c in features if c not in table.columns]
     if missing:
         return None
-    array = table[features].head(rows).to_numpy(np.float32)
+    try:
+        array = table[features].head(rows).to_numpy(np.float32)
+    except (TypeError, ValueError):  # a text or other non-numeric feature: the model's own encoding decides
+        return None
     return InputExample(array, f"the first {len(array)} rows of the test split's features (test.{fmt}, schema.json)")
 
 
