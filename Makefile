@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README.md). Each creates/refreshes .venv with what it needs.
-.PHONY: run test test-fast lint bench install install-dev stack-up stack-down deploy docs docs-build
+.PHONY: run test test-fast lint bench gpu-check install install-dev stack-up stack-down deploy docs docs-build
 
 install:
 	bash scripts/install.sh
@@ -28,6 +28,12 @@ test-fast:
 
 bench: install
 	.venv/bin/python benchmarks/bench_ddp_runtime.py
+
+# The GPU check (benchmarks/gpu_check.py, never yet run on a GPU): on a host with NVIDIA GPUs, the GPU paths
+# (the tutorial with use_gpu, NCCL DDP, FSDP + a distributed checkpoint, bf16, the pipeline), about a minute each,
+# and a table of them; exits 1 if one fails, 2 on a host without an NVIDIA GPU.
+gpu-check: install
+	.venv/bin/python benchmarks/gpu_check.py
 
 # The full local stack (docs/deploying.md), and the deployments on it.
 stack-up:

@@ -9,10 +9,15 @@ Ray Data's subset: ``import ddp_runtime.data`` (``ray.data``), with ``TorchTrain
 Ray's object store too (``ray.put`` / ``ray.get`` / ``ray.wait``): ``from ddp_runtime import put, get, wait``
 (``ddp_runtime.object_store``).
 
+A rank's devices: ``get_device()`` (``ddp_runtime.torch``) and ``get_devices()`` (Ray's ``ray.train.torch``'s); on
+a host with GPUs a local cluster gives each worker one of its own (``cluster.local_cluster``).
+
 Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
 """
 
+from ddp_runtime import collective  # ray.train.collective: barrier, broadcast_from_rank_zero
 from ddp_runtime._gang import InsufficientResourcesError
+from ddp_runtime._gpus import GPUPlacementError, get_devices
 from ddp_runtime.checkpoint import Checkpoint
 from ddp_runtime.config import (
     CheckpointConfig,
@@ -33,8 +38,12 @@ from ddp_runtime.object_store import (
 )
 from ddp_runtime.result import RankError, RankHangError, Result, TrainingFailedError
 from ddp_runtime.session import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
     StopTraining,
     TrainContext,
+    get_all_reported_checkpoints,
     get_checkpoint,
     get_context,
     get_dataset_shard,
@@ -42,16 +51,21 @@ from ddp_runtime.session import (
 )
 
 __all__ = [
+    "collective",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
     "DataConfig",
     "FailureConfig",
+    "GPUPlacementError",
     "GetTimeoutError",
     "InsufficientResourcesError",
     "ObjectLostError",
     "ObjectRef",
     "RankError",
     "RankHangError",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "Result",
     "RunConfig",
     "ScalingConfig",
@@ -60,9 +74,11 @@ __all__ = [
     "TrainContext",
     "TrainingFailedError",
     "get",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_devices",
     "object_store",
     "put",
     "report",

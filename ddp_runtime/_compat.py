@@ -10,11 +10,13 @@ imports it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import queue
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -250,6 +252,51 @@ def run_atexit_handlers_when_the_process_ends() -> None:
     util.Finalize(None, atexit._run_exitfuncs, exitpriority=-100)
 
 
+#: The name Dask's nanny gives the worker process it starts (``distributed.nanny.WorkerProcess.start``), which
+#: ``main_not_rerun_in`` is given: written for distributed 2026.8 (the test reads it in a worker).
+NANNY_WORKER_PROCESS_NAME = "Dask Worker process (from Nanny)"
+
+#: How many live local clusters keep the parent's ``__main__`` out of processes of each name (``main_not_rerun_in``).
+_MAIN_KEPT_FROM: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def main_not_rerun_in(process_name: str) -> Iterator[None]:
+    """While in the block, the processes named ``process_name`` that multiprocessing starts (``spawn`` or
+    ``forkserver``) do not run this process's main module first: they start as a child of an interactive session
+    would, and what they run travels by value (cloudpickle), as it does to a cluster of other machines.
+
+    Works around: multiprocessing hands each such child the main module's ``__spec__`` name or ``__file__``
+    (``multiprocessing.spawn.get_preparation_data``: ``init_main_from_name`` / ``init_main_from_path``), and the
+    child runs that module as ``__mp_main__`` before its target. A script without an ``if __name__ ==
+    "__main__":`` guard then starts its cluster again inside every worker (which multiprocessing refuses: the
+    nanny fails to start), and ``python - < script`` sends ``<stdin>`` as a path. Here the preparation data of
+    the processes of that name leave both out (a wrapper of ``get_preparation_data``, which the spawn and
+    fork-server launchers look up on the module at every start; other processes are untouched). Written for
+    Python 3.11. If it breaks (the keys or the function change): leave the keys out under their new names, or
+    start the workers with ``start_method="spawn"`` from a main module without ``__file__`` (``python -c``).
+    """
+    from multiprocessing import spawn
+
+    if not hasattr(spawn.get_preparation_data, "__wrapped__"):
+        original = spawn.get_preparation_data
+
+        @functools.wraps(original)
+        def get_preparation_data(name: str) -> dict[str, Any]:
+            data = original(name)
+            if _MAIN_KEPT_FROM.get(name):
+                data.pop("init_main_from_name", None)
+                data.pop("init_main_from_path", None)
+            return data
+
+        spawn.get_preparation_data = get_preparation_data
+    _MAIN_KEPT_FROM[process_name] = _MAIN_KEPT_FROM.get(process_name, 0) + 1
+    try:
+        yield
+    finally:
+        _MAIN_KEPT_FROM[process_name] -= 1
+
+
 def queued_items(q: queue.Queue[T]) -> list[T]:
     """What is waiting in ``q``, without taking it out.
 
@@ -261,9 +308,11 @@ def queued_items(q: queue.Queue[T]) -> list[T]:
 
 
 __all__ = [
+    "NANNY_WORKER_PROCESS_NAME",
     "TORCH_LAZY_IMPORTS",
     "client_singleton",
     "has_worker",
+    "main_not_rerun_in",
     "processing_keys",
     "queued_items",
     "run_atexit_handlers_when_the_process_ends",

@@ -59,6 +59,15 @@ def parent_environment() -> dict[str, str]:
     return {**os.environ, _ENVIRON_NAMES: json.dumps(sorted(os.environ))}
 
 
+def with_variables(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """A nanny's ``env`` with ``extra`` set too (a worker's own ``CUDA_VISIBLE_DEVICES``): kept by
+    ``restore_parent_environment`` in a forked worker as in a spawned one."""
+    env = {**env, **extra}
+    if _ENVIRON_NAMES in env:
+        env[_ENVIRON_NAMES] = json.dumps(sorted({*json.loads(env[_ENVIRON_NAMES]), *extra}))
+    return env
+
+
 def as_if_spawned() -> None:
     """In a worker process a nanny started with ``parent_environment`` (a forked one; any other is left as it
     is): make it what a spawned worker would be. Its environment: see ``restore_parent_environment``. Its exit:

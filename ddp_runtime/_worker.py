@@ -96,10 +96,11 @@ def _device(spec: RankSpec, worker_address: str) -> torch.device:
         raise RuntimeError(
             f"ScalingConfig(use_gpu=True) but Dask worker {worker_address} sees no CUDA device "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Start one worker per GPU "
-            "(`dask cuda worker <scheduler>` or `CUDA_VISIBLE_DEVICES=<i> dask worker <scheduler> --resources GPU=1`), "
-            "or use use_gpu=False."
+            "(`CUDA_VISIBLE_DEVICES=<i> dask worker <scheduler> --resources GPU=1`), or use use_gpu=False."
         )
-    # A GPU worker owns one device: dask-cuda and our infra scripts put it first in CUDA_VISIBLE_DEVICES.
+    # A GPU worker owns its device(s): a local cluster (``_gpus``), the stack and a pinned `dask worker` name only
+    # them in CUDA_VISIBLE_DEVICES, so cuda:0 is this worker's own GPU, and a group's ranks (on distinct workers)
+    # never share one.
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     return device

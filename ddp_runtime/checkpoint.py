@@ -34,7 +34,10 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runtime.retry import Backoff, seconds_setting
 
 MARKER = ".sweepflow_checkpoint.json"
+#: The file holding a checkpoint's own metadata (``Checkpoint.set_metadata``), Ray's name for it.
+METADATA_FILE = ".metadata.json"
 _PREFIX = "checkpoint_"
+_STAGING = ".tmp-"  # local staging directories: never listed as checkpoints
 
 #: How long (seconds) remote storage may stay unreachable while a checkpoint is written (env overrides).
 STORAGE_RETRY_ENV = "DDP_RUNTIME_STORAGE_RETRY_S"
@@ -153,10 +156,38 @@ class Checkpoint:
         finally:
             shutil.rmtree(local, ignore_errors=True)
 
-    def get_metadata(self) -> dict[str, Any]:
-        """The marker of a committed checkpoint: its index and the metrics it was reported with."""
+    def _file(self, name: str) -> tuple[fsspec.AbstractFileSystem, str]:
         fs, root = _filesystem(self.path, self.storage_options)
-        with fs.open(f"{root.rstrip('/')}/{MARKER}", "r") as f:
+        return fs, f"{root.rstrip('/')}/{name}"
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata stored with the checkpoint (``.metadata.json`` in it, as Ray's); ``{}`` when none."""
+        fs, path = self._file(METADATA_FILE)
+        try:
+            with fs.open(path, "r") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Store ``metadata`` (a JSON-able dict) with the checkpoint, replacing what was there (Ray's
+        ``Checkpoint.set_metadata``). Set on a local directory before ``report``, it travels with the
+        checkpoint's files; set on a stored checkpoint, it is written there."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"Checkpoint.set_metadata takes a dict, got {type(metadata).__name__}")
+        fs, path = self._file(METADATA_FILE)
+        fs.pipe_file(path, json.dumps(_jsonable(metadata), sort_keys=True).encode())
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata`` into the checkpoint's stored metadata (Ray's ``Checkpoint.update_metadata``)."""
+        merged = self.get_metadata()
+        merged.update(metadata)
+        self.set_metadata(merged)
+
+    def _marker(self) -> dict[str, Any]:
+        """The commit marker of a stored checkpoint: its index and the metrics it was reported with."""
+        fs, path = self._file(MARKER)
+        with fs.open(path, "r") as f:
             return json.load(f)
 
     def __repr__(self) -> str:
@@ -181,6 +212,46 @@ def _jsonable(value: Any) -> Any:
     if callable(item):
         return item()
     return str(value)
+
+
+def default_dir_name(index: int) -> str:
+    """The directory of checkpoint ``index`` when ``report`` names none."""
+    return f"{_PREFIX}{index:06d}"
+
+
+def checked_dir_name(name: Any) -> str:
+    """``report(checkpoint_dir_name=...)`` checked: one plain directory name."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(
+            f"report(checkpoint_dir_name={name!r}): give one directory name (no '/'), e.g. 'epoch_3'"
+        )
+    if name.startswith("."):
+        raise ValueError(
+            f"report(checkpoint_dir_name={name!r}): a name starting with '.' is hidden; drop the dot"
+        )
+    return name
+
+
+def manifest(local_dir: str) -> dict[str, int]:
+    """The files of a local checkpoint directory: relative path ("/"-separated) -> size in bytes. A commit
+    marker copied along (a stored checkpoint reported again) is left out: the new commit writes its own."""
+    found = {}
+    for dirpath, _, filenames in os.walk(local_dir):
+        for filename in filenames:
+            path = os.path.join(dirpath, filename)
+            rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
+            if rel != MARKER:
+                found[rel] = os.path.getsize(path)
+    return found
+
+
+def _relative(path: str, root: str) -> str:
+    root = root.rstrip("/")
+    return (
+        path[len(root) + 1 :]
+        if path.startswith(root + "/")
+        else os.path.relpath(path, root).replace(os.sep, "/")
+    )
 
 
 @dataclass(frozen=True)
@@ -213,38 +284,123 @@ class RunStorage:
     def _uri(self, path: str) -> str:
         return path if _is_local(self.fs) else f"{self.uri.split('://')[0]}://{path}"
 
-    def persist(self, local_dir: str, index: int, metrics: dict[str, Any]) -> Checkpoint:
-        """Copy ``local_dir`` into the run as checkpoint ``index``; returns once it is durably committed."""
-        final = f"{self.root}/{_PREFIX}{index:06d}"
-        marker = json.dumps({"index": index, "metrics": _jsonable(metrics), "time": time.time()})
+    def persist(
+        self, local_dir: str, index: int, metrics: dict[str, Any], *, name: str | None = None
+    ) -> Checkpoint:
+        """Copy ``local_dir`` into the run as checkpoint ``index`` (in directory ``name``, by default
+        ``checkpoint_<index>``); returns once it is durably committed."""
+        name = checked_dir_name(name) if name is not None else default_dir_name(index)
+        target = self.begin(name, uuid.uuid4().hex[:8])
+        try:
+            files = manifest(local_dir)
+            self.write_files(local_dir, target, sorted(files), what=f"writing checkpoint {index}")
+            details = {"files": len(files), "bytes": sum(files.values())}
+            return self.commit(target, name, index, metrics, files, details=details)
+        except BaseException:
+            self.abandon(target)
+            raise
+
+    def location(self, name: str) -> str:
+        """Where the checkpoint named ``name`` lives once committed (a path on ``fs``)."""
+        return f"{self.root}/{name}"
+
+    def begin(self, name: str, token: str) -> str:
+        """Make room for checkpoint ``name`` before any of its files is written; returns where they go. Local:
+        a staging directory (``token`` makes it this write's own), renamed into place at the commit; remote: the
+        checkpoint's own location, cleared of what an attempt that crashed before its commit left there.
+
+        Raises:
+            FileExistsError: a committed checkpoint of this run already has that name.
+        """
+        final = self.location(name)
+        if self._has_marker(final):
+            raise FileExistsError(
+                f"report(checkpoint_dir_name={name!r}): the run already has a committed checkpoint of that name "
+                f"({self._uri(final)}); give each report's checkpoint a name of its own (e.g. with the epoch in it)"
+            )
         if _is_local(self.fs):
-            os.makedirs(self.root, exist_ok=True)
-            staging = f"{self.root}/.tmp-{_PREFIX}{index:06d}-{uuid.uuid4().hex[:8]}"
-            try:
-                shutil.copytree(local_dir, staging)
-                with open(os.path.join(staging, MARKER), "w") as f:
-                    f.write(marker)
-                    f.flush()
+            staging = f"{self.root}/{_STAGING}{name}-{token}"
+            os.makedirs(staging)
+            return staging
+        retry = self._retrying(f"clearing {self._uri(final)}")
+        retry(lambda: self.fs.rm(final, recursive=True) if self.fs.exists(final) else None)
+        return final
+
+    def write_files(self, local_dir: str, target: str, files: list[str], *, what: str) -> None:
+        """Copy the files ``files`` (paths relative to ``local_dir``, "/"-separated) to ``target`` (from
+        ``begin``), each durably (local: fsync'ed; remote: one whole-object PUT, retried while the endpoint is
+        away)."""
+        if _is_local(self.fs):
+            for rel in files:
+                dst = os.path.join(target, *rel.split("/"))
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(os.path.join(local_dir, *rel.split("/")), dst)
+                with open(dst, "rb+") as f:
                     os.fsync(f.fileno())
-            except BaseException:
-                # Never committed: no half copy is left beside the checkpoints.
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            if os.path.exists(final):  # left by an attempt that crashed before its marker was read back
+            return
+        retry = self._retrying(f"{what} to {self._uri(target)}")
+        for rel in files:
+            src = os.path.join(local_dir, *rel.split("/"))
+            retry(lambda src=src, rel=rel: self.fs.put_file(src, f"{target}/{rel}"))
+
+    def commit(
+        self,
+        target: str,
+        name: str,
+        index: int,
+        metrics: dict[str, Any],
+        expected: dict[str, int],
+        *,
+        details: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        """Commit the checkpoint whose files were written to ``target``: check that every file of ``expected``
+        (relative path -> size) is there with its size, then write the marker, last (local: then rename the
+        staging directory into place). ``details`` (JSON-able: which ranks wrote it, ...) go into the marker.
+        Returns the committed checkpoint.
+
+        Raises:
+            FileNotFoundError: a file is missing or short (e.g. ranks on hosts that do not share a local
+                ``storage_path``); nothing is committed.
+        """
+        self.fs.invalidate_cache()
+        found = {
+            _relative(path, target): int(info.get("size") or 0)
+            for path, info in self.fs.find(target, detail=True).items()
+        }
+        wrong = sorted(rel for rel, size in expected.items() if found.get(rel) != size)
+        if wrong:
+            raise FileNotFoundError(
+                f"checkpoint {index} is not committed: {len(wrong)} of its {len(expected)} file(s) are missing or "
+                f"incomplete in {self._uri(target)} (first: {wrong[0]!r}); every rank must write to the same "
+                "storage: a storage_path that all the ranks' hosts share (NFS, S3), not each host's own disk"
+            )
+        marker = json.dumps(
+            {"index": index, "metrics": _jsonable(metrics), "time": time.time(), **_jsonable(details or {})}
+        )
+        final = self.location(name)
+        if _is_local(self.fs):
+            with open(os.path.join(target, MARKER), "w") as f:
+                f.write(marker)
+                f.flush()
+                os.fsync(f.fileno())
+            if os.path.exists(final):  # left by an attempt that crashed before its marker was written
                 shutil.rmtree(final)
-            os.rename(staging, final)
+            os.rename(target, final)
         else:
-            retry = self._retrying(f"writing checkpoint {index} to {self._uri(final)}")
-            # A leftover of an attempt that failed before its marker: remove it so no stale file stays in.
-            retry(lambda: self.fs.rm(final, recursive=True) if self.fs.exists(final) else None)
-            for dirpath, _, filenames in os.walk(local_dir):
-                for filename in filenames:
-                    src = os.path.join(dirpath, filename)
-                    rel = os.path.relpath(src, local_dir).replace(os.sep, "/")
-                    retry(lambda src=src, rel=rel: self.fs.put_file(src, f"{final}/{rel}"))
             # The commit point, written last and in one PUT: a checkpoint without it is never listed.
+            retry = self._retrying(f"committing checkpoint {index} at {self._uri(final)}")
             retry(lambda: self.fs.pipe_file(f"{final}/{MARKER}", marker.encode()))
         return Checkpoint(self._uri(final), storage_options=self.storage_options)
+
+    def abandon(self, target: str) -> None:
+        """A write that will not be committed: remove its local staging directory (a remote leftover stays,
+        uncommitted, never listed, and is cleared when its name is written again)."""
+        if _is_local(self.fs):
+            shutil.rmtree(target, ignore_errors=True)
+
+    def _has_marker(self, path: str) -> bool:
+        self.fs.invalidate_cache()
+        return bool(self.fs.exists(f"{path}/{MARKER}"))
 
     def endpoint(self) -> str:
         """Where the storage is served from, for messages (credentials removed)."""
@@ -292,15 +448,17 @@ class RunStorage:
         return run
 
     def list_committed(self) -> list[StoredCheckpoint]:
-        """Committed checkpoints of the run, oldest first (uncommitted leftovers are ignored)."""
+        """Committed checkpoints of the run, oldest first (uncommitted leftovers are ignored): every directory of
+        the run with a commit marker, whatever its name (``report(checkpoint_dir_name=...)``)."""
         self.fs.invalidate_cache()
         if not self.fs.exists(self.root):
             return []
         found = []
-        for entry in self.fs.ls(self.root, detail=False):
+        for info in self.fs.ls(self.root, detail=True):
+            entry = info["name"]
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if not name.startswith(_PREFIX):
-                continue
+            if name.startswith(".") or info.get("type") != "directory":
+                continue  # staging directories, files
             try:
                 with self.fs.open(f"{entry.rstrip('/')}/{MARKER}", "r") as f:
                     meta = json.load(f)

@@ -3,22 +3,25 @@
 Workers are non-daemonic so DataLoader worker subprocesses can start inside them (dask/distributed#2718),
 single-threaded (one rank per worker process), and hold torch before their first task, so the first group does
 not pay for its import: a local cluster forks them from a server process that imported it once
-(``_fork_server``), except on a host with GPUs, where they are spawned and import it themselves.
+(``_fork_server``), except on a host with GPUs, where they are spawned and import it themselves. There each
+worker gets a GPU of its own (``_gpus``: its own ``CUDA_VISIBLE_DEVICES``, ``GPU=1``).
+
+A local cluster's workers never run the user's main module (``_compat.main_not_rerun_in``): a script without an
+``if __name__ == "__main__":`` guard, ``python -c``, ``python -`` and a notebook start one alike, and the training
+function travels to the workers by value (cloudpickle), as it does to a cluster of other machines.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Nanny
 
-from ddp_runtime import _compat, _fork_server, _warmup
+from ddp_runtime import _compat, _fork_server, _gpus, _warmup
 from ddp_runtime import _gang as gang
 from ddp_runtime.config import ScalingConfig
 from ddp_runtime.object_store import object_store
@@ -48,6 +51,7 @@ def local_cluster(
     threads_per_worker: int = 1,
     preload: list[str] | None = None,
     start_method: Literal["forkserver", "spawn"] = "forkserver",
+    gpus: Sequence[str] | None = None,
 ) -> Iterator[Client]:
     """A LocalCluster on 127.0.0.1 with worker processes; yields a Client and closes both.
 
@@ -55,17 +59,30 @@ def local_cluster(
     process (``_fork_server``), except on a host with GPUs, where they are spawned. ``"spawn"`` starts each
     worker as a new interpreter, as Dask does by default. A Dask config that says ``fork`` is kept.
 
-    On a host with GPUs, use dask-cuda's ``LocalCUDACluster`` instead (one worker per GPU, each with its own
-    ``CUDA_VISIBLE_DEVICES``): see ``gpu_local_cluster``.
+    On a host with GPUs (``gpus``: the ``CUDA_VISIBLE_DEVICES`` entries to hand out; by default the host's,
+    ``_gpus.visible_gpus``) the workers get GPUs of their own: one each (``{"GPU": k}`` in ``resources``: ``k``
+    each), with their own ``CUDA_VISIBLE_DEVICES`` and that many ``GPU`` resources; ``n_workers`` defaults to
+    at least one per GPU, and workers beyond the GPUs see none. ``resources`` asking for GPUs the host cannot
+    give every worker is refused before any worker starts (``_gpus.GPUPlacementError``). Without GPUs,
+    ``resources`` are advertised by every worker as given (a stand-in ``GPU`` resource too).
     """
-    n = n_workers or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
+    gpus = _gpus.visible_gpus() if gpus is None else list(gpus)
+    per_worker = _gpus.check_room(n_workers or 0, resources, gpus) if gpus else 1
+    n = n_workers or max(cores, len(gpus) // per_worker)
     # Every worker advertises its share of the host's cores as a "CPU" resource, so ScalingConfig's
     # resources_per_worker={"CPU": k} (cores for DataLoader workers) means the same here as on a real cluster.
-    resources = {"CPU": float(max(1, (os.cpu_count() or 1) // n)), **(resources or {})}
-    start_config, nanny_kwargs = _fork_server.start_settings(start_method, gpus=gpu_count())
+    resources = {"CPU": float(max(1, cores // n)), **(resources or {})}
+    start_config, nanny_kwargs = _fork_server.start_settings(start_method, gpus=len(gpus))
+    if gpus:  # each worker its own GPU(s): its environment and GPU resource by its name (0, 1, ...)
+        nanny_kwargs = {**nanny_kwargs, "pins": _gpus.pins(n, gpus, per_worker), "worker_class": _PinnedNanny}
+        resources.pop("GPU", None)
     # The cluster reads the lost-worker timeout whenever a worker goes, and the start method whenever a nanny
-    # starts one: they stay set while the cluster lives.
-    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT, **start_config}):
+    # starts one: they stay set while the cluster lives. Its workers never run this process's main module.
+    with (
+        dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT, **start_config}),
+        _compat.main_not_rerun_in(_compat.NANNY_WORKER_PROCESS_NAME),
+    ):
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=threads_per_worker,
@@ -79,6 +96,27 @@ def local_cluster(
         )
         with _client_of(cluster) as client:
             yield client
+
+
+class _PinnedNanny(Nanny):
+    """A local cluster's nanny whose worker has GPUs of its own: ``pins[name]`` (its ``CUDA_VISIBLE_DEVICES``,
+    ``""`` for none) in its environment, and that many ``GPU`` resources. A worker it restarts keeps them."""
+
+    def __init__(
+        self,
+        *args: Any,
+        pins: Sequence[str],
+        name: Any = None,
+        env: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        pin = pins[name] if isinstance(name, int) and 0 <= name < len(pins) else ""
+        env = _fork_server.with_variables(env or {}, _gpus.worker_environment(pin))
+        resources = dict(resources or {})
+        if pin:
+            resources["GPU"] = float(len(pin.split(",")))
+        super().__init__(*args, name=name, env=env, resources=resources, **kwargs)
 
 
 @contextlib.contextmanager
@@ -97,25 +135,35 @@ def _client_of(cluster: Any) -> Iterator[Client]:
 
 
 def gpu_count() -> int:
-    """GPUs on this host, as ``nvidia-smi -L`` lists them (0 without the NVIDIA driver); torch is not imported."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    """GPUs this process may use: those ``nvidia-smi -L`` lists, narrowed to ``CUDA_VISIBLE_DEVICES`` when it is
+    set (0 without the NVIDIA driver); torch is not imported."""
+    return _gpus.gpu_count()
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a local cluster hands out, one ``CUDA_VISIBLE_DEVICES`` entry each: ``nvidia-smi -L``'s indices,
+    or the entries of this process's own ``CUDA_VISIBLE_DEVICES`` when set (for a launcher pinning workers)."""
+    return _gpus.visible_gpus()
 
 
 @contextlib.contextmanager
-def gpu_local_cluster(**kwargs: Any) -> Iterator[Client]:
-    """One Dask worker per visible GPU, each pinned to its GPU and advertising ``GPU=1``."""
-    try:
-        from dask_cuda import LocalCUDACluster
-    except ImportError as exc:
-        raise ImportError("GPU clusters need dask-cuda: pip install dask-cuda (one worker per GPU)") from exc
-    with dask.config.set({**worker_config(), **_LOST_WORKER_TIMEOUT}):
-        cluster = LocalCUDACluster(resources={"GPU": 1}, preload=[PRELOAD], **kwargs)
-        with _client_of(cluster) as client:
-            yield client
+def gpu_local_cluster(
+    *, n_workers: int | None = None, resources: dict[str, float] | None = None, **kwargs: Any
+) -> Iterator[Client]:
+    """A local cluster of GPU workers: one per visible GPU by default, each pinned to its GPU(s) and
+    advertising them as ``GPU`` resources (``local_cluster``; no dask-cuda). On a host without a GPU, or with
+    too few for ``n_workers``, refused in one sentence before any worker starts."""
+    resources = {"GPU": 1.0, **(resources or {})}
+    gpus = _gpus.visible_gpus()
+    if not gpus:
+        raise _gpus.GPUPlacementError(
+            "use_gpu=True asks a GPU per rank, but this machine has no GPU (nvidia-smi lists none, "
+            f"{_gpus.VISIBLE}={os.environ.get(_gpus.VISIBLE)!r}) and no Dask cluster is connected: set "
+            "use_gpu=False to train on CPUs, or give the address of a cluster whose workers have GPUs"
+        )
+    n = n_workers or max(1, len(gpus) // _gpus.gpus_per_worker(resources))
+    with local_cluster(n_workers=n, resources=resources, gpus=gpus, **kwargs) as client:
+        yield client
 
 
 def scheduler_address(client: Client) -> str:
@@ -196,7 +244,7 @@ def cluster_client(
             client = Client(address)
             stack.callback(client.close)
         elif use_gpu:
-            client = stack.enter_context(gpu_local_cluster())
+            client = stack.enter_context(gpu_local_cluster(preload=preload))
         else:
             client = stack.enter_context(local_cluster(n_workers=n_workers, preload=preload))
         with object_store(client):

@@ -61,7 +61,15 @@ PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _BY_THE_GROUP = ("process_group_backend", "timeout", "start_method")
 _built: dict[str, types.SimpleNamespace] = {}
 
-if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a finder that refuses the name outright
+        return False
+
+
+if not _installed("lightning") and not _installed("pytorch_lightning"):
     raise ModuleNotFoundError(
         "ddp_runtime.lightning needs PyTorch Lightning 2.x, which is not installed: pip install "
         "'sweepflow[lightning]' (or lightning), on the Dask workers too"
@@ -98,7 +106,7 @@ def _package_of(frame: types.FrameType | None) -> str:
     loaded = [p for p in PACKAGES if p in sys.modules]
     if len(loaded) == 1:
         return loaded[0]
-    return PACKAGES[0] if importlib.util.find_spec("lightning") is not None else PACKAGES[1]
+    return PACKAGES[0] if _installed("lightning") else PACKAGES[1]
 
 
 def for_package(package: str) -> types.SimpleNamespace:
@@ -190,7 +198,7 @@ def _build(pl: Any, lightning_environment: type) -> types.SimpleNamespace:
         """Lightning's ``DeepSpeedStrategy`` on the TorchTrainer's group (needs the ``deepspeed`` package)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if importlib.util.find_spec("deepspeed") is None:
+            if not _installed("deepspeed"):
                 raise ModuleNotFoundError(
                     "RayDeepSpeedStrategy needs DeepSpeed, which is not installed: pip install deepspeed (on the "
                     "Dask workers too), or use RayDDPStrategy / RayFSDPStrategy"

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ddp_runtime.session import get_context
+from ddp_runtime.session import _current, get_context
 
 if TYPE_CHECKING:
     import torch
@@ -46,26 +46,88 @@ def get_device() -> torch.device:
     return get_context().get_device()
 
 
+_STRATEGIES = ("ddp", "fsdp", None)
+
+
 def prepare_model(
     model: torch.nn.Module,
-    *,
-    move_to_device: bool = True,
+    move_to_device: bool | torch.device | str = True,
+    parallel_strategy: str | None = "ddp",
     parallel_strategy_kwargs: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
-    """Move the model to the rank's device and wrap it in DistributedDataParallel when world size > 1."""
+    """Prepare the model for this rank (Ray's ``ray.train.torch.prepare_model``): move it to its device and,
+    when the group has more than one rank, wrap it for data parallelism.
+
+    Args:
+        model: the ``torch.nn.Module`` to train.
+        move_to_device: True: to the rank's device (``get_device()``); a ``torch.device`` (or its name): to that
+            device; False: where it is (FSDP then shards it from there).
+        parallel_strategy: ``"ddp"``: ``DistributedDataParallel``; ``"fsdp"``: sharded (PyTorch's FSDP2
+            ``fully_shard`` where torch has it, applied to the model in place, else the older
+            ``FullyShardedDataParallel``), over the group's backend (NCCL on GPUs, gloo on CPUs); ``None``: not
+            wrapped. A 1-rank group is never wrapped.
+        parallel_strategy_kwargs: keyword arguments of ``DistributedDataParallel``, or of ``fully_shard``
+            (``mesh`` defaults to all the group's ranks on the rank's device type; ``reshard_after_forward``,
+            ``mp_policy``, ...), or of ``FullyShardedDataParallel``.
+
+    Raises:
+        ValueError: ``parallel_strategy`` is none of ``"ddp"``, ``"fsdp"`` and None.
+    """
+    import torch
+
+    if parallel_strategy not in _STRATEGIES:
+        raise ValueError(
+            f"prepare_model(parallel_strategy={parallel_strategy!r}): use 'ddp' (DistributedDataParallel), "
+            "'fsdp' (sharded: FullyShardedDataParallel) or None (not wrapped)"
+        )
+    ctx = get_context()
+    if isinstance(move_to_device, torch.device | str):
+        device = torch.device(move_to_device)
+    else:
+        device = ctx.get_device()
+    if move_to_device is not False:
+        model = model.to(device)
+    kwargs = dict(parallel_strategy_kwargs or {})
+    if ctx.get_world_size() == 1 or parallel_strategy is None:
+        return model
+    if parallel_strategy == "fsdp":
+        _current().sharded = True  # the ranks' checkpoints are shards: report refuses two that clash
+        return _shard(model, device, ctx.get_world_size(), kwargs)
     from torch.nn.parallel import DistributedDataParallel
 
-    ctx = get_context()
-    device = ctx.get_device()
-    if move_to_device:
-        model = model.to(device)
-    if ctx.get_world_size() > 1:
-        kwargs = dict(parallel_strategy_kwargs or {})
-        if device.type == "cuda":
-            kwargs.setdefault("device_ids", [device.index])
-            kwargs.setdefault("output_device", device.index)
-        model = DistributedDataParallel(model, **kwargs)
-    return model
+    if device.type == "cuda":
+        kwargs.setdefault("device_ids", [device.index if device.index is not None else 0])
+        kwargs.setdefault("output_device", kwargs["device_ids"][0])
+    return DistributedDataParallel(model, **kwargs)
+
+
+def _shard(model: torch.nn.Module, device: torch.device, world_size: int, kwargs: dict[str, Any]) -> Any:
+    """FSDP2's ``fully_shard`` on the model (in place; its class becomes an ``FSDPModule``), on a mesh of every
+    rank on ``device``'s type: its default mesh would be CUDA's whenever a GPU is visible, which a gloo group
+    cannot use. Without FSDP2 (torch < 2.6), the older ``FullyShardedDataParallel`` wrapper."""
+    import torch.distributed.fsdp as fsdp
+
+    fully_shard = getattr(fsdp, "fully_shard", None)
+    if fully_shard is not None:
+        if "mesh" not in kwargs:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            kwargs["mesh"] = init_device_mesh(device.type, (world_size,))
+        return fully_shard(model, **kwargs)
+    if device.type != "cuda":  # FSDP1 itself refuses CPUs ("FSDP needs a non-CPU accelerator device")
+        raise RuntimeError(
+            f"prepare_model(parallel_strategy='fsdp') on {device}: this torch ({_torch_version()}) has no FSDP2 "
+            "fully_shard, and its FullyShardedDataParallel needs a GPU: install torch >= 2.6 to shard on CPUs, or "
+            "train with use_gpu=True"
+        )
+    kwargs.setdefault("device_id", device)
+    return fsdp.FullyShardedDataParallel(model, **kwargs)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _move(batch: Any, device: torch.device) -> Any:

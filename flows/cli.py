@@ -278,20 +278,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from sweepflow.flows.init_project import init_lines
 
-    from sweepflow.flows.init_project import package_name, write_project
-
-    directory = Path(args.directory)
     try:
-        written = write_project(directory)
-    except (FileExistsError, OSError) as exc:
+        print("\n".join(init_lines(args.directory, template=args.template)))
+    except (FileExistsError, OSError, ValueError) as exc:
         return _refuse(exc, args)
-    package = package_name(directory)
-    print(f"wrote {len(written)} files into {directory}/ (package {package}):")
-    for path in written:
-        print(f"  {path.relative_to(directory)}")
-    print(f"\nnext:\n  cd {directory}\n  sweepflow run --config sweep.yaml")
     return 0
 
 
@@ -505,6 +497,13 @@ def build_parser() -> argparse.ArgumentParser:
         "init", help="write a small working project of your own (data, train/model/evaluate functions, sweep.yaml)"
     )
     init.add_argument("directory", help="a new (or empty) directory")
+    init.add_argument(
+        "--template",
+        choices=("pytorch", "lightning", "transformers"),
+        default="pytorch",
+        help="the training loop of its train_fn: plain PyTorch (default), a Lightning Trainer "
+        "(sweepflow[lightning]) or a Hugging Face Trainer (sweepflow[transformers])",
+    )
     init.set_defaults(func=cmd_init)
     server = sub.add_parser(
         "server",

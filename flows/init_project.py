@@ -10,7 +10,11 @@ registers at once.
 from __future__ import annotations
 
 import keyword
+import os
 import re
+import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -284,23 +288,64 @@ evaluated and registered by sweepflow's pipeline.
 """
 
 
-def write_project(directory: Path) -> list[Path]:
-    """Write the project into ``directory`` (created; it must be empty or new); returns the files written."""
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: ``sweepflow init --template``: the training loop the project's train_fn is written with.
+TEMPLATES = ("pytorch", "lightning", "transformers")
+
+
+def write_project(directory: Path, template: str = "pytorch") -> list[Path]:
+    """Write the project into ``directory`` (created; it must be empty or new); returns the files written.
+    ``template``: a plain PyTorch loop (the default), a Lightning ``Trainer`` or a Hugging Face ``Trainer``
+    (``TEMPLATES``)."""
+    if template not in TEMPLATES:
+        raise ValueError(f"--template {template!r}: choose one of {', '.join(TEMPLATES)}")
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(
             f"{directory} is not empty: `sweepflow init` writes a new project; give it a new directory"
         )
     package = package_name(directory)
+    if _installed(package):
+        raise ValueError(
+            f"{directory}: its package would be named {package!r}, which is already an installed module that the "
+            "project's would hide (its imports would break): give the directory another name"
+        )
+    model_py, sweep_yaml, data, extra = MODEL_PY, SWEEP_YAML, {"data/houses.csv": houses_csv()}, None
+    if template == "lightning":
+        from sweepflow.flows import init_lightning as chosen
+
+        model_py, sweep_yaml, extra = chosen.MODEL_PY, chosen.SWEEP_YAML, chosen.EXTRA
+    elif template == "transformers":
+        from sweepflow.flows import init_transformers as chosen
+
+        model_py, sweep_yaml, extra = chosen.MODEL_PY, chosen.SWEEP_YAML, chosen.EXTRA
+        data = {"data/reviews.csv": chosen.reviews_csv()}
+    readme = README.format(package=package)
+    if template == "transformers":
+        readme = readme.replace("a house-price regression (data/houses.csv, generated)", "a review classifier "
+                                "(data/reviews.csv, generated; a BERT-style model and a Hugging Face Trainer)")
+        readme = readme.replace(f"{package}-price", f"{package}-reviews")
+    elif template == "lightning":
+        readme = readme.replace("(data/houses.csv, generated)", "(data/houses.csv, generated; a Lightning Trainer)")
     files = {
         f"{package}/__init__.py": "",
-        f"{package}/model.py": MODEL_PY.format(package=package),
-        "sweep.yaml": SWEEP_YAML.format(package=package),
+        f"{package}/model.py": model_py.format(package=package),
+        "sweep.yaml": sweep_yaml.format(package=package),
         "flow.py": FLOW_PY.format(package=package),
         "prefect.yaml": PREFECT_YAML.format(package=package),
-        "pyproject.toml": PYPROJECT.format(package=package),
-        "README.md": README.format(package=package),
-        "data/houses.csv": houses_csv(),
+        "pyproject.toml": PYPROJECT.format(package=package).replace(
+            '["sweepflow"]', f'["sweepflow[{extra}]"]' if extra else '["sweepflow"]'
+        ),
+        "README.md": readme,
+        **data,
     }
     written = []
     for relpath, text in files.items():
@@ -309,3 +354,24 @@ def write_project(directory: Path) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
+
+
+def sweepflow_from(directory: os.PathLike[str] | str) -> str:
+    """This command as typed from ``directory``: ``sweepflow`` when that is the one on PATH, else its path
+    (relative when inside the same tree, e.g. ``../.venv/bin/sweepflow`` after ``make run``)."""
+    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not me.endswith("sweepflow") or os.path.realpath(shutil.which("sweepflow") or "") == me:
+        return "sweepflow"
+    place = os.path.realpath(directory)
+    relative = os.path.relpath(os.path.abspath(sys.argv[0]), place)
+    return shlex.quote(relative if not relative.startswith("../..") else os.path.abspath(sys.argv[0]))
+
+
+def init_lines(directory: os.PathLike[str] | str, *, template: str = "pytorch") -> list[str]:
+    """``sweepflow init``: write the project (``write_project``) and say what it wrote and what to run next,
+    as commands that work as printed (``sweepflow_from``)."""
+    directory = Path(directory)
+    written = write_project(directory, template=template)
+    lines = [f"wrote {len(written)} files into {directory}/ (package {package_name(directory)}, template {template}):"]
+    lines += [f"  {path.relative_to(directory)}" for path in written]
+    return [*lines, "", "next:", f"  cd {shlex.quote(str(directory))}", f"  {sweepflow_from(directory)} run --config sweep.yaml"]

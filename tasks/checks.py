@@ -41,6 +41,16 @@ class PreflightError(ValueError):
 # ------------------------------------------------------------------------------------------- training function
 
 
+#: The training frameworks sweepflow's extras bring (``sweepflow init --template``), by top-level module.
+FRAMEWORK_EXTRAS = {
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "transformers": "transformers",
+    "accelerate": "transformers",
+    "tokenizers": "transformers",
+}
+
+
 def load_train_fn(
     target: str | Callable[..., Any], *, field: str = "training.train_fn", arity: bool = True
 ) -> Callable[..., Any]:
@@ -51,11 +61,15 @@ def load_train_fn(
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
+            top = (exc.name or "").partition(".")[0]
+            extra = FRAMEWORK_EXTRAS.get(top)
             raise PreflightError(
                 field,
                 target,
                 f"no module named {exc.name!r}",
-                "install the package that holds it here and on every Dask worker, or put it on PYTHONPATH",
+                f"install sweepflow's {extra} extra here and on every Dask worker: pip install 'sweepflow[{extra}]'"
+                if extra
+                else "install the package that holds it here and on every Dask worker, or put it on PYTHONPATH",
             ) from None
         except Exception as exc:  # noqa: BLE001 - any error in the module's own code (SyntaxError, ...) is reported
             raise PreflightError(

@@ -926,3 +926,23 @@ def test_fork_mlflow_gunicorn_serves_from_a_fork_of_the_command_and_stops_with_i
                     process.kill()
     assert server.returncode == 0
     assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_main_not_rerun_in_leaves_the_main_module_out_of_that_process_names_preparation_only():
+    """``ddp_compat.main_not_rerun_in``: multiprocessing still sends a child the main module (by name or path)
+    under the keys we leave out, and only the named processes lose them, only inside the block."""
+    from multiprocessing import spawn
+
+    keys = {"init_main_from_name", "init_main_from_path"}
+    assert keys & set(spawn.get_preparation_data("probe")), "multiprocessing no longer sends the main module so"
+    with ddp_compat.main_not_rerun_in("probe"):
+        assert not keys & set(spawn.get_preparation_data("probe"))
+        assert keys & set(spawn.get_preparation_data("another"))
+    assert keys & set(spawn.get_preparation_data("probe"))
+
+
+def test_dask_names_its_nannys_worker_process_as_main_not_rerun_in_is_told(cluster):
+    import multiprocessing
+
+    names = cluster.run(lambda: multiprocessing.current_process().name)
+    assert set(names.values()) == {ddp_compat.NANNY_WORKER_PROCESS_NAME}, names

@@ -138,8 +138,8 @@ class PyTorchTrainer:
             pass  # no client in this process: start a cluster for this trainer
         from ddp_runtime.cluster import gpu_local_cluster, local_cluster
 
-        if self._plan.use_gpu:
-            return self._stack.enter_context(gpu_local_cluster())
+        if self._plan.use_gpu:  # one worker per replica, each pinned to a GPU of its own
+            return self._stack.enter_context(gpu_local_cluster(n_workers=self._plan.num_replicas))
         return self._stack.enter_context(local_cluster(n_workers=self._plan.num_replicas))
 
     # ---------------------------------------------------------------------------------------------- state

@@ -242,7 +242,7 @@ def dask_worker_spec(
     scheduler: str,
     names_url: str,
     env: dict[str, str],
-    gpu: int | None,
+    gpu: int | str | None,
     exposure: Exposure = Exposure(),
     *,
     worker_preload: Sequence[str],
@@ -443,17 +443,17 @@ def up(
     _write_env(state_dir, env)
 
     names_url = scheduler_http(state_dir, dask_worker_names.PATH)
-    from ddp_runtime.cluster import gpu_count  # here: importing distributed is not free
+    from ddp_runtime.cluster import visible_gpus  # here: importing distributed is not free
 
-    gpus = gpu_count()
-    n_workers = gpus or workers
+    gpus = visible_gpus()  # nvidia-smi's, narrowed to this process's CUDA_VISIBLE_DEVICES when set
+    n_workers = len(gpus) or workers
     specs = [
         dask_worker_spec(
             i,
             env["DASK_SCHEDULER_ADDRESS"],
             names_url,
             env,
-            i if gpus else None,
+            gpus[i] if gpus else None,
             exposure,
             worker_preload=worker_preload,
             secret=secret,
