@@ -928,11 +928,15 @@ def test_fork_mlflow_gunicorn_serves_from_a_fork_of_the_command_and_stops_with_i
     assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_main_not_rerun_in_leaves_the_main_module_out_of_that_process_names_preparation_only():
+def test_main_not_rerun_in_leaves_the_main_module_out_of_that_process_names_preparation_only(monkeypatch, tmp_path):
     """``ddp_compat.main_not_rerun_in``: multiprocessing still sends a child the main module (by name or path)
-    under the keys we leave out, and only the named processes lose them, only inside the block."""
+    under the keys we leave out, and only the named processes lose them, only inside the block. The main module
+    is a script's here (pytest's own, or an xdist worker's, may have neither a file nor a spec)."""
     from multiprocessing import spawn
 
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "__spec__", None, raising=False)
+    monkeypatch.setattr(main, "__file__", str(tmp_path / "script.py"), raising=False)
     keys = {"init_main_from_name", "init_main_from_path"}
     assert keys & set(spawn.get_preparation_data("probe")), "multiprocessing no longer sends the main module so"
     with ddp_compat.main_not_rerun_in("probe"):
