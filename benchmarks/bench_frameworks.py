@@ -1,6 +1,6 @@
 """A Lightning trial and a Transformers trial inside a Dask worker vs the same in a plain process (issue 64 item 5).
 
-    .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--lightning-epochs 40] [--transformers-epochs 6]
+    .venv/bin/python benchmarks/bench_frameworks.py [--repeats 3] [--lightning-epochs 20] [--transformers-epochs 10]
 
 Each framework's loop runs the same model, data, epochs and per-epoch checkpoint in both places, with one torch
 thread in both (a pipeline worker has one):
@@ -50,7 +50,11 @@ def lightning_trial(config: dict) -> float:
     class Net(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+            width = config["width"]
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+                torch.nn.Linear(width, 10),
+            )
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -111,8 +115,8 @@ def transformers_trial(config: dict) -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = BertForSequenceClassification(
-        BertConfig(vocab_size=40, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                   max_position_embeddings=12, num_labels=2)
+        BertConfig(vocab_size=40, hidden_size=config["width"], num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=2 * config["width"], max_position_embeddings=12, num_labels=2)
     )
     scratch = tempfile.mkdtemp(prefix="bench-transformers-")
     args = TrainingArguments(
@@ -167,24 +171,31 @@ def _plain(fn, config: dict) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--lightning-epochs", type=int, default=40)
-    parser.add_argument("--transformers-epochs", type=int, default=6)
+    # About 1-s epochs on the 2-core machine, 20-s trials: a report's fixed cost (the checkpoint's durable copy,
+    # the round trip to the driver) against an epoch of that length.
+    parser.add_argument("--lightning-epochs", type=int, default=20)
+    parser.add_argument("--lightning-width", type=int, default=768)
+    parser.add_argument("--transformers-epochs", type=int, default=10)
+    parser.add_argument("--transformers-width", type=int, default=192)
     args = parser.parse_args()
     storage = tempfile.mkdtemp(prefix="sweepflow-bench-frameworks-")
-    cases = [("lightning", lightning_trial, args.lightning_epochs), ("transformers", transformers_trial, args.transformers_epochs)]
+    cases = [
+        ("lightning", lightning_trial, args.lightning_epochs, args.lightning_width),
+        ("transformers", transformers_trial, args.transformers_epochs, args.transformers_width),
+    ]
     with local_cluster(n_workers=1) as client:
-        for name, fn, epochs in cases:
+        for name, fn, epochs, width in cases:
             # Warm-up, both places: the first call pays the framework's imports (seconds) in either.
-            _plain(fn, {"epochs": 1})
-            _in_worker(fn, {"epochs": 1}, client, storage)
+            _plain(fn, {"epochs": 1, "width": width})
+            _in_worker(fn, {"epochs": 1, "width": width}, client, storage)
             plain, worker = [], []
             for _ in range(args.repeats):  # alternated: the machine's speed drifts between minutes
-                plain.append(_plain(fn, {"epochs": epochs}))
-                worker.append(_in_worker(fn, {"epochs": epochs}, client, storage))
+                plain.append(_plain(fn, {"epochs": epochs, "width": width}))
+                worker.append(_in_worker(fn, {"epochs": epochs, "width": width}, client, storage))
             p_loop, p_all = (statistics.median(x[i] for x in plain) for i in (0, 1))
             w_loop, w_all = (statistics.median(x[i] for x in worker) for i in (0, 1))
             print(
-                f"{name:12} {epochs} epochs, median of {args.repeats}: plain loop {p_loop:.2f} s (call {p_all:.2f} s), "
+                f"{name:12} {epochs} epochs (width {width}), median of {args.repeats}: plain loop {p_loop:.2f} s (call {p_all:.2f} s), "
                 f"worker loop {w_loop:.2f} s (fit {w_all:.2f} s); ratio loop {w_loop / p_loop:.3f}, "
                 f"whole call {w_all / p_all:.3f}"
             )

@@ -33,7 +33,10 @@ PRELOAD = "ddp_runtime._preload"
 def worker_config() -> dict[str, Any]:
     """Dask config that rank workers need; external clusters should set the same (env:
     ``DASK_DISTRIBUTED__WORKER__DAEMON=False``)."""
-    return {"distributed.worker.daemon": False}
+    from ddp_runtime.worker_config import NO_MALLOC_TRIM_KEY
+
+    # The nannies of a local cluster run in this process and spawn their workers with this process's config.
+    return {"distributed.worker.daemon": False, NO_MALLOC_TRIM_KEY: None}
 
 
 #: How long a local cluster waits for a killed worker's replacement before it gives the worker up. A failed

@@ -185,6 +185,12 @@ def _build(pl: Any, lightning_environment: type) -> types.SimpleNamespace:
             _refuse_group_settings("RayDDPStrategy", kwargs)
             super().__init__(*args, **kwargs)
 
+        def configure_ddp(self) -> None:
+            """Wrap the module in ``DistributedDataParallel``, but on a group of one rank, which has no gradients
+            to reduce (the wrapper's hooks would only cost each step)."""
+            if self.world_size > 1:
+                super().configure_ddp()
+
     class RayFSDPStrategy(_OnTheGroup, pl.strategies.FSDPStrategy):
         """Lightning's ``FSDPStrategy`` on the TorchTrainer's group: each rank holds its shard; with
         ``state_dict_type="sharded"`` every rank writes its shard of ``checkpoint.ckpt`` and ``report`` keeps

@@ -1,4 +1,5 @@
-"""A Dask worker that trains keeps its own timers out of the training's way.
+"""A Dask worker that trains keeps its own timers out of the training's way, and its allocator as a plain
+process's.
 
 A rank trains in a thread of its Dask worker, and that worker's event loop shares the process's GIL with it. With
 Dask's defaults the loop wakes more than 160 times a second whether or not anyone looks: the statistical profiler
@@ -21,6 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+#: Dask's ``pre-spawn-environ`` entry that sets ``MALLOC_TRIM_THRESHOLD_`` in every worker process (None: unset).
+NO_MALLOC_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+
 #: The worker's timers, as a training worker needs them. The worker still heartbeats (the scheduler sets that
 #: interval) and answers at once: these are only what runs whether or not there is work.
 TRAINING_WORKER_CONFIG: Mapping[str, Any] = {
@@ -33,6 +37,12 @@ TRAINING_WORKER_CONFIG: Mapping[str, Any] = {
     "distributed.worker.memory.monitor-interval": "1s",
     # CPU/memory/network samples for the dashboard's charts and the heartbeats, 2 a second -> 1 every 5 s.
     "distributed.admin.system-monitor.interval": "5s",
+    # Dask starts each worker process with MALLOC_TRIM_THRESHOLD_=65536 (against pandas' fragmentation). Setting
+    # it turns off glibc's dynamic mmap threshold, so every tensor over 128 KiB a training step allocates is an
+    # mmap, page faults and an munmap: a 768-wide matmul loop took 10 % longer, a Lightning epoch up to 2x
+    # (benchmarks/RESULTS.md, "Frameworks inside a worker"). A rank's allocator behaves as a plain process's.
+    # ``dask worker`` imports its preloads before it starts the nanny, which reads this when it spawns.
+    NO_MALLOC_TRIM_KEY: None,
 }
 
 

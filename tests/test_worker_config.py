@@ -84,3 +84,21 @@ def test_a_worker_started_with_the_preload_runs_without_the_profiler_and_keeps_t
     assert timers["tick"] == 200, timers  # the cluster's own
     assert timers["monitor"] == 5000, timers
     assert timers.get("memory_monitor", 1000) == 1000, timers
+
+
+def test_training_workers_start_without_dasks_malloc_trim_threshold(cluster):
+    """Dask's MALLOC_TRIM_THRESHOLD_ turns off glibc's dynamic mmap threshold (a Lightning epoch up to 2x slower,
+    benchmarks/RESULTS.md): neither the `dask worker` preload's config nor a local cluster's passes it on."""
+    import os
+
+    import dask
+    from distributed.nanny import _get_env_variables
+
+    from ddp_runtime.cluster import worker_config
+    from ddp_runtime.worker_config import NO_MALLOC_TRIM_KEY, TRAINING_WORKER_CONFIG
+
+    assert TRAINING_WORKER_CONFIG[NO_MALLOC_TRIM_KEY] is None
+    with dask.config.set(worker_config()):
+        assert "MALLOC_TRIM_THRESHOLD_" not in _get_env_variables("distributed.nanny.pre-spawn-environ")
+    seen = cluster.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+    assert set(seen.values()) == {None}, seen

@@ -19,6 +19,7 @@ stored as ``checkpoint/``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -61,9 +62,20 @@ class RayTrainReportCallback(TrainerCallback):
             source = transformers.trainer.get_last_checkpoint(args.output_dir)
             checkpoint = None
             if source is not None:
-                shutil.copytree(source, Path(directory, self.CHECKPOINT_NAME))
+                # Hard links where they can be (the Trainer writes each checkpoint into a new directory and only
+                # ever deletes old ones): report() copies the files into storage, so a second copy here would
+                # only cost each save its bytes again.
+                shutil.copytree(source, Path(directory, self.CHECKPOINT_NAME), copy_function=_link_or_copy)
                 checkpoint = Checkpoint.from_directory(directory)
             report(metrics, checkpoint=checkpoint)
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(src, dst)
+    return dst
 
 
 class _Batches(IterableDataset):
