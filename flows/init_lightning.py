@@ -1,7 +1,7 @@
 """``sweepflow init DIR --template lightning``: the house-price project with its model as a PyTorch Lightning
 ``LightningModule``, trained by a Lightning ``Trainer`` on each rank through ``ddp_runtime.lightning`` (Ray's
 ``ray.train.lightning`` names). The rest of the project (data, sweep.yaml, flow.py, prefect.yaml) is the default
-template's."""
+template's (its sweep.yaml too: the same data, search space, scheduler and selection)."""
 
 from __future__ import annotations
 
@@ -134,29 +134,6 @@ def evaluate_fn(checkpoint: train.Checkpoint, data_path: str) -> dict[str, float
     return {{"rmse": rmse, "mae": float(error.abs().mean()), "r2": float(1 - error.pow(2).sum() / (y - y.mean()).pow(2).sum())}}
 '''
 
-SWEEP_YAML = """# {package}: sweepflow's pipeline on this Lightning project. Paths are relative to this file.
-#   sweepflow run --config sweep.yaml          (README.md: what each part is)
-data:
-  source: data/houses.csv      # any fsspec URL or path: s3://bucket/houses.csv, https://..., a directory
-  format: csv                  # split without code: train.csv / val.csv / test.csv + schema.json
-  target: price
-training:
-  train_fn: {package}.model:train_fn
-  model_fn: {package}.model:model_fn
-  epochs: 12
-evaluation:
-  evaluate_fn: {package}.model:evaluate_fn
-sweep:
-  search_space:
-    hidden: {{type: choice, values: [16, 32, 64]}}
-    lr: {{type: loguniform, low: 3.0e-3, high: 3.0e-2}}
-    batch_size: {{type: choice, values: [32, 64]}}
-  num_samples: 6
-scheduler: {{metric: val_rmse, mode: min, max_t: 12, grace_period: 4}}
-resources: {{ranks_per_trial: 2}}
-selection: {{metric: val_rmse, mode: min, champion_metric: test_rmse, champion_mode: min}}
-mlflow: {{experiment_name: {package}, registered_model_name: {package}-price}}
-"""
 
 #: The template's requirement beyond sweepflow (pyproject's dependencies).
 EXTRA = "lightning"

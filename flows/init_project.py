@@ -322,7 +322,8 @@ def write_project(directory: Path, template: str = "pytorch") -> list[Path]:
     if template == "lightning":
         from sweepflow.flows import init_lightning as chosen
 
-        model_py, sweep_yaml, extra = chosen.MODEL_PY, chosen.SWEEP_YAML, chosen.EXTRA
+        model_py, extra = chosen.MODEL_PY, chosen.EXTRA
+        sweep_yaml = SWEEP_YAML.replace("pipeline on this project", "pipeline on this Lightning project")
     elif template == "transformers":
         from sweepflow.flows import init_transformers as chosen
 
