@@ -1,10 +1,13 @@
 """Ray Train's "Get Started with Distributed Training using PyTorch", ported to sweepflow's ddp_runtime.
 
-Compared with the tutorial (../shared/seeds/ray-train-pytorch-getting-started.txt) only two things changed:
+Compared with the tutorial (https://docs.ray.io/en/latest/train/getting-started-pytorch.html) only two things
+changed:
 - the imports: `ray.train` -> `ddp_runtime`, `ray.train.torch` -> `ddp_runtime.torch`;
 - the data: FashionMNIST cannot be downloaded offline, so the same pipeline runs on scikit-learn's bundled
   8x8 digits, wrapped as a torchvision-style dataset (1 channel, 10 classes, same transform shape).
-Run it: `.venv/bin/python examples/ray_train_getting_started.py` (no cluster needed: fit() starts one).
+Like the tutorial, it calls `fit()` at the top level, with no `if __name__ == "__main__":` guard: the local cluster's
+workers never run this script again. Run it: `.venv/bin/python examples/ray_train_getting_started.py` (no cluster
+needed: fit() starts one).
 """
 
 import os
@@ -86,27 +89,26 @@ def train_func():
             print(metrics)
 
 
-if __name__ == "__main__":
-    # [4] Configure scaling and resource requirements.
-    # The tutorial asks for use_gpu=True; this machine has no GPU. On a GPU cluster, set it back to True.
-    scaling_config = ddp_runtime.ScalingConfig(num_workers=2, use_gpu=torch.cuda.is_available())
+# [4] Configure scaling and resource requirements.
+# The tutorial asks for use_gpu=True; this machine has no GPU. On a GPU cluster, set it back to True.
+scaling_config = ddp_runtime.ScalingConfig(num_workers=2, use_gpu=torch.cuda.is_available())
 
-    # [5] Launch distributed training job.
-    trainer = ddp_runtime.torch.TorchTrainer(
-        train_func,
-        scaling_config=scaling_config,
-        # [5a] If running in a multi-node cluster, this is where you
-        # should configure the run's persistent storage that is accessible
-        # across all worker nodes.
-        run_config=ddp_runtime.RunConfig(storage_path=STORAGE_PATH),
-    )
-    result = trainer.fit()
-    print("final metrics:", result.metrics)
+# [5] Launch distributed training job.
+trainer = ddp_runtime.torch.TorchTrainer(
+    train_func,
+    scaling_config=scaling_config,
+    # [5a] If running in a multi-node cluster, this is where you
+    # should configure the run's persistent storage that is accessible
+    # across all worker nodes.
+    run_config=ddp_runtime.RunConfig(storage_path=STORAGE_PATH),
+)
+result = trainer.fit()
+print("final metrics:", result.metrics)
 
-    # [6] Load the trained model.
-    with result.checkpoint.as_directory() as checkpoint_dir:
-        model_state_dict = torch.load(os.path.join(checkpoint_dir, "model.pt"))
-        model = resnet18(num_classes=10)
-        model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
-        model.load_state_dict(model_state_dict)
-    print("loaded checkpoint", result.checkpoint.path)
+# [6] Load the trained model.
+with result.checkpoint.as_directory() as checkpoint_dir:
+    model_state_dict = torch.load(os.path.join(checkpoint_dir, "model.pt"))
+    model = resnet18(num_classes=10)
+    model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
+    model.load_state_dict(model_state_dict)
+print("loaded checkpoint", result.checkpoint.path)
