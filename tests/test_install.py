@@ -79,3 +79,24 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
     ):
         assert path in names, f"{path} is missing from {wheel.name}"
     assert "sweepflow/__init__.py" not in names, "sweepflow is a namespace package: it has no __init__.py"
+    # Every package folder of the source is in the wheel (a subpackage left out of [tool.setuptools] packages
+    # works in the editable install, and is missing for everyone who installs the wheel).
+    import tomllib
+    from pathlib import Path
+
+    root = Path(ROOT)
+    folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    by_folder = {folder: name for name, folder in folders.items()}
+    missing = []
+    for folder in sorted({f for f in folders.values() if "/" not in f}):
+        for init in sorted((root / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(root).as_posix()
+            if "__pycache__" in rel:
+                continue
+            name = by_folder.get(rel)
+            if name is None:  # a folder inside a mapped one: the mapped one's name, then its path
+                parent = max((f for f in by_folder if rel.startswith(f + "/")), key=len)
+                name = by_folder[parent] + "." + rel[len(parent) + 1 :].replace("/", ".")
+            if f"{name.replace('.', '/')}/__init__.py" not in names:
+                missing.append(f"{rel} ({name})")
+    assert not missing, f"package folders missing from {wheel.name}: {missing}; add them to [tool.setuptools] packages"

@@ -17,7 +17,7 @@ RAY_NAMES = {
         "get_checkpoint", "checkpoint_dir", "get_context", "get_trial_dir", "get_trial_id", "with_parameters",
         "with_resources",
         "choice", "uniform", "quniform", "loguniform", "randn", "randint", "qrandint", "grid_search", "sample_from",
-        "Trainable", "Stopper", "CLIReporter", "ExperimentAnalysis", "ResultGrid", "TuneError", "Callback",
+        "Trainable", "Stopper", "CLIReporter", "ExperimentAnalysis", "ResultGrid", "Result", "TuneError", "Callback",
         "Experiment", "run_experiments", "register_trainable", "register_env", "SyncConfig", "PlacementGroupFactory",
         "JupyterNotebookReporter", "ProgressReporter",
     ],
@@ -48,12 +48,19 @@ RAY_NAMES = {
     "tune.search.bohb": ["TuneBOHB"],
     "tune.search.hyperopt": ["HyperOptSearch"],
     "tune.search.nevergrad": ["NevergradSearch"],
+    "tune.search.hebo": ["HEBOSearch"],
+    "tune.search.zoopt": ["ZOOptSearch"],
+    "tune.integration.ray_train": ["TuneReportCallback"],
+    "tune.integration.pytorch_lightning": ["TuneReportCallback", "TuneReportCheckpointCallback"],
+    "tune.integration.keras": ["TuneReportCallback", "TuneReportCheckpointCallback"],
     "tune.utils": [
         "validate_save_restore", "pin_in_object_store", "get_pinned_object", "wait_for_gpu", "diagnose_serialization",
     ],
     "tune.utils.mock_trainable": ["MyTrainableClass"],
     "air": ["RunConfig", "ScalingConfig", "CheckpointConfig", "FailureConfig", "Result", "session", "DatasetConfig"],
     "air.integrations.mlflow": ["MLflowLoggerCallback", "setup_mlflow"],
+    "air.integrations.wandb": ["WandbLoggerCallback", "setup_wandb"],
+    "air.integrations.comet": ["CometLoggerCallback"],
 }
 
 

@@ -68,6 +68,7 @@ _LAZY = {
     "CLIReporter": "sweepflow.tune.reporter",
     "ExperimentAnalysis": "sweepflow.tune.analysis",
     "ResultGrid": "sweepflow.tune.analysis",
+    "Result": "sweepflow.tune.analysis",
     "TuneError": "sweepflow.tune.runner",
     "Stopper": "sweepflow.tune.stopper",
     "Callback": "sweepflow.tune.callback",
@@ -103,7 +104,7 @@ __all__ = [
 
 #: Submodules a script reaches as attributes (``tune.search.ConcurrencyLimiter``, ``tune.schedulers.ASHAScheduler``)
 #: without importing them first, as with Ray.
-_SUBMODULES = {"search", "schedulers", "stopper", "logger", "analysis", "callback", "result", "utils"}
+_SUBMODULES = {"search", "schedulers", "stopper", "logger", "analysis", "callback", "result", "utils", "integration"}
 
 
 def __getattr__(name: str) -> Any:

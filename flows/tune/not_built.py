@@ -82,8 +82,35 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.air": {
         "session": "ray.air.session is Ray 2.0-2.6's trainable API; call sweepflow.tune.report(...) and "
         "sweepflow.tune.get_checkpoint() (in a TorchTrainer's function: ddp_runtime.report / get_context)",
-        "DatasetConfig": "Ray Data is not part of sweepflow; give the trainable its own data loading (large "
-        "objects through tune.with_parameters)",
+        "DatasetConfig": "ray.air.DatasetConfig is Ray 2.0-2.6's; give a TorchTrainer its datasets "
+        "(TorchTrainer(datasets={'train': ddp_runtime.data.read_csv(...)})) and ddp_runtime.DataConfig, or give the "
+        "trainable its own data loading (large objects through tune.with_parameters)",
+    },
+    "sweepflow.tune.search.hebo": {"HEBOSearch": f"HEBOSearch {_SEARCHER}"},
+    "sweepflow.tune.search.zoopt": {"ZOOptSearch": f"ZOOptSearch {_SEARCHER}"},
+    "sweepflow.tune.integration.ray_train": {
+        "TuneReportCallback": "a Tune function trainable that starts a TorchTrainer per trial is not built; pass the "
+        "trainer itself: Tuner(TorchTrainer(train_func, scaling_config=...), param_space={'train_loop_config': "
+        "{...}}), whose every trial is the trainer's DDP group and whose reports are the trial's",
+    },
+    "sweepflow.tune.integration.pytorch_lightning": {
+        name: "Lightning under Tune runs inside a TorchTrainer: use ddp_runtime.lightning.RayTrainReportCallback "
+        "in the Trainer and Tuner(TorchTrainer(train_func), param_space={'train_loop_config': {...}})"
+        for name in ("TuneReportCallback", "TuneReportCheckpointCallback")
+    },
+    "sweepflow.tune.integration.keras": {
+        name: "sweepflow tunes PyTorch training functions, Keras is not integrated: call sweepflow.tune.report from "
+        "your loop"
+        for name in ("TuneReportCallback", "TuneReportCheckpointCallback")
+    },
+    "sweepflow.air.integrations.wandb": {
+        name: "Weights & Biases is not integrated: every trial is an MLflow run (params, every reported metric, "
+        "checkpoints) and the experiment an MLflow parent run: use the MLflow UI and the sweep report to compare them"
+        for name in ("WandbLoggerCallback", "setup_wandb")
+    },
+    "sweepflow.air.integrations.comet": {
+        "CometLoggerCallback": "Comet is not integrated: every trial is an MLflow run; use the MLflow UI and the "
+        "sweep report to compare them",
     },
     "sweepflow.tune.logger": {
         "CSVLoggerCallback": f"CSVLoggerCallback {_LOGGER}; ExperimentAnalysis.dataframe() gives the table",
