@@ -52,6 +52,18 @@ def _eventually_no_objects(client, timeout_s: float = 10.0) -> dict[str, list[st
     return left
 
 
+def _eventually_only(client, keys: set[str], timeout_s: float = 30.0) -> None:
+    """Wait until the scheduler holds no task but ``keys`` (released futures are forgotten a moment later)."""
+
+    def held(dask_scheduler=None):
+        return sorted(str(k) for k in dask_scheduler.tasks)
+
+    deadline = time.monotonic() + timeout_s
+    while (left := set(client.run_on_scheduler(held)) - keys) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, left
+
+
 def read_sum(ref) -> float:
     """On a worker: the object a ref passed as a task argument points at (a dict holding an array)."""
     return float(ray.get(ref)["weights"].sum())
@@ -107,6 +119,10 @@ def test_objects_are_read_on_workers_survive_a_worker_restart_and_are_freed_when
 
         holder = _objects_on(client)[ref.key]
         assert len(holder) == 1  # one copy on the cluster
+        # The three reads' tasks gone from the scheduler first: a finished task still held when its worker is
+        # restarted is recomputed on the other (1-thread) worker, where it waits for the object the restarted
+        # worker has not placed again yet, and the next read queues behind it (seen once in CI: 30 s timeout).
+        _eventually_only(client, {ref.key, other.key})
         client.restart_workers(holder, timeout=60)  # the worker holding it is restarted: its memory is gone
         assert client.submit(read_sum, ref, pure=False).result(timeout=30) == 499500.0  # the task ran again
         assert _objects_on(client)[ref.key]
