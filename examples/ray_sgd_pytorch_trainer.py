@@ -2,7 +2,7 @@
 This file holds code for a Training guide for PytorchSGD in the documentation.
 
 Ray's ``python/ray/experimental/sgd/examples/train_example.py`` (the ``PyTorchTrainer`` example of
-../shared/seeds/ray-pytorchtrainer-legacy.rst), ported to sweepflow. Only the imports changed:
+Ray 0.7's docs, https://docs.ray.io/en/releases-0.7.7/distributed_training.html), ported to sweepflow. Only the imports changed:
 - ``from ray.experimental.sgd.pytorch.pytorch_trainer import PyTorchTrainer`` -> ``sweepflow.sgd.pytorch``;
 - ``import ray; ray.init(redis_address=...)`` -> ``distributed.Client(address)`` when an address is given
   (a Dask scheduler's); without one, ``PyTorchTrainer`` starts a local Dask cluster of ``num_replicas`` workers;

@@ -2,7 +2,7 @@
 This file holds code for a Distributed Pytorch + Tune page in the docs.
 
 Ray's ``python/ray/experimental/sgd/examples/tune_example.py`` (the ``__torch_tune_example__`` of
-../shared/seeds/ray-pytorchtrainer-legacy.rst), ported to sweepflow. Only the imports changed:
+Ray 0.7's docs, https://docs.ray.io/en/releases-0.7.7/distributed_training.html), ported to sweepflow. Only the imports changed:
 - ``from ray import tune`` -> ``from sweepflow import tune``;
 - ``from ray.experimental.sgd.pytorch.pytorch_trainer import PyTorchTrainable`` -> ``sweepflow.sgd.pytorch``;
 - ``tune.function(f)`` -> ``f``: sweepflow's Tune keeps plain functions in a config as they are (Ray 0.7

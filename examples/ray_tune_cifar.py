@@ -1,4 +1,4 @@
-"""Ray Tune's "How to use Tune with PyTorch" tutorial (../shared/seeds/ray-tune-pytorch-cifar.rst) on sweepflow.
+"""Ray Tune's "How to use Tune with PyTorch" tutorial (https://docs.ray.io/en/latest/tune/examples/tune-pytorch-cifar.html) on sweepflow.
 
 Changed from the tutorial: the imports (``ray.tune`` -> ``sweepflow.tune``) and the data set: scikit-learn's
 bundled 8x8 ``digits`` instead of downloading CIFAR-10 (this machine has no internet), so the network's input

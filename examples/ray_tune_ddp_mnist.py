@@ -1,4 +1,4 @@
-"""Ray Tune's "Advanced: Distributed training with DistributedDataParallel" (../shared/seeds/ray-tune-ddp-mnist.rst):
+"""Ray Tune's "Advanced: Distributed training with DistributedDataParallel" (Ray 0.8's docs, https://docs.ray.io/en/releases-0.8.7/tune/tutorials/tune-distributed.html):
 every trial is a DDP group (``DistributedTrainableCreator``), the model is wrapped in ``DistributedDataParallel``
 when ``is_distributed_trainable()``, and ``distributed_checkpoint_dir`` writes one checkpoint per trial.
 

@@ -32,7 +32,7 @@ from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.tracking.credentials import split_tracking_credentials
 
-# The Ray Tune CIFAR tutorial's search space (../shared/seeds/ray-tune-pytorch-cifar.rst):
+# The Ray Tune CIFAR tutorial's search space (https://docs.ray.io/en/latest/tune/examples/tune-pytorch-cifar.html):
 # l1, l2 = 2**randint(2, 9) (4..256), lr = loguniform(1e-4, 1e-1), batch_size = choice([2, 4, 8, 16]).
 # Batch sizes are scaled up for the 8x8 digits set so a trial is not dominated by per-step overhead.
 SEED_SEARCH_SPACE: dict[str, Any] = {
