@@ -27,6 +27,7 @@ from ddp_runtime.config import (
     ScalingConfig,
     TorchConfig,
 )
+from ddp_runtime.not_built import refusing
 from ddp_runtime.object_store import (
     GetTimeoutError,
     ObjectLostError,
@@ -50,7 +51,11 @@ from ddp_runtime.session import (
     report,
 )
 
+#: The name Ray's examples give the training set in ``TorchTrainer(datasets={...})`` (``ray.train.TRAIN_DATASET_KEY``).
+TRAIN_DATASET_KEY = "train"
+
 __all__ = [
+    "TRAIN_DATASET_KEY",
     "collective",
     "Checkpoint",
     "CheckpointConfig",
@@ -84,3 +89,5 @@ __all__ = [
     "report",
     "wait",
 ]
+
+__getattr__ = refusing(__name__)  # a Ray Train name not built here: an ImportError saying why and what to use

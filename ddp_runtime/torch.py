@@ -8,6 +8,7 @@ training function calls on its rank live in ``prepare``. Importing this module d
 
 from ddp_runtime._gpus import get_devices
 from ddp_runtime.config import TorchConfig
+from ddp_runtime.not_built import refusing
 from ddp_runtime.prepare import enable_reproducibility, get_device, prepare_data_loader, prepare_model
 from ddp_runtime.trainer import ReportCallback, TorchTrainer, Verdict, default_storage_path
 
@@ -23,3 +24,7 @@ __all__ = [
     "prepare_data_loader",
     "prepare_model",
 ]
+
+__getattr__ = refusing(
+    __name__
+)  # a ray.train.torch name not built here: an ImportError saying why and what to use

@@ -19,7 +19,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (the dev extra)
+    import tomli as tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse

@@ -81,7 +81,10 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
     assert "sweepflow/__init__.py" not in names, "sweepflow is a namespace package: it has no __init__.py"
     # Every package folder of the source is in the wheel (a subpackage left out of [tool.setuptools] packages
     # works in the editable install, and is missing for everyone who installs the wheel).
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (the dev extra)
+        import tomli as tomllib
     from pathlib import Path
 
     root = Path(ROOT)

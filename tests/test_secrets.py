@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -251,7 +251,7 @@ def test_no_secret_reaches_mlflow_prefect_logs_files_or_command_lines(
     from mlflow.tracking import MlflowClient
 
     started = time.monotonic()
-    since = datetime.now(UTC)
+    since = datetime.now(timezone.utc)
     for name in ("MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS", "SWEEPFLOW_STORAGE", "PREFECT_API_URL"):
         monkeypatch.delenv(name, raising=False)
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):

@@ -12,7 +12,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (the dev extra)
+    import tomli as tomllib
 from pathlib import Path
 
 import pytest

@@ -723,7 +723,7 @@ class TestStack:
             _publish_export(export, seed=1)
             seen_requests = len(requests)
             worse = json.loads(_params(WORSE, epochs=1, num_samples=1, data=data))
-            slot = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=15)).replace(microsecond=0)
+            slot = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=15)).replace(microsecond=0)
             with SyncPrefectClient(api) as prefect_client:
                 [schedule] = prefect_client.create_deployment_schedules(
                     nightly.id,
@@ -756,7 +756,7 @@ class TestStack:
                         nightly.id,
                         parameters=worse,
                         state=Scheduled(
-                            scheduled_time=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+                            scheduled_time=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
                         ),
                     )
                     missed = _wait_for(

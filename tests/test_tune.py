@@ -274,7 +274,7 @@ def run_example(name: str, *args: str) -> str:
 
 
 @pytest.mark.subprocess
-def test_the_seed_cifar_tutorial_runs_with_its_imports_changed(services, prefect_harness):
+def test_rays_cifar_tutorial_runs_with_its_imports_changed(services, prefect_harness):
     stdout = run_example("ray_tune_cifar.py", "--smoke-test")
     assert "Number of trials: 2 (2 TERMINATED)" in stdout
     accuracy = float(stdout.split("Best trial test set accuracy: ")[1].split()[0])
@@ -293,7 +293,7 @@ def test_a_metric_the_trainable_never_reports_stops_the_sweep_at_its_first_repor
 
 
 @pytest.mark.subprocess
-def test_the_seed_ddp_section_runs_ddp_trials_with_its_imports_changed(services, prefect_harness):
+def test_rays_ddp_trainable_runs_ddp_trials_with_its_imports_changed(services, prefect_harness):
     stdout = run_example("ray_tune_ddp_mnist.py", "--smoke-test")
     accuracy = float(stdout.split("Best mean_accuracy: ")[1].split()[0])
     assert accuracy > 0.5  # 2 epochs of a small ConvNet on 4,000 real MNIST images

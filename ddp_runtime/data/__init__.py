@@ -40,6 +40,7 @@ from ddp_runtime.data._sources import (
     read_json,
     read_parquet,
 )
+from ddp_runtime.not_built import NotBuiltError
 
 __all__ = [
     "DataConfig",
@@ -56,10 +57,6 @@ __all__ = [
     "read_json",
     "read_parquet",
 ]
-
-
-class NotBuiltError(ImportError):
-    """A Ray Data name ``ddp_runtime.data`` does not have; the message says what to use instead."""
 
 
 _READ = "is not built: read_parquet, read_csv and read_json are; for other files, "

@@ -73,6 +73,9 @@ _LAZY = {
     "Stopper": "sweepflow.tune.stopper",
     "Callback": "sweepflow.tune.callback",
     "register_best": "sweepflow.tune.registry",
+    "create_scheduler": "sweepflow.tune.schedulers",
+    "create_searcher": "sweepflow.tune.search",
+    "TuneContext": "sweepflow.tune.session",
 }
 
 __all__ = [

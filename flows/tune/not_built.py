@@ -34,6 +34,19 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "tune.with_resources(trainable, {'cpu': 1, 'gpu': 1}), or a TorchTrainer's ScalingConfig for a DDP group",
         "JupyterNotebookReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
         "ProgressReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
+        "ResumeConfig": "ResumeConfig is not built; give its choices to Tuner.restore(path, trainable, resume_errored=..., "
+        "restart_errored=...): finished trials are read back and unfinished ones continue from their checkpoints",
+        **{
+            name: f"tune.{name} is not built; {fix}"
+            for name, fix in (
+                ("qloguniform", "use tune.loguniform(lower, upper) and round to q in the trainable, or tune.choice "
+                 "over the values"),
+                ("lograndint", "use tune.choice over the integers (e.g. powers of two), or tune.loguniform and "
+                 "int() in the trainable"),
+                ("qlograndint", "use tune.choice over the integers, or tune.loguniform and round in the trainable"),
+                ("qrandn", "use tune.randn(mean, sd) and round to q in the trainable"),
+            )
+        },
     },
     "sweepflow.tune.schedulers": {
         "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
@@ -51,6 +64,8 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune.search.nevergrad": {"NevergradSearch": f"NevergradSearch {_SEARCHER}"},
     "sweepflow.tune.search": {
         "Searcher": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
+        "SearchAlgorithm": "custom search algorithms are not supported; use OptunaSearch or the default random/grid "
+        "search",
         "SearchGenerator": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
         "HyperOptSearch": f"HyperOptSearch {_SEARCHER}",
         "BayesOptSearch": f"BayesOptSearch {_SEARCHER}",
@@ -78,8 +93,18 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "to wait for; give GPUs with tune.with_resources(trainable, {'gpu': 1})",
         "diagnose_serialization": "is not built; call cloudpickle.dumps(trainable) in your script to see what "
         "cannot be sent to the Dask workers",
+        "deep_update": "is Ray's config plumbing; use sweepflow.tune.utils.merge_dicts(original, new), which returns "
+        "the deep merge",
+        "UtilMonitor": "is not needed: every trial's MLflow run has system metrics (CPU, memory, GPU) already; read "
+        "them in the MLflow UI",
+        "warn_if_slow": "is Ray's internal timer; use time.perf_counter() around the code and log the time",
     },
     "sweepflow.air": {
+        **{
+            name: f"{name} is Ray's resource manager's; give a trial's resources with tune.with_resources(trainable, "
+            "{'cpu': 1, 'gpu': 1}) or a TorchTrainer's ScalingConfig"
+            for name in ("AcquiredResources", "ResourceRequest")
+        },
         "session": "ray.air.session is Ray 2.0-2.6's trainable API; call sweepflow.tune.report(...) and "
         "sweepflow.tune.get_checkpoint() (in a TorchTrainer's function: ddp_runtime.report / get_context)",
         "DatasetConfig": "ray.air.DatasetConfig is Ray 2.0-2.6's; give a TorchTrainer its datasets "
@@ -112,7 +137,16 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "CometLoggerCallback": "Comet is not integrated: every trial is an MLflow run; use the MLflow UI and the "
         "sweep report to compare them",
     },
+    "sweepflow.tune.experiment": {
+        "Experiment": "tune.Experiment specs are not supported; call tune.run(trainable, config=..., ...) or "
+        "Tuner(...).fit() once per experiment",
+    },
     "sweepflow.tune.logger": {
+        **{
+            name: f"{name} is Ray's legacy per-trial logger API {_LOGGER}; write your own as a "
+            "sweepflow.tune.logger.LoggerCallback"
+            for name in ("Logger", "CSVLogger", "JsonLogger", "TBXLogger", "LegacyLoggerCallback", "NoopLogger")
+        },
         "CSVLoggerCallback": f"CSVLoggerCallback {_LOGGER}; ExperimentAnalysis.dataframe() gives the table",
         "JsonLoggerCallback": f"JsonLoggerCallback {_LOGGER}",
         "TBXLoggerCallback": f"TBXLoggerCallback {_LOGGER}",

@@ -10,6 +10,7 @@ grids), ``SearchSampler`` (a space of ``tune.*`` domains, on the sweep's ``TPESa
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -320,7 +321,11 @@ class DefineByRunSampler(Sampler):
             # The user's function failed: the study's trial is closed as failed, and the error goes on (the sweep
             # ends with it: every later trial would run the same function).
             self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
-            exc.add_note(f"raised by {which}, proposing trial {self._asked}")
+            note = f"raised by {which}, proposing trial {self._asked}"
+            if sys.version_info >= (3, 11):
+                exc.add_note(note)
+            else:  # Python 3.10 has no add_note: the note is kept where 3.11's would be (its tracebacks omit it)
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]
             raise
         problem = _returned_problem(returned)
         params = dict(trial.params)

@@ -11,6 +11,7 @@ what its server needs.
 from __future__ import annotations
 
 import sys
+
 import tomllib
 
 

@@ -13,10 +13,11 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import pandas as pd
+
+from ._str_enum import StrEnum
 
 # Tags and metrics of a trial's MLflow child run (the names other tools filter by, too).
 TAG_TRIAL_ID = "sweepflow.trial_id"

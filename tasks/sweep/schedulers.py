@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
+
+from ._str_enum import StrEnum
 
 __all__ = ["Decision", "CONTINUE", "STOP", "ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler",
            "TrialScheduler", "make_scheduler"]  # fmt: skip

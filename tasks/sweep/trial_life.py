@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from sweepflow.tasks.sweep.results import TrialStatus
 from sweepflow.tasks.sweep.schedulers import Decision
+
+from ._str_enum import StrEnum
 
 __all__ = ["Step", "TrialLife", "reports_up_to"]
 

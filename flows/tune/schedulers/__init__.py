@@ -30,8 +30,55 @@ __all__ = [
     "PB2",
     "PopulationBasedTraining",
     "TrialScheduler",
+    "create_scheduler",
     "resolve",
 ]
+
+#: Ray's names for ``create_scheduler`` -> the class's name in this module (refused there when not built).
+SCHEDULER_NAMES = {
+    "fifo": "FIFOScheduler",
+    "async_hyperband": "AsyncHyperBandScheduler",
+    "asynchyperband": "AsyncHyperBandScheduler",
+    "median_stopping_rule": "MedianStoppingRule",
+    "medianstopping": "MedianStoppingRule",
+    "hyperband": "HyperBandScheduler",
+    "hb_bohb": "HyperBandForBOHB",
+    "pbt": "PopulationBasedTraining",
+    "pbt_replay": "PopulationBasedTrainingReplay",
+    "pb2": "PB2",
+    "resource_changing": "ResourceChangingScheduler",
+}
+
+
+def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
+    """The scheduler Ray's name stands for (``tune.create_scheduler("pbt", ...)``), built with ``kwargs``.
+
+    Differs from Ray: a keyword the scheduler does not take is refused by name (Ray drops it silently).
+
+    Raises:
+        ValueError: an unknown name (the known ones listed), or keywords the scheduler does not take.
+        NotBuiltError: a scheduler that is not built here (``hb_bohb``, ``pbt_replay``, ``resource_changing``).
+    """
+    return _created("scheduler", scheduler, SCHEDULER_NAMES, __name__, kwargs)
+
+
+def _created(what: str, name: str, names: dict[str, str], module: str, kwargs: dict[str, Any]) -> Any:
+    import importlib
+    import inspect
+
+    key = str(name).lower()
+    if key not in names:
+        raise ValueError(f"tune.create_{what}({name!r}): the name must be one of {list(names)}")
+    cls = getattr(importlib.import_module(module), names[key])
+    accepted = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"tune.create_{what}({name!r}, ...): {cls.__name__} takes no {', '.join(unknown)} (Ray drops such "
+                f"keywords silently; here they are refused so a typo is not lost); it takes {', '.join(accepted) or 'none'}"
+            )
+    return cls(**kwargs)
 
 
 def resolve(scheduler: Any) -> TrialScheduler:

@@ -1,10 +1,48 @@
 """``sweepflow.tune.search``: search algorithms (``sweepflow.tune.search.optuna.OptunaSearch``), and Ray's
 ``ConcurrencyLimiter`` / ``BasicVariantGenerator`` / ``Repeater`` (also importable from ``sweepflow.tune.search``)."""
 
+from typing import Any
+
 from sweepflow.tune.not_built import refusing
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.repeater import Repeater
+from sweepflow.tune.search_space import grid_search
 
-__all__ = ["BasicVariantGenerator", "ConcurrencyLimiter", "Repeater"]
+__all__ = ["BasicVariantGenerator", "ConcurrencyLimiter", "Repeater", "create_searcher", "grid_search"]
+
+#: Ray's names for ``create_searcher`` -> (module, class); a class that is not built is refused there.
+SEARCHER_NAMES = {
+    "variant_generator": (__name__, "BasicVariantGenerator"),
+    "random": (__name__, "BasicVariantGenerator"),
+    "ax": (f"{__name__}.ax", "AxSearch"),
+    "hyperopt": (f"{__name__}.hyperopt", "HyperOptSearch"),
+    "bayesopt": (f"{__name__}.bayesopt", "BayesOptSearch"),
+    "bohb": (f"{__name__}.bohb", "TuneBOHB"),
+    "nevergrad": (f"{__name__}.nevergrad", "NevergradSearch"),
+    "optuna": (f"{__name__}.optuna", "OptunaSearch"),
+    "zoopt": (f"{__name__}.zoopt", "ZOOptSearch"),
+    "hebo": (f"{__name__}.hebo", "HEBOSearch"),
+}
+
+
+def create_searcher(search_alg: str, **kwargs: Any) -> Any:
+    """The search algorithm Ray's name stands for (``tune.create_searcher("optuna", metric=..., mode=...)``).
+
+    Differs from Ray: a keyword the searcher does not take is refused by name (Ray drops it silently).
+
+    Raises:
+        ValueError: an unknown name (the known ones listed), or keywords the searcher does not take.
+        NotBuiltError: a search library that is not wrapped here.
+    """
+    import importlib
+
+    from sweepflow.tune.schedulers import _created
+
+    key = str(search_alg).lower()
+    if key not in SEARCHER_NAMES:
+        raise ValueError(f"tune.create_searcher({search_alg!r}): the name must be one of {list(SEARCHER_NAMES)}")
+    module, cls = SEARCHER_NAMES[key]
+    importlib.import_module(module)
+    return _created("searcher", key, {key: cls}, module, kwargs)
 
 __getattr__ = refusing(__name__)  # Ray names not built here: refused with the reason and the fix

@@ -1,15 +1,68 @@
-"""``sweepflow.tune.utils``: Ray's ``validate_save_restore``; the rest of ``ray.tune.utils`` is Ray's own plumbing
-(its object store, its GPUs), refused with what to use instead."""
+"""``sweepflow.tune.utils``: Ray's ``validate_save_restore`` and the dict helpers Ray's scripts use
+(``flatten_dict``, ``merge_dicts``, ``unflattened_lookup``, ``date_str``); the rest of ``ray.tune.utils`` is Ray's
+own plumbing (its object store, its GPUs), refused with what to use instead."""
 
 from __future__ import annotations
 
+import copy
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from sweepflow.tune.not_built import refusing
 
-__all__ = ["validate_save_restore"]
+__all__ = ["date_str", "flatten_dict", "merge_dicts", "unflattened_lookup", "validate_save_restore"]
+
+
+def flatten_dict(dt: Mapping[str, Any], delimiter: str = "/", prevent_delimiter: bool = False) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}`` (nested mappings only; lists stay values), as Ray's.
+
+    Raises:
+        ValueError: ``prevent_delimiter`` and a key already holds ``delimiter``.
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Mapping[str, Any]) -> None:
+        for key, item in value.items():
+            if prevent_delimiter and delimiter in str(key):
+                raise ValueError(f"flatten_dict: the key {key!r} holds the delimiter {delimiter!r}")
+            name = f"{prefix}{delimiter}{key}" if prefix else str(key)
+            if isinstance(item, Mapping) and item:
+                walk(name, item)
+            else:
+                flat[name] = item
+
+    walk("", dt)
+    return flat
+
+
+def unflattened_lookup(flat_key: str, lookup: Mapping[str, Any] | list[Any], delimiter: str = "/") -> Any:
+    """The value at ``"a/b/0"`` in nested mappings and lists (a list index as a number), as Ray's.
+
+    Raises:
+        KeyError: no such key; IndexError: no such list index.
+    """
+    value: Any = lookup
+    for part in flat_key.split(delimiter):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def merge_dicts(d1: Mapping[str, Any], d2: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``d1`` updated by ``d2``, nested mappings merged key by key (neither argument changes)."""
+    merged = copy.deepcopy(dict(d1))
+    for key, value in d2.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_dicts(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def date_str() -> str:
+    """The local time as Ray names experiment directories by it: ``2026-12-01_23-59-59``."""
+    return time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def validate_save_restore(
