@@ -162,7 +162,9 @@ class _OnTheGroup:
 
         super().teardown()  # type: ignore[misc]
         if self._own_group and dist.is_initialized():
-            dist.destroy_process_group()
+            from ddp_runtime import _compat
+
+            _compat.destroy_process_group_freed_later()
             self._own_group = False
 
     @property

@@ -16,8 +16,8 @@ class NotBuiltError(ImportError):
 
 
 _CATCH_FAILED = (
-    "is Ray Train v2's controller's; here every rank failure, lost worker or hang raises "
-    "ddp_runtime.TrainingFailedError (RankError, RankHangError): catch that"
+    "is Ray Train v2's controller's; here fit() raises ddp_runtime.TrainingFailedError for every rank failure, "
+    "lost worker or hang (its result.error is the rank's RankError or RankHangError): catch that"
 )
 _AMP = (
     "is Ray's automatic mixed precision helper; use torch's own in the training function: torch.autocast(...) "
@@ -47,8 +47,8 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "checkpoint=...), which returns once every rank's files are stored and the checkpoint committed",
         "ControllerError": _CATCH_FAILED,
         "WorkerGroupError": _CATCH_FAILED,
-        "NCCLHangError": "is Ray Train v2's; a hung group raises ddp_runtime.RankHangError (a TrainingFailedError) "
-        "after TorchConfig(hang_timeout_s=...): catch that",
+        "NCCLHangError": "is Ray Train v2's; a group hung past TorchConfig(hang_timeout_s=...) ends fit() with "
+        "ddp_runtime.TrainingFailedError, its result.error a RankHangError: catch that",
         "PreemptionError": _PREEMPTION,
         "PreemptionInfo": _PREEMPTION,
         "get_preemption_info": _PREEMPTION,

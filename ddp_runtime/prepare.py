@@ -130,15 +130,15 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-def _move(batch: Any, device: torch.device) -> Any:
+def _move(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     import torch
 
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, tuple | list):
-        return type(batch)(_move(b, device) for b in batch)
+        return type(batch)(_move(b, device, non_blocking) for b in batch)
     if isinstance(batch, dict):
-        return {k: _move(v, device) for k, v in batch.items()}
+        return {k: _move(v, device, non_blocking) for k, v in batch.items()}
     return batch
 
 
@@ -146,16 +146,17 @@ class _DeviceDataLoader:
     """Iterates the wrapped loader and moves each batch to the rank's device; everything else (``sampler``,
     ``dataset``, ``batch_size``, ``len``) is the wrapped loader's."""
 
-    def __init__(self, loader: DataLoader, device: torch.device) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device, non_blocking: bool = True) -> None:
         self._loader = loader
         self._device = device
+        self._non_blocking = non_blocking
 
     def __iter__(self) -> Iterator[Any]:
         if self._device.type == "cpu":
             yield from self._loader
             return
         for batch in self._loader:
-            yield _move(batch, self._device)
+            yield _move(batch, self._device, self._non_blocking)
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -165,10 +166,18 @@ class _DeviceDataLoader:
 
 
 def prepare_data_loader(
-    data_loader: DataLoader, *, add_dist_sampler: bool = True, move_to_device: bool = True
+    data_loader: DataLoader,
+    *,
+    add_dist_sampler: bool = True,
+    move_to_device: bool = True,
+    auto_transfer: bool = True,
 ) -> DataLoader:
     """Shard the loader across ranks with a DistributedSampler (unless it has one) and move batches to the
     rank's device. Shuffling is kept: a shuffling loader gets a shuffling sampler (call ``set_epoch``).
+
+    ``auto_transfer`` (Ray's): True copies each batch to a GPU asynchronously (``non_blocking``: the copy of a
+    pinned batch overlaps the work already queued on the device; Ray uses a side CUDA stream for the same), False
+    copies synchronously. No effect on a CPU rank.
 
     DataLoader worker processes: Dask workers default to the ``spawn`` start method, which would re-import
     torch in every DataLoader worker at every epoch; on Linux the loader is given ``fork`` (PyTorch's usual
@@ -228,5 +237,5 @@ def prepare_data_loader(
             persistent_workers=data_loader.persistent_workers,
         )
     if move_to_device:
-        return _DeviceDataLoader(loader, ctx.get_device())  # type: ignore[return-value]
+        return _DeviceDataLoader(loader, ctx.get_device(), auto_transfer)  # type: ignore[return-value]
     return loader

@@ -9,7 +9,8 @@ marked by the HTML comment on the line before it (docs/testing.md lists the mark
 
 - ``<!-- illustration ... -->``: not run (output, fragments, commands that need GPUs, other machines or minutes);
 - ``<!-- mirrored by tests/FILE.py::[Class::]test -->``: needs services; the named test does it (it must exist);
-- ``<!-- ci: .ci/run -->``: README's two set-up commands, which .ci/run runs (each command must be in it);
+- ``<!-- ci: .ci/run -->``: commands .ci/run runs as written (README's two set-up commands, docs/install.md's
+  install outside the clone): each command must be a line of .ci/run;
 - ``<!-- makefile: VAR -->``: the block is the value of the Makefile's VAR;
 - ``<!-- pipeline-config ... -->``: a YAML block validated as a ``PipelineConfig``;
 - unmarked ``python``: run in a fresh interpreter in a temporary directory;

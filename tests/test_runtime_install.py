@@ -90,7 +90,11 @@ def _norm(name: str) -> str:
 def _blocked_top_level_modules(runtime: set[str]) -> list[str]:
     """Top-level modules only distributions outside the runtime install provide."""
     blocked = []
-    for module, dists in metadata.packages_distributions().items():
+    # The backport (MLflow's dependency): Python 3.10's importlib.metadata maps only distributions with a
+    # top_level.txt, and would leave e.g. flask_wtf unblocked.
+    import importlib_metadata
+
+    for module, dists in importlib_metadata.packages_distributions().items():
         if not any(_norm(d) in runtime for d in dists):
             blocked.append(module)
     return sorted(blocked)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -88,8 +89,14 @@ def test_a_torch_trainer_at_module_level_without_a_guard_runs(mode, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its process group: the script, its cluster's nannies and workers
     )
-    stdout, stderr = proc.communicate(stdin, timeout=90)
+    try:
+        stdout, stderr = proc.communicate(stdin, timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the script and its workers, never left behind by a failed test
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{mode}: no result in 90 s:\n{stdout[-2000:]}{stderr[-4000:]}")
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert "Traceback" not in stderr, stderr[-4000:]  # python -i exits 0 after an error too
     assert _result(stdout) == {"x": 1, "rank": 0, "training_iteration": 1}

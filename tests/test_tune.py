@@ -281,6 +281,26 @@ def test_rays_cifar_tutorial_runs_with_its_imports_changed(services, prefect_har
     assert 0.0 <= accuracy <= 1.0  # smoke mode: 2 random configs x 2 epochs may not beat chance (0.1)
 
 
+@pytest.mark.subprocess
+def test_rays_2_function_trainable_getting_started_runs_with_its_imports_changed(services, prefect_harness):
+    """Ray 2's Tune function API: tune.report(metrics, checkpoint=), Tuner + TuneConfig + RunConfig(stop=)."""
+    stdout = run_example("ray_tune_function_trainable.py", "--smoke-test")
+    assert "Number of results: 2, errors: 0" in stdout
+    assert float(stdout.split("Best mean_accuracy: ")[1].split()[0]) > 0.3  # 3 epochs of a tiny ConvNet on digits
+    assert "Best checkpoint's epoch: 2" in stdout  # the stop criterion's last report (training_iteration 3)
+
+
+@pytest.mark.subprocess
+def test_rays_2_tuner_over_a_torch_trainer_runs_with_its_imports_changed(services, prefect_harness):
+    """Ray 2's Ray Train + Tune: Tuner(TorchTrainer(...), param_space={"train_loop_config": ...}), 2-rank trials."""
+    stdout = run_example("ray_tuner_torch_trainer.py", "--smoke-test")
+    assert "Number of results: 2, errors: 0" in stdout
+    config = stdout.split("Best train_loop_config: ")[1].splitlines()[0]
+    assert "'lr': " in config and "'hidden': " in config  # the searched keys, merged over the trainer's own
+    assert float(stdout.split("Best loss: ")[1].split(",")[0]) < 2.3  # better than chance (ln 10)
+    assert "Best checkpoint holds 4 tensors" in stdout  # rank 0's model: two Linear layers
+
+
 def test_a_metric_the_trainable_never_reports_stops_the_sweep_at_its_first_report(services):
     with pytest.raises(Exception, match="never reports 'accuracy'") as excinfo:
         tune.run(

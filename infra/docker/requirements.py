@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import sys
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI
+    import tomli as tomllib
 
 
 def requirements(pyproject: dict, extras: list[str]) -> list[str]:
