@@ -55,7 +55,7 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
         ROOT,
         src,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests", "benchmarks"
+            ".git", ".venv", ".lanes", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tests", "benchmarks", "site"
         ),
     )
     proc = subprocess.run(
