@@ -8,7 +8,7 @@ databases on $SWEEPFLOW_STACK_DATABASE_URL's PostgreSQL when set), the flow proc
 ``--start-postgres``: the same on a throwaway PostgreSQL server this benchmark starts (tests/postgres_server.py:
 Debian's postgresql, scripts/install-postgres.sh) and measures as the "postgres" service.
 
-N one-epoch trials (default 200) of a tiny model (the seed's Net with l1, l2 in 4..16, batch 64 or 128, on the
+N one-epoch trials (default 200) of a tiny model (the Ray Tune CIFAR tutorial's Net with l1, l2 in 4..16, batch 64 or 128, on the
 bundled digits set: ~0.1-0.3 s of training each), 1 rank per trial, FIFO (no early stopping), 2 at a time, on
 fresh local services under their own state directory (started by a 2-trial warm-up run, which also warms the
 Dask workers). Then:

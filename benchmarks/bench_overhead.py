@@ -4,7 +4,7 @@
         [--nice-services N] [--repeats 1] [--calibrate] [--glibc-malloc-in-workers] [--state-dir DIR]
         [--keep-services]
 
-For each trial length, N trials of ``sized_trial.train_fn`` (the seed's Net(64, 64) on digits, batch 32, Adam;
+For each trial length, N trials of ``sized_trial.train_fn`` (the Ray Tune CIFAR tutorial's Net(64, 64) on digits, batch 32, Adam;
 ``--epochs`` reports per trial, each with the built-in loop's per-epoch checkpoint; the passes over the data per
 epoch set the length) run as the sweep phase of one ``sweepflow run`` (1 rank per trial, FIFO, 2 at a time on
 the local 2-worker Dask cluster) and, right after, as the same trials (same configs, same order) in 2 warm

@@ -3,7 +3,7 @@
 on PYTHONPATH) and in a plain process (``plain_trial``).
 
 Config keys: ``data_path`` (a prepared dataset), ``epochs`` (reports per trial), ``passes`` (passes over the
-training split per epoch; fractions allowed: that share of its batches), ``l1``, ``l2`` (the seed's ``Net``),
+training split per epoch; fractions allowed: that share of its batches), ``l1``, ``l2`` (the Ray Tune CIFAR tutorial's ``Net``),
 ``batch_size``, ``lr``, ``seed``. Each epoch trains, validates, and writes the checkpoint the built-in loop
 writes (model + optimizer state + meta.json, the layout the pipeline's evaluation reads); the sweep reports it,
 the plain process drops it.

@@ -57,7 +57,7 @@ def _module_file(train_fn: str, project_dir: str | None = None) -> str | None:
 
 
 def launcher_preload() -> tuple[list[str], list[str]]:
-    """What the warm launcher imports once, so that each run's process starts with it (on the seed sweep's warm
+    """What the warm launcher imports once, so that each run's process starts with it (on the default sweep's warm
     path: 2.3 s of CPU per run for the first two, 2.6 s for the last two): before it is ready, the flow, and the
     sweep report and the fANOVA importances it draws (Optuna, scikit-learn, SciPy); once it is idle, the
     built-in training function's module, and with it torch. The flow runs no torch op and checks the built-in

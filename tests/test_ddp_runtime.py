@@ -405,7 +405,7 @@ def test_config_errors_say_what_to_fix():
 @pytest.mark.dask
 @pytest.mark.subprocess
 def test_ported_ray_getting_started_example_runs_and_its_checkpoint_loads(tmp_path):
-    """The seed tutorial with only its imports (and the offline data set) changed; fit() starts its own cluster."""
+    """Ray's tutorial with only its imports (and the offline data set) changed; fit() starts its own cluster."""
     env = dict(os.environ, SWEEPFLOW_EXAMPLE_EPOCHS="1", SWEEPFLOW_EXAMPLE_STORAGE=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "ray_train_getting_started.py")],

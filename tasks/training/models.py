@@ -80,7 +80,7 @@ class Net(nn.Module):
 def resnet18_1ch(in_channels: int = 1, num_classes: int = 10) -> nn.Module:
     """torchvision's ResNet-18 with its first conv taking ``in_channels`` (Ray Train's getting-started model).
 
-    Only ``conv1`` changes (7x7, stride 2, as in the seed), so grayscale inputs need no channel copies; the
+    Only ``conv1`` changes (7x7, stride 2, as in Ray's tutorial), so grayscale inputs need no channel copies; the
     adaptive average pool at the end makes it work on 28x28 and even 8x8 images (down to 1x1 feature maps).
     """
     # Imported here, not at the top: torchvision.models pulls in torch._dynamo (seconds of import time),

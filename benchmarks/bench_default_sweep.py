@@ -1,8 +1,8 @@
 """The "seed-sweep" workload (run by hand; prints numbers and ratios, asserts nothing).
 
-    .venv/bin/python benchmarks/bench_seed_sweep.py [--state-dir DIR] [--repeats N] [--num-samples N]
+    .venv/bin/python benchmarks/bench_default_sweep.py [--state-dir DIR] [--repeats N] [--num-samples N]
 
-digits, the seed's Net(l1, l2), 8 trials sampled from the seed's space, at most 4 epochs, ASHA (grace 1,
+digits, the Ray Tune CIFAR tutorial's Net(l1, l2), 8 trials sampled from that tutorial's space, at most 4 epochs, ASHA (grace 1,
 reduction factor 2), 1 rank per trial, 2 trials at a time. Reports:
 1. whole-run wall time of `sweepflow run` (command -> registered model), with the fixed start-up itemized;
    the first run also starts the reusable local services, the next N reuse them;
