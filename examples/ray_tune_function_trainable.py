@@ -93,8 +93,8 @@ def train_mnist(config):
 
 
 search_space = {
-    "lr": tune.loguniform(1e-3, 0.3),
-    "momentum": tune.uniform(0.1, 0.9),
+    "lr": tune.loguniform(0.03, 0.3),
+    "momentum": tune.uniform(0.5, 0.9),
 }
 tuner = tune.Tuner(
     train_mnist,

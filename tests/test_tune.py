@@ -286,7 +286,7 @@ def test_rays_2_function_trainable_getting_started_runs_with_its_imports_changed
     """Ray 2's Tune function API: tune.report(metrics, checkpoint=), Tuner + TuneConfig + RunConfig(stop=)."""
     stdout = run_example("ray_tune_function_trainable.py", "--smoke-test")
     assert "Number of results: 2, errors: 0" in stdout
-    assert float(stdout.split("Best mean_accuracy: ")[1].split()[0]) > 0.3  # 3 epochs of a tiny ConvNet on digits
+    assert float(stdout.split("Best mean_accuracy: ")[1].split()[0]) > 0.2  # chance is 0.1: 3 epochs of a tiny ConvNet
     assert "Best checkpoint's epoch: 2" in stdout  # the stop criterion's last report (training_iteration 3)
 
 
