@@ -262,7 +262,7 @@ deployments:
 PYPROJECT = """[project]
 name = "{package}"
 version = "0.1.0"
-requires-python = ">=3.11"
+requires-python = ">=3.10"
 dependencies = ["sweepflow"]
 
 [tool.setuptools]
