@@ -190,32 +190,6 @@ def tcp_store_on_free_port(
     return store, store.port
 
 
-#: The process groups ``destroy_process_group_freed_later`` destroyed, kept until the next one is destroyed.
-_RETIRED_GROUPS: list[Any] = []
-
-
-def destroy_process_group_freed_later() -> None:
-    """``torch.distributed.destroy_process_group()``, with the group's object freed only when the next group is
-    destroyed (or the process ends), once its threads have long been idle.
-
-    Works around: a deadlock in torch 2.6's gloo backend (seen on 2 busy cores, a 2-rank group at its end): freeing
-    ``ProcessGroupGloo`` joins its worker threads while holding the GIL, and a worker thread that is still
-    releasing a finished collective's tensor whose Python object outlived it waits for the GIL to free that object.
-    Neither returns; the rank's task never ends. Keeping a reference across ``destroy_process_group`` leaves the
-    group deregistered (a new group can start) but alive, so nothing joins its threads then. Relies on:
-    ``torch.distributed.group.WORLD`` being the default group's object. Written for torch 2.6-2.14. If it breaks
-    (the attribute goes): call ``destroy_process_group()`` alone (newer torch releases free the group without the
-    GIL).
-    """
-    import torch.distributed as dist
-
-    group = dist.group.WORLD
-    _RETIRED_GROUPS.clear()  # the group before: its threads finished their work a whole group ago
-    if group is not None:
-        _RETIRED_GROUPS.append(group)
-    dist.destroy_process_group()
-
-
 #: The name of a worker preload's background import thread (e.g. ``sweepflow.tasks.worker_preload``'s): a worker's
 #: one-time start-up (``_warmup``) waits for every thread whose name starts so before its first rank trains.
 PRELOAD_THREAD_NAME = "sweepflow-preload"

@@ -28,6 +28,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ddp_runtime import _group_end
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, checked_dir_name, default_dir_name, manifest
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def persist_merged(
     import torch.distributed as dist
 
     flag = torch.tensor([0 if local_dir is None else 1], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    dist.all_reduce(_group_end.kept_until_group_destroyed(flag), op=dist.ReduceOp.MAX)
     if not int(flag.item()):
         return None, next_index
     started = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
-from ddp_runtime import _compat, _network, _warmup
+from ddp_runtime import _compat, _group_end, _network, _warmup
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
 
@@ -417,7 +417,7 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             if side:
                 outcome["side"] = side
         if initialised:
-            _compat.destroy_process_group_freed_later()
+            _group_end.destroy_process_group()
     return outcome
 
 

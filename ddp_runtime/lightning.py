@@ -162,9 +162,9 @@ class _OnTheGroup:
 
         super().teardown()  # type: ignore[misc]
         if self._own_group and dist.is_initialized():
-            from ddp_runtime import _compat
+            from ddp_runtime import _group_end
 
-            _compat.destroy_process_group_freed_later()
+            _group_end.destroy_process_group()
             self._own_group = False
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from ddp_runtime import _group_end
 from ddp_runtime._merge import persist_merged
 from ddp_runtime.checkpoint import Checkpoint, RunStorage
 
@@ -286,7 +287,7 @@ def report(
 
         # The verdict travels from rank 0 to all ranks; this collective is also the report's barrier.
         flag = torch.tensor([1 if stop else 0], dtype=torch.int32, device=_collective_device(ctx))
-        dist.broadcast(flag, src=0)
+        dist.broadcast(_group_end.kept_until_group_destroyed(flag), src=0)
         stop = bool(flag.item())
     if stop:
         raise StopTraining()
