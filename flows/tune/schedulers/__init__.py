@@ -34,19 +34,22 @@ __all__ = [
     "resolve",
 ]
 
-#: Ray's names for ``create_scheduler`` -> the class's name in this module (refused there when not built).
+#: Ray's names for ``create_scheduler`` -> (module, class); a class that is not built is refused there.
 SCHEDULER_NAMES = {
-    "fifo": "FIFOScheduler",
-    "async_hyperband": "AsyncHyperBandScheduler",
-    "asynchyperband": "AsyncHyperBandScheduler",
-    "median_stopping_rule": "MedianStoppingRule",
-    "medianstopping": "MedianStoppingRule",
-    "hyperband": "HyperBandScheduler",
-    "hb_bohb": "HyperBandForBOHB",
-    "pbt": "PopulationBasedTraining",
-    "pbt_replay": "PopulationBasedTrainingReplay",
-    "pb2": "PB2",
-    "resource_changing": "ResourceChangingScheduler",
+    name: (__name__, cls)
+    for name, cls in (
+        ("fifo", "FIFOScheduler"),
+        ("async_hyperband", "AsyncHyperBandScheduler"),
+        ("asynchyperband", "AsyncHyperBandScheduler"),
+        ("median_stopping_rule", "MedianStoppingRule"),
+        ("medianstopping", "MedianStoppingRule"),
+        ("hyperband", "HyperBandScheduler"),
+        ("hb_bohb", "HyperBandForBOHB"),
+        ("pbt", "PopulationBasedTraining"),
+        ("pbt_replay", "PopulationBasedTrainingReplay"),
+        ("pb2", "PB2"),
+        ("resource_changing", "ResourceChangingScheduler"),
+    )
 }
 
 
@@ -59,26 +62,9 @@ def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
         ValueError: an unknown name (the known ones listed), or keywords the scheduler does not take.
         NotBuiltError: a scheduler that is not built here (``hb_bohb``, ``pbt_replay``, ``resource_changing``).
     """
-    return _created("scheduler", scheduler, SCHEDULER_NAMES, __name__, kwargs)
+    from sweepflow.tune.by_name import create_by_ray_name
 
-
-def _created(what: str, name: str, names: dict[str, str], module: str, kwargs: dict[str, Any]) -> Any:
-    import importlib
-    import inspect
-
-    key = str(name).lower()
-    if key not in names:
-        raise ValueError(f"tune.create_{what}({name!r}): the name must be one of {list(names)}")
-    cls = getattr(importlib.import_module(module), names[key])
-    accepted = inspect.signature(cls).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        unknown = sorted(set(kwargs) - set(accepted))
-        if unknown:
-            raise ValueError(
-                f"tune.create_{what}({name!r}, ...): {cls.__name__} takes no {', '.join(unknown)} (Ray drops such "
-                f"keywords silently; here they are refused so a typo is not lost); it takes {', '.join(accepted) or 'none'}"
-            )
-    return cls(**kwargs)
+    return create_by_ray_name("scheduler", scheduler, SCHEDULER_NAMES, kwargs)
 
 
 def resolve(scheduler: Any) -> TrialScheduler:

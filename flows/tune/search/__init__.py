@@ -34,15 +34,8 @@ def create_searcher(search_alg: str, **kwargs: Any) -> Any:
         ValueError: an unknown name (the known ones listed), or keywords the searcher does not take.
         NotBuiltError: a search library that is not wrapped here.
     """
-    import importlib
+    from sweepflow.tune.by_name import create_by_ray_name
 
-    from sweepflow.tune.schedulers import _created
-
-    key = str(search_alg).lower()
-    if key not in SEARCHER_NAMES:
-        raise ValueError(f"tune.create_searcher({search_alg!r}): the name must be one of {list(SEARCHER_NAMES)}")
-    module, cls = SEARCHER_NAMES[key]
-    importlib.import_module(module)
-    return _created("searcher", key, {key: cls}, module, kwargs)
+    return create_by_ray_name("searcher", search_alg, SEARCHER_NAMES, kwargs)
 
 __getattr__ = refusing(__name__)  # Ray names not built here: refused with the reason and the fix
