@@ -28,6 +28,7 @@ from distributed.comm import get_address_host
 
 from ddp_runtime import _compat, _group_end, _network, _warmup
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, _jsonable
+from ddp_runtime.object_store import keeping_fetched
 from ddp_runtime.session import StopTraining, TrainContext, _install, _Session
 
 if TYPE_CHECKING:  # imported inside the functions that run on workers: drivers never need torch
@@ -394,7 +395,14 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         )
         outcome["started_at"] = time.time()
         alone = _compat.runs_alone_in_its_process(worker)
-        with _working_in(trial_dir, own_process=alone, enabled=spec.chdir):
+        # The loop's own processes (DataLoader workers) start as in a plain process: forked, not through a
+        # fork server that imports torch again at every epoch (the worker process inherited its nanny's method).
+        # What it gets from the object store (ddp_runtime.get, once a batch in Ray's examples) is fetched once.
+        with (
+            _working_in(trial_dir, own_process=alone, enabled=spec.chdir),
+            _compat.platform_start_method(),
+            keeping_fetched(),
+        ):
             _call(train_fn, config)
         outcome["status"] = "finished"
     except StopTraining:

@@ -87,7 +87,11 @@ def own_cluster():
 
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
         ) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
@@ -114,7 +118,10 @@ def test_objects_are_read_on_workers_survive_a_worker_restart_and_are_freed_when
         ref = ray.put({"weights": np.arange(1000.0)})
         other = ray.put({"weights": np.ones(3)})
         assert client.submit(read_sum, ref, pure=False).result(timeout=30) == 499500.0  # a task argument
-        assert client.submit(read_nested, {"refs": [ref, other]}, pure=False).result(timeout=30) == [499500.0, 3.0]
+        assert client.submit(read_nested, {"refs": [ref, other]}, pure=False).result(timeout=30) == [
+            499500.0,
+            3.0,
+        ]
         assert client.submit(lambda: read_sum(ref), pure=False).result(timeout=30) == 499500.0  # in a closure
 
         holder = _objects_on(client)[ref.key]
@@ -142,7 +149,9 @@ def test_objects_are_read_on_workers_survive_a_worker_restart_and_are_freed_when
     assert _eventually_no_objects(client) == {}  # released at the scope's end, while the refs still live
     with pytest.raises(ray.ObjectLostError, match="not on this Dask cluster"):
         client.submit(read_sum, ref, pure=False).result(timeout=30)
-    assert ray.get(ref)["weights"].sum() == 499500.0  # the driver still holds it: the next scope places it again
+    assert (
+        ray.get(ref)["weights"].sum() == 499500.0
+    )  # the driver still holds it: the next scope places it again
 
 
 def rank_reads(config: dict) -> None:
@@ -200,3 +209,109 @@ def test_a_tune_function_trainable_gets_the_object_and_the_experiment_releases_i
     del model_ref, grid  # the results hold the param space, and so the ref, as Ray's do
     gc.collect()
     assert _eventually_no_objects(cluster) == {}
+
+
+def test_get_gives_a_fresh_copy_and_numpy_arrays_as_read_only_views_of_one_copy():
+    import torch
+
+    ref = ray.put({"weights": np.arange(10.0), "rows": [1, 2], "tensor": torch.ones(3)})
+    first, second = ray.get([ref, ref])
+    assert first is not second and first["rows"] is not second["rows"]
+    first["rows"].append(3)
+    first["tensor"] += 1  # a tensor is a fresh, writable copy
+    assert ray.get(ref)["rows"] == [1, 2] and ray.get(ref)["tensor"].sum() == 3.0
+    assert np.shares_memory(first["weights"], second["weights"])  # as Ray's zero-copy reads: one copy here
+    with pytest.raises(ValueError, match="read-only"):
+        first["weights"][0] = 1.0
+    writable = first["weights"].copy()
+    writable[0] = 5.0
+    assert ray.get(ref)["weights"][0] == 0.0
+    # Several arrays of several dtypes come back equal and aligned for their dtype.
+    given = [np.ones(3, np.float32), np.arange(5, dtype=np.int64), np.full((2, 3), 1 + 2j), np.array([True])]
+    back = ray.get(ray.put(given))
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(given, back, strict=True))
+    assert all(b.ctypes.data % b.dtype.alignment == 0 for b in back)
+    assert ray.get(ray.put({"plain": "no arrays"})) == {"plain": "no arrays"}
+
+
+def rank_reads_twice(config: dict) -> None:
+    """A rank that reads the same object twice and a DataLoader with worker processes (Ray's PBT DCGAN example's
+    shape): writes what it saw to a file per rank."""
+    import json
+    import multiprocessing
+    import os
+
+    import torch
+    from distributed import get_worker
+
+    from ddp_runtime.object_store import _FETCHED
+
+    ref = config["ref"]
+    first, second = ray.get(ref), ray.get(ref)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2
+    )
+    seen = {
+        "kept": len(_FETCHED),
+        "held_here": ref.key in get_worker().data,
+        "one_copy": bool(np.shares_memory(first["weights"], second["weights"])),
+        "start_method": multiprocessing.get_start_method(),
+        "batches": [float(b[0].sum()) for b in loader],
+    }
+    with open(os.path.join(config["out"], f"rank{ray.get_context().get_world_rank()}.json"), "w") as f:
+        json.dump(seen, f)
+    ray.report({"done": 1})
+
+
+def _start_method() -> str | None:
+    """On a worker: its multiprocessing default start method (not ``multiprocessing.get_start_method`` itself,
+    a bound method cloudpickle would send with a copy of this process's context)."""
+    import multiprocessing
+
+    return multiprocessing.get_start_method(allow_none=True)
+
+
+def _kept_here() -> int:
+    from ddp_runtime.object_store import _FETCHED
+
+    return len(_FETCHED)
+
+
+def test_a_rank_fetches_an_object_once_and_forks_its_data_loader_workers_as_a_plain_process(
+    cluster, tmp_path
+):
+    """The rank's second get reads the copy it fetched (no round trip), dropped once the rank ends; its DataLoader
+    workers start with the platform's default method (fork on Linux), not the worker process's fork server."""
+    import json
+    import multiprocessing
+    import subprocess
+    import sys
+
+    import torch  # noqa: F401 - the fresh interpreter below imports nothing but multiprocessing
+
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import multiprocessing; print(multiprocessing.get_start_method())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    workers_own = set(cluster.run(_start_method).values())
+    assert workers_own != {fresh}, (
+        "the workers must not already use the platform default, or this shows nothing"
+    )
+    ref = ray.put({"weights": np.arange(1000.0)})
+    TorchTrainer(
+        rank_reads_twice,
+        train_loop_config={"ref": ref, "out": str(tmp_path)},
+        scaling_config=ray.ScalingConfig(num_workers=2),
+        run_config=ray.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+        client=cluster,
+    ).fit()
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["kept"] == (0 if seen["held_here"] else 1) and seen["one_copy"], seen
+        assert seen["start_method"] == fresh and seen["batches"] == [6.0, 22.0], seen
+    assert set(cluster.run(_kept_here).values()) == {0}  # dropped with the last rank
+    assert (
+        set(cluster.run(_start_method).values()) == workers_own
+    )  # put back after the rank
