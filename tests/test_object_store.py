@@ -283,7 +283,6 @@ def test_a_rank_fetches_an_object_once_and_forks_its_data_loader_workers_as_a_pl
     """The rank's second get reads the copy it fetched (no round trip), dropped once the rank ends; its DataLoader
     workers start with the platform's default method (fork on Linux), not the worker process's fork server."""
     import json
-    import multiprocessing
     import subprocess
     import sys
 
@@ -312,6 +311,4 @@ def test_a_rank_fetches_an_object_once_and_forks_its_data_loader_workers_as_a_pl
         assert seen["kept"] == (0 if seen["held_here"] else 1) and seen["one_copy"], seen
         assert seen["start_method"] == fresh and seen["batches"] == [6.0, 22.0], seen
     assert set(cluster.run(_kept_here).values()) == {0}  # dropped with the last rank
-    assert (
-        set(cluster.run(_start_method).values()) == workers_own
-    )  # put back after the rank
+    assert set(cluster.run(_start_method).values()) == workers_own  # put back after the rank
