@@ -361,4 +361,3 @@ __all__ = [
     "used_resources",
     "warm_torch_imports",
 ]
-
