@@ -99,14 +99,18 @@ def test_classic_tune_run_with_asha_checkpoints_and_records(services):
     # the leaderboard (MLflow CSV and Prefect artifact with links), the sweep report, the best trial named.
     assert by_quality["1.0"].data.metrics["best_loss"] == pytest.approx(0.25)
     assert by_quality["8.0"].data.metrics["worker_seconds"] > 0
-    assert parent.data.metrics["best_loss"] == pytest.approx(0.25) and parent.data.metrics["worker_seconds"] > 0
+    assert (
+        parent.data.metrics["best_loss"] == pytest.approx(0.25) and parent.data.metrics["worker_seconds"] > 0
+    )
     assert parent.data.tags["sweepflow.failed_trials"] == "none"
     assert parent.data.tags["sweepflow.best_run_id"] == by_quality["1.0"].info.run_id
     client = MlflowClient(services["mlflow"])
     assert client.list_artifacts(parent.info.run_id, "leaderboard")
     assert client.list_artifacts(parent.info.run_id, "config")
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
-    assert report == {"report/sweep_report.html"}, report  # one interactive page: its plots are drawn by its script
+    assert report == {"report/sweep_report.html"}, (
+        report
+    )  # one interactive page: its plots are drawn by its script
 
     from prefect import get_client
     from prefect.client.schemas.filters import (
@@ -171,7 +175,9 @@ def ddp_loop(config):
         raise ValueError("x must not be 0")
     rows = train.get_dataset_shard("train").count()  # this rank's shard of the trainer's dataset
     for step in range(1, 3):
-        train.report({"score": config["x"] * step + config["base"], "world_size": ctx.get_world_size(), "rows": rows})
+        train.report(
+            {"score": config["x"] * step + config["base"], "world_size": ctx.get_world_size(), "rows": rows}
+        )
 
 
 def test_tuner_with_a_torch_trainer_runs_a_ddp_group_per_trial_and_collects_errors(services):
@@ -286,7 +292,9 @@ def test_rays_2_function_trainable_getting_started_runs_with_its_imports_changed
     """Ray 2's Tune function API: tune.report(metrics, checkpoint=), Tuner + TuneConfig + RunConfig(stop=)."""
     stdout = run_example("ray_tune_function_trainable.py", "--smoke-test")
     assert "Number of results: 2, errors: 0" in stdout
-    assert float(stdout.split("Best mean_accuracy: ")[1].split()[0]) > 0.2  # chance is 0.1: 3 epochs of a tiny ConvNet
+    assert (
+        float(stdout.split("Best mean_accuracy: ")[1].split()[0]) > 0.2
+    )  # chance is 0.1: 3 epochs of a tiny ConvNet
     assert "Best checkpoint's epoch: 2" in stdout  # the stop criterion's last report (training_iteration 3)
 
 
@@ -422,7 +430,9 @@ def test_fail_fast_and_a_stoppers_stop_all_end_the_experiment_and_the_process_fo
             scored_trainable,
             param_space={"x": tune.grid_search([0, 1, 2])},
             tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
-            run_config=tune.RunConfig(name="fail-fast", verbose=0, failure_config=tune.FailureConfig(fail_fast=fail_fast)),
+            run_config=tune.RunConfig(
+                name="fail-fast", verbose=0, failure_config=tune.FailureConfig(fail_fast=fail_fast)
+            ),
         )
 
     grid = tuner(True).fit()  # trial 0 fails first: nothing else starts
@@ -487,7 +497,9 @@ def test_a_class_trainable_steps_checkpoints_and_restarts_from_its_checkpoint(se
     by_lr = {t.config["lr"]: t for t in analysis.trials}
     for lr, trial in by_lr.items():
         assert trial.status == "TERMINATED" and trial.last_result["training_iteration"] == 4
-        assert trial.last_result["score"] == pytest.approx(10.0 + 4 * lr)  # the state carried over the restart
+        assert trial.last_result["score"] == pytest.approx(
+            10.0 + 4 * lr
+        )  # the state carried over the restart
         with open(os.path.join(trial.checkpoint.value, "_sweepflow_trainable_state.pkl"), "rb") as f:
             assert pickle.load(f) == {"value": pytest.approx(4 * lr)}  # checkpoint_at_end: the step-4 state
     assert by_lr[0.5].last_result["restored"] == 1.0 and by_lr[1.0].last_result["restored"] == 0.0
@@ -536,8 +548,11 @@ def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services
     output = tmp_path / "script.log"
     with open(output, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, script, marks, "resumable", "tuner"], env=env, start_new_session=True,
-            stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, script, marks, "resumable", "tuner"],
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     client = MlflowClient(services["mlflow"])
     try:
@@ -551,7 +566,9 @@ def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services
                 break
             time.sleep(0.2)
         else:
-            pytest.fail(f"the experiment did not reach its third trial (exit code {proc.poll()}): {output.read_text()}")
+            pytest.fail(
+                f"the experiment did not reach its third trial (exit code {proc.poll()}): {output.read_text()}"
+            )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -566,7 +583,9 @@ def test_an_interrupted_experiment_is_restored_from_the_path_it_printed(services
     # Read back without running anything (Ray's Tuner.get_results): the two ended trials, and the third as its
     # dead process left it, one report in, pending.
     seen = tune.Tuner.restore(path, trainable=blocking_trainable).get_results()
-    assert seen.record.parent_run_id == killed_parent.info.run_id and len(seen) == 3 and seen.num_terminated == 2
+    assert (
+        seen.record.parent_run_id == killed_parent.info.run_id and len(seen) == 3 and seen.num_terminated == 2
+    )
     assert sorted(len(r.metrics_dataframe) for r in seen) == [1, 3, 3]  # reports so far
     assert next(r for r in seen if r.config["quality"] == 1).metrics["loss"] == pytest.approx(1 / 3)
     assert next(r for r in seen if r.config["quality"] == 3).error is None
@@ -667,7 +686,11 @@ def _experiment_runs(client: MlflowClient, name: str):
 
 
 def _run_of(client: MlflowClient, quality: int) -> str:
-    return next(r.info.run_id for r in _experiment_runs(client, "resumable") if r.data.params["quality"] == str(quality))
+    return next(
+        r.info.run_id
+        for r in _experiment_runs(client, "resumable")
+        if r.data.params["quality"] == str(quality)
+    )
 
 
 def threads_and_times(config):
@@ -732,9 +755,50 @@ def test_reuse_actors_hands_a_class_trainables_object_to_the_next_trial_and_clea
     kinds = [kind for kind, _ in events]
     assert kinds.count("setup") + kinds.count("reset") == 4 and kinds.count("reset") >= 1
     # Each object built is cleaned up once, in its own worker, when the experiment ends (not between trials).
-    assert sorted(pid for kind, pid in events if kind == "setup") == sorted(pid for kind, pid in events if kind == "cleanup")
-    assert kinds[-kinds.count("cleanup"):] == ["cleanup"] * kinds.count("cleanup")
-    assert sorted(p.name for p in tmp_path.glob("ran-*")) == [f"ran-trial_000{i}" for i in range(4)]  # its own id
+    assert sorted(pid for kind, pid in events if kind == "setup") == sorted(
+        pid for kind, pid in events if kind == "cleanup"
+    )
+    assert kinds[-kinds.count("cleanup") :] == ["cleanup"] * kinds.count("cleanup")
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == [
+        f"ran-trial_000{i}" for i in range(4)
+    ]  # its own id
+
+
+def test_a_parked_trainable_keeps_its_scripts_modules_so_its_classes_still_pickle(tmp_path):
+    """reuse_actors: the object a trial leaves for the next holds its script's modules loaded
+    (``hold_script_modules``); without the hold the next trial imports them anew and pickling what the object
+    holds (a DataLoader starting workers with spawn or forkserver) fails: "it's not the same object as ..."."""
+    import pickle
+    import sys
+
+    from sweepflow.tasks.training.function import _importable, hold_script_modules
+
+    script_dir = tmp_path / "script"
+    script_dir.mkdir()
+    (script_dir / "parked_sibling_mod.py").write_text("class Dataset:\n    pass\n")
+    with _importable(str(script_dir)):  # the first trial
+        import parked_sibling_mod
+
+        kept = parked_sibling_mod.Dataset()  # what the parked object holds
+        release = hold_script_modules()
+    assert str(script_dir) in sys.path and sys.modules["parked_sibling_mod"].Dataset is type(kept)
+    with _importable(str(script_dir)):  # the next trial takes the object over
+        import parked_sibling_mod
+
+        assert pickle.loads(pickle.dumps(kept)).__class__ is parked_sibling_mod.Dataset
+    release()
+    release()  # once only
+    assert "parked_sibling_mod" not in sys.modules and str(script_dir) not in sys.path
+
+    with _importable(str(script_dir)):  # no hold: the trial's modules go with it, as before
+        import parked_sibling_mod
+
+        left = parked_sibling_mod.Dataset()
+    with _importable(str(script_dir)), pytest.raises(pickle.PicklingError, match="not the same object"):
+        import parked_sibling_mod  # noqa: F401 - imported anew
+
+        pickle.dumps(left)
+    assert hold_script_modules()() is None  # outside a trial: nothing to hold
 
 
 def same_relative_path_trainable(config):
@@ -756,7 +820,9 @@ def same_relative_path_trainable(config):
     tune.report({"clobbered": float(seen != me), "in_trial_dir": float(in_trial_dir)})
 
 
-def test_each_trial_runs_in_its_own_directory_so_relative_paths_do_not_clobber(services, cluster, tmp_path, monkeypatch):
+def test_each_trial_runs_in_its_own_directory_so_relative_paths_do_not_clobber(
+    services, cluster, tmp_path, monkeypatch
+):
     """Two trials at once on the session's cluster write and read the same relative path: each in its own trial
     directory (``tune.get_context().get_trial_dir()``), its worker's directory given back afterwards; with Ray's
     ``RAY_CHDIR_TO_TRIAL_DIR=0`` a trial stays in its worker's directory."""
@@ -792,7 +858,7 @@ def test_each_trial_runs_in_its_own_directory_so_relative_paths_do_not_clobber(s
         shutil.rmtree(os.path.join(cwd, "scratch"), ignore_errors=True)
 
 
-SIBLING_SCRIPT = '''
+SIBLING_SCRIPT = """
 from my_model import Net  # a module beside the script, importable only where the script's directory is
 
 from sweepflow import tune
@@ -811,7 +877,7 @@ if __name__ == "__main__":
     ).fit()
     assert not grid.errors, grid.errors
     print("best score", grid.get_best_result().metrics["score"])
-'''
+"""
 
 
 @pytest.mark.subprocess
@@ -823,7 +889,12 @@ def test_a_scripts_sibling_modules_import_on_workers_started_elsewhere(services,
     (tmp_path / "my_model.py").write_text("class Net:\n    def score(self, x):\n        return 2 * x\n")
     (tmp_path / "train.py").write_text(SIBLING_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=600
+        [sys.executable, "train.py"],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "best score 4.0" in proc.stdout

@@ -26,12 +26,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ddp_runtime
 from ddp_runtime import Checkpoint
 from ddp_runtime.session import StopTraining
+from sweepflow.tasks.training.function import hold_script_modules
 from sweepflow.tune import session
 from sweepflow.tune.result import DONE, SHOULD_CHECKPOINT
 from sweepflow.tune.shared import SharedValue
@@ -216,37 +217,52 @@ class Trainable:
 
 
 # reuse_actors: the object of the last trial that ended on this worker, by experiment (``reuse_token``), for the
-# next trial here to take on (``reset``). A worker runs one rank at a time, but the lock keeps the handover whole.
-_IDLE: dict[str, Trainable] = {}
+# next trial here to take on (``reset``), with the hold that keeps its script's modules loaded while it waits
+# (``hold_script_modules``: else the next trial imports them anew, and the object's classes are no longer the
+# ones pickle finds). A worker runs one rank at a time, but the lock keeps the handover whole.
+_IDLE: dict[str, tuple[Trainable, Callable[[], None]]] = {}
 _IDLE_LOCK = threading.Lock()
 
 
 def _take_idle(token: str, config: Mapping[str, Any]) -> Trainable | None:
     with _IDLE_LOCK:
-        idle = _IDLE.pop(token, None)
-    if idle is None:
+        parked = _IDLE.pop(token, None)
+    if parked is None:
         return None
-    if idle.reset(config):
-        return idle
-    idle.stop()  # it declined the new config: cleaned up as if it were not reused
-    return None
+    idle, release = parked
+    try:
+        if idle.reset(config):
+            return idle  # this trial's own hold on the script's modules is open: the parked one can go
+        idle.stop()  # it declined the new config: cleaned up as if it were not reused
+        return None
+    finally:
+        release()
 
 
 def _park(token: str, trainable: Trainable) -> None:
+    hold = hold_script_modules()
     with _IDLE_LOCK:
-        previous, _IDLE[token] = _IDLE.get(token), trainable
+        previous, _IDLE[token] = _IDLE.get(token), (trainable, hold)
     if previous is not None:
-        previous.stop()
+        _end(previous)
+
+
+def _end(parked: tuple[Trainable, Callable[[], None]]) -> None:
+    trainable, release = parked
+    try:
+        trainable.stop()
+    finally:
+        release()
 
 
 def release_idle(token: str) -> int:
     """Run on every worker when the experiment ends: the object it kept for reuse is cleaned up (``cleanup``).
     Returns how many were."""
     with _IDLE_LOCK:
-        idle = _IDLE.pop(token, None)
-    if idle is None:
+        parked = _IDLE.pop(token, None)
+    if parked is None:
         return 0
-    idle.stop()
+    _end(parked)
     return 1
 
 

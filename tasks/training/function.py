@@ -167,6 +167,7 @@ class _PathUse:
 
 
 _path_users: dict[str, _PathUse] = {}
+_held = threading.local()  # .directories: the script directories _importable holds for this thread, innermost last
 
 
 @contextlib.contextmanager
@@ -190,15 +191,46 @@ def _importable(directory: str | None) -> Iterator[None]:
                 importlib.invalidate_caches()
             use = _path_users[directory] = _PathUse(added=added, known=set(sys.modules.copy()))
         use.trials += 1
+    held = _held.__dict__.setdefault("directories", [])
+    held.append(directory)
     try:
         yield
     finally:
-        with _paths_lock:
-            use.trials -= 1
-            if use.trials == 0:
-                del _path_users[directory]
-                if use.added:
-                    _forget(directory, known=use.known)
+        held.pop()
+        _leave(directory, use)
+
+
+def _leave(directory: str, use: _PathUse) -> None:
+    with _paths_lock:
+        use.trials -= 1
+        if use.trials == 0:
+            del _path_users[directory]
+            if use.added:
+                _forget(directory, known=use.known)
+
+
+def hold_script_modules() -> Callable[[], None]:
+    """Keep the calling trial's script directory on the path, and the modules imported from it loaded, after the
+    trial ends, until the returned function is called (once; later calls do nothing).
+
+    For an object a trial leaves behind for a later trial in this process (``reuse_actors``): its classes stay
+    the ones the later trial imports, so pickling what it holds (a ``DataLoader`` starting workers with
+    ``spawn``/``forkserver``) still finds them. Outside a trial, the returned function does nothing."""
+    held = getattr(_held, "directories", None)
+    if not held:
+        return lambda: None
+    directory = held[-1]
+    with _paths_lock:
+        use = _path_users[directory]
+        use.trials += 1
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            _leave(directory, use)
+
+    return release
 
 
 def project_importable(directory: str | None) -> contextlib.AbstractContextManager[None]:
