@@ -52,7 +52,10 @@ def lightning_trial(config: dict) -> float:
             super().__init__()
             width = config["width"]
             self.net = torch.nn.Sequential(
-                torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+                torch.nn.Linear(64, width),
+                torch.nn.ReLU(),
+                torch.nn.Linear(width, width),
+                torch.nn.ReLU(),
                 torch.nn.Linear(width, 10),
             )
 
@@ -71,7 +74,12 @@ def lightning_trial(config: dict) -> float:
 
     torch.manual_seed(0)
     train_set, val_set = _digits()
-    common = {"max_epochs": config["epochs"], "enable_progress_bar": False, "enable_model_summary": False, "logger": False}
+    common = {
+        "max_epochs": config["epochs"],
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": False,
+    }
     scratch = tempfile.mkdtemp(prefix="bench-lightning-")
     if config["in_worker"]:
         from ddp_runtime.lightning import (
@@ -83,8 +91,13 @@ def lightning_trial(config: dict) -> float:
 
         trainer = prepare_trainer(
             pl.Trainer(
-                devices="auto", accelerator="auto", strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()],
-                callbacks=[RayTrainReportCallback()], enable_checkpointing=False, **common,
+                devices="auto",
+                accelerator="auto",
+                strategy=RayDDPStrategy(),
+                plugins=[RayLightningEnvironment()],
+                callbacks=[RayTrainReportCallback()],
+                enable_checkpointing=False,
+                **common,
             )
         )
     else:
@@ -115,22 +128,42 @@ def transformers_trial(config: dict) -> float:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = BertForSequenceClassification(
-        BertConfig(vocab_size=40, hidden_size=config["width"], num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=2 * config["width"], max_position_embeddings=12, num_labels=2)
+        BertConfig(
+            vocab_size=40,
+            hidden_size=config["width"],
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=2 * config["width"],
+            max_position_embeddings=12,
+            num_labels=2,
+        )
     )
     scratch = tempfile.mkdtemp(prefix="bench-transformers-")
     args = TrainingArguments(
-        output_dir=scratch, eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch",
-        num_train_epochs=config["epochs"], per_device_train_batch_size=16, report_to=[], disable_tqdm=True,
-        use_cpu=True, seed=0, save_total_limit=1,
+        output_dir=scratch,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        logging_strategy="epoch",
+        num_train_epochs=config["epochs"],
+        per_device_train_batch_size=16,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+        save_total_limit=1,
     )
     callbacks = []
     if config["in_worker"]:
         from ddp_runtime.huggingface.transformers import RayTrainReportCallback
 
         callbacks = [RayTrainReportCallback()]
-    trainer = Trainer(model=model, args=args, train_dataset=_corpus(1024, 0), eval_dataset=_corpus(128, 1),
-                      callbacks=callbacks)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_corpus(1024, 0),
+        eval_dataset=_corpus(128, 1),
+        callbacks=callbacks,
+    )
     if config["in_worker"]:
         from ddp_runtime.huggingface.transformers import prepare_trainer
 

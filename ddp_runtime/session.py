@@ -116,6 +116,12 @@ def _current() -> _Session:
     return session
 
 
+def inside_training_function() -> bool:
+    """Whether the calling thread runs a training function (a rank of ``TorchTrainer.fit()`` or a trial), where
+    ``report``/``get_context``/``get_checkpoint`` work."""
+    return getattr(_local, "session", None) is not None
+
+
 def get_context() -> TrainContext:
     """The calling rank's ``TrainContext`` (Ray's ``ray.train.get_context()``).
 

@@ -764,6 +764,16 @@ def test_reuse_actors_hands_a_class_trainables_object_to_the_next_trial_and_clea
     ]  # its own id
 
 
+def test_a_trainable_built_outside_a_trial_steps_and_names_itself_default(tmp_path, monkeypatch):
+    """As Ray's: a Trainable stepped in a plain process (a benchmark, a test, ``validate_save_restore``) has the
+    trial id ``"default"`` and the current directory as its logdir."""
+    monkeypatch.chdir(tmp_path)
+    work = CountingTrainable({"x": 2, "marks": str(tmp_path)})
+    assert work.trial_id == work.trial_name == "default" and work.logdir == str(tmp_path)
+    assert work.train()["score"] == 2 and work.train()["score"] == 4 and work.iteration == 2
+    assert (tmp_path / "ran-default").exists()
+
+
 def test_a_parked_trainable_keeps_its_scripts_modules_so_its_classes_still_pickle(tmp_path):
     """reuse_actors: the object a trial leaves for the next holds its script's modules loaded
     (``hold_script_modules``); without the hold the next trial imports them anew and pickling what the object

@@ -31,7 +31,7 @@ from typing import Any
 
 import ddp_runtime
 from ddp_runtime import Checkpoint
-from ddp_runtime.session import StopTraining
+from ddp_runtime.session import StopTraining, inside_training_function
 from sweepflow.tasks.training.function import hold_script_modules
 from sweepflow.tune import session
 from sweepflow.tune.result import DONE, SHOULD_CHECKPOINT
@@ -157,7 +157,7 @@ class Trainable:
     @property
     def trial_id(self) -> str:
         """The trial's id; ``"default"`` outside a trial (in ``validate_save_restore`` or a test)."""
-        return session.get_trial_id() or "default"
+        return (session.get_trial_id() if inside_training_function() else None) or "default"
 
     @property
     def trial_name(self) -> str:
@@ -167,7 +167,7 @@ class Trainable:
     @property
     def logdir(self) -> str:
         """The trial's directory on its worker; the current directory outside a trial."""
-        return session.get_trial_dir() or os.getcwd()
+        return (session.get_trial_dir() if inside_training_function() else None) or os.getcwd()
 
     def train(self) -> dict[str, Any]:
         """One ``step()``, with Ray's bookkeeping keys added."""
