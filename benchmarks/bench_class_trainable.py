@@ -77,7 +77,9 @@ def child(system: str, mode: str, args: argparse.Namespace) -> dict:
         def setup(self, config):
             self.iterations = config["iterations"]
             self.state = np.random.default_rng(0).bytes(int(config["size_mb"] * 2**20))
-            self.log = open(os.path.join(config["marks"], f"{self.trial_id}.jsonl"), "a")  # a restarted trial appends
+            self.log = open(
+                os.path.join(config["marks"], f"{self.trial_id}.jsonl"), "a"
+            )  # a restarted trial appends
 
         def step(self):
             started = time.time()

@@ -11,6 +11,7 @@ import uuid
 import pytest
 from mlflow_server import sqlite_store
 
+from sweepflow.tasks.tracking.params import flatten
 from sweepflow.tasks.tracking.runs import RunTracker, direct_storage_uri, metric_batch
 from sweepflow.tasks.tracking.writers import RunWriter
 
@@ -33,6 +34,30 @@ def test_run_writer_writes_everything_in_order_and_ends_the_run(mlflow_server):
     assert run.data.tags["sweepflow.status"] == "COMPLETED"
     history = tracker.client.get_metric_history(run_id, "val_loss")
     assert [(m.step, round(m.value, 4)) for m in history] == [(e, round(1.0 / e, 4)) for e in range(1, 6)]
+
+
+def test_config_keys_mlflow_would_refuse_are_written_under_names_it_takes(mlflow_server):
+    """A trial's config keys are the user's ("refs.CNN module (87 KB)", "lr@stage2", a 300-character key):
+    MLflow refuses such a param name, failing the whole batch (the sweep ended with "some trial results did not
+    reach MLflow"); they are written with ``_`` for what a name may not hold, at most 250 characters, and two
+    keys that come out the same both kept."""
+    tracker = RunTracker(mlflow_server, f"names-{uuid.uuid4().hex[:8]}")
+    run_id, _ = tracker.create_run("trial")
+    writer = RunWriter(tracker, run_id)
+    long_key = "k" * 300
+    writer.log_params(
+        {"refs": {"CNN module (87 KB)": "ref-1"}, "lr@stage2": 0.1, "lr#stage2": 0.2, long_key: 1}
+    )
+    writer.finish("FINISHED")
+    writer.join()
+    params = tracker.client.get_run(run_id).data.params
+    assert params == {
+        "refs.CNN module _87 KB_": "ref-1",
+        "lr_stage2": "0.1",
+        "lr_stage2_2": "0.2",
+        "k" * 250: "1",
+    }
+    assert flatten("", {"a": {"b(c)": 1}, "ok-name_1.x/y:z w": 2}) == {"a.b_c_": 1, "ok-name_1.x/y:z w": 2}
 
 
 def test_run_writer_raises_a_failed_background_write_on_join(mlflow_server):
@@ -245,8 +270,15 @@ def test_a_sweeps_pareto_front_goes_on_its_parent_run_through_the_tracker(mlflow
     from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 
     def ended(index: int, loss: float, acc: float, status: str = "COMPLETED") -> TrialResult:
-        return TrialResult(trial_id=f"t{index}", index=index, name=f"t{index}", config={"lr": index / 10},
-                           status=TrialStatus(status), run_id=f"run{index}", last={"loss": loss, "acc": acc})
+        return TrialResult(
+            trial_id=f"t{index}",
+            index=index,
+            name=f"t{index}",
+            config={"lr": index / 10},
+            status=TrialStatus(status),
+            run_id=f"run{index}",
+            last={"loss": loss, "acc": acc},
+        )
 
     tracker = RunTracker(mlflow_server, f"pareto-{uuid.uuid4().hex[:8]}")
     parent = tracker.start_run("parent")
@@ -259,8 +291,18 @@ def test_a_sweeps_pareto_front_goes_on_its_parent_run_through_the_tracker(mlflow
     assert data == {
         "objectives": [{"metric": "loss", "mode": "min"}, {"metric": "acc", "mode": "max"}],
         "trials": [
-            {"trial_id": "t0", "mlflow_run_id": "run0", "config": {"lr": 0.0}, "values": {"loss": 1.0, "acc": 0.5}},
-            {"trial_id": "t1", "mlflow_run_id": "run1", "config": {"lr": 0.1}, "values": {"loss": 2.0, "acc": 0.9}},
+            {
+                "trial_id": "t0",
+                "mlflow_run_id": "run0",
+                "config": {"lr": 0.0},
+                "values": {"loss": 1.0, "acc": 0.5},
+            },
+            {
+                "trial_id": "t1",
+                "mlflow_run_id": "run1",
+                "config": {"lr": 0.1},
+                "values": {"loss": 2.0, "acc": 0.9},
+            },
         ],
     }
     record_pareto_front(trials[3:], tracker, parent, (("loss", "min"), ("acc", "max")))  # only a failed trial

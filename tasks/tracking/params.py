@@ -7,18 +7,38 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from sweepflow.tasks.datasets.uris import redact
 
 
+# MLflow refuses a param name with any other character (INVALID_PARAMETER_VALUE, failing the whole batch) or
+# longer than 250 characters; a config's keys are the user's own ("refs.CNN module (87 KB)").
+_NOT_IN_A_NAME = re.compile(r"[^\w\-. :/]")
+_MAX_NAME_LEN = 250
+
+
+def param_name(key: Any) -> str:
+    """One config key as MLflow accepts it in a param's name: other characters become ``_``."""
+    return _NOT_IN_A_NAME.sub("_", str(key))
+
+
 def flatten(prefix: str, value: Any) -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}: MLflow params are flat."""
+    """{"a": {"b": 1}} -> {"a.b": 1}: MLflow params are flat. Keys as ``param_name`` makes them, at most 250
+    characters; two keys that come out the same keep both values (the later one gets ``_2``, ``_3``, ...)."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, sub in value.items():
-            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), sub))
+            name = f"{prefix}.{param_name(key)}" if prefix else param_name(key)
+            for flat, leaf in flatten(name, sub).items():
+                base = unique = flat[:_MAX_NAME_LEN]
+                n = 1
+                while unique in out:
+                    n += 1
+                    unique = f"{base[: _MAX_NAME_LEN - len(str(n)) - 1]}_{n}"
+                out[unique] = leaf
         return out
     return {prefix: value}
 
