@@ -13,7 +13,6 @@ from typing import Any
 
 from sweepflow.tasks.datasets.uris import redact
 
-
 # MLflow refuses a param name with any other character (INVALID_PARAMETER_VALUE, failing the whole batch) or
 # longer than 250 characters; a config's keys are the user's own ("refs.CNN module (87 KB)").
 _NOT_IN_A_NAME = re.compile(r"[^\w\-. :/]")
