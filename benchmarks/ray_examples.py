@@ -68,6 +68,10 @@ REWRITES: list[tuple[str, str]] = [
     (r"\bfrom ray\.train\.torch import", "from ddp_runtime.torch import"),
     (r"\bfrom ray\.train import", "from ddp_runtime import"),
     (r"\bimport ray\.train as train\b", "import ddp_runtime as train"),
+    (
+        r"^(\s*)import ray\.train\s*$",
+        r"\1import ddp_runtime",
+    ),  # Ray Train's getting-started: ray.train.X below
     (r"\bimport ray\.data\b", "import ddp_runtime.data"),
     (r"\bfrom ray\.data\b", "from ddp_runtime.data"),
     (r"\bray\.data\.", "ddp_runtime.data."),
@@ -99,6 +103,7 @@ class Example:
     stand_ins: tuple[tuple[str, str], ...] = ()
     model_from: str | None = None
     extra_files: tuple[str, ...] = field(default=())
+    ray_env: tuple[tuple[str, str], ...] = ()  # set for its Ray run only
 
     @property
     def name(self) -> str:
@@ -138,7 +143,9 @@ EXAMPLES = [
     ),
     Example("wheel:ray/train/examples/pytorch/torch_linear_example.py"),
     Example("repo:examples/ray_train_getting_started.py"),
-    Example("repo:examples/ray_tuner_torch_trainer.py"),
+    # Ray 2's Tuner(TorchTrainer(...)) pattern: Ray 2.60 runs it with Ray Train v2 turned off (its default since
+    # 2.51 refuses it: "Improper 'run' - not string nor trainable").
+    Example("repo:examples/ray_tuner_torch_trainer.py", ray_env=(("RAY_TRAIN_V2_ENABLED", "0"),)),
     Example("repo:examples/ray_tune_function_trainable.py"),
 ]
 
@@ -342,7 +349,8 @@ def main() -> int:
                         script = materialise(wheel, example, workdir, for_ray=system == "ray")
                         python = python_ray if system == "ray" else sys.executable
                         write_model(example, workdir, python)
-                        runs[system] = run = run_script(python, script, args.timeout, env)
+                        own_env = {**env, **dict(example.ray_env)} if system == "ray" else env
+                        runs[system] = run = run_script(python, script, args.timeout, own_env)
                         print(
                             f"{system:9} {'passed' if run.passed else 'FAILED'} {run.seconds:6.1f}s {example.name}"
                             + ("" if run.passed else f": {run.last}"),
