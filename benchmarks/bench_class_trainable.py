@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -190,6 +191,8 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--size-mb", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Killed (timeout, Ctrl-C from a supervisor): the finally blocks still stop the services started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.child:
         print(json.dumps(child(*args.child, args)))
         return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Killed (timeout, Ctrl-C from a supervisor): the finally blocks still stop the services started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.child:
         print(json.dumps(child(args.child, args.calls)))
         return 0

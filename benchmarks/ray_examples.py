@@ -34,6 +34,7 @@ import datetime
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -323,6 +324,8 @@ def main() -> int:
     parser.add_argument("--no-ray", action="store_true", help="sweepflow only")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per example and system")
     args = parser.parse_args()
+    # Killed (timeout, Ctrl-C from a supervisor): the finally blocks still stop the services started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.no_ray and not args.ray_venv:
         parser.error("give --ray-venv DIR (a venv with Ray 2.60, built there if missing), or --no-ray")
     chosen = [e for e in EXAMPLES if not args.names or e.name in args.names]
