@@ -8,7 +8,7 @@ import builtins
 import collections
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import dask.dataframe as dd
 import numpy as np
@@ -27,7 +27,15 @@ from ddp_runtime.data._refused import _NOT_BUILT_METHODS, _check_options
 if TYPE_CHECKING:  # torch is imported where batches become tensors (ranks), not by drivers
     import torch
 
-    from ddp_runtime.data._dataset import Dataset
+
+class _Rows(Protocol):
+    """What an iterator reads of its dataset (a ``Dataset``; typed here without importing it, which imports
+    this module): its Dask dataframe, its partitions' row counts when known, and its row count."""
+
+    _ddf: dd.DataFrame
+    _lengths: Sequence[int] | None
+
+    def count(self) -> int: ...
 
 
 def _rebatch(
@@ -163,7 +171,7 @@ class DataIterator:
         name: The dataset's name (``TorchTrainer(datasets=...)`` key), for messages.
     """
 
-    def __init__(self, dataset: Dataset, pieces: Sequence[tuple[int, int, int]] | None, *, name: str) -> None:
+    def __init__(self, dataset: _Rows, pieces: Sequence[tuple[int, int, int]] | None, *, name: str) -> None:
         self._dataset = dataset
         self._pieces = list(pieces) if pieces is not None else None
         self._name = name
@@ -253,7 +261,7 @@ class DataIterator:
             )
         )
 
-    def materialize(self) -> Dataset:
+    def materialize(self) -> NoReturn:
         """Ray's ``DataIterator.materialize`` is refused for a shard: iterate it (each call is one epoch)."""
         raise NotImplementedError(
             "DataIterator.materialize (Ray Data) is not built here: iterate the shard with iter_torch_batches or "
