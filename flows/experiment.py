@@ -31,8 +31,8 @@ from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement
 from sweepflow.tasks.sweep.placement import place_trials
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, load_prior_sweep
-from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError, TrackingServerUnavailable
 
 #: A tracking server's own failure during the stages after the sweep: said as the service's, not the project's.

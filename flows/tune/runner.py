@@ -29,8 +29,8 @@ from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import Sampler
-from sweepflow.tasks.sweep.schedulers import Decision, TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial_scheduler import Decision, TrialScheduler
 from sweepflow.tune.class_trainable import ClassTrainableRun
 from sweepflow.tune.shared import SharedParameters, SharedValue
 from sweepflow.tune.stopper import Stopper, max_reports

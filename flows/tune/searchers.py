@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweepflow.tasks.sweep.samplers import RandomSampler, Sampler, SamplerExhausted, optuna_study, tell_study
-from sweepflow.tasks.sweep.schedulers import merge_search_properties
 from sweepflow.tasks.sweep.space import config_leaves, is_grid, parse_param_space, plain, set_leaf
+from sweepflow.tasks.sweep.trial_scheduler import merge_search_properties
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch, qualified_name
 from sweepflow.tune.search.repeater import TRIAL_INDEX, Repeater

@@ -28,9 +28,9 @@ from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 from sweepflow.tasks.sweep.resume import PriorSweep, replay
 from sweepflow.tasks.sweep.runtime import SweepRuntime, Trainer
 from sweepflow.tasks.sweep.samplers import Sampler
-from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import TrainFunction
 

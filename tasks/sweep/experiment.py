@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.samplers import Sampler
-from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 
 #: What a face prepares on the cluster for the experiment's trials, around the sweep (the Tune face: its
 #: ``with_parameters`` objects sent to every worker once, its reused trainables cleaned up at the end): given the

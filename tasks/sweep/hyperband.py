@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from sweepflow.tasks.sweep.schedulers import CONTINUE, STOP, Decision, TrialScheduler, merge_search_properties
+from sweepflow.tasks.sweep.trial_scheduler import (
+    CONTINUE,
+    STOP,
+    Decision,
+    TrialScheduler,
+    merge_search_properties,
+)
 
 __all__ = ["HyperBandScheduler"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from sweepflow.tasks.sweep.schedulers import CONTINUE, Decision, TrialScheduler, merge_search_properties
 from sweepflow.tasks.sweep.space import Choice, Grid, parse_domain
+from sweepflow.tasks.sweep.trial_scheduler import CONTINUE, Decision, TrialScheduler, merge_search_properties
 
 __all__ = ["Exploit", "PopulationBasedTraining"]
 

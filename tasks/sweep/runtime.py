@@ -12,8 +12,8 @@ from typing import Any
 
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
-from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
+from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError
 from sweepflow.tasks.tracking.writers import RunWriters
 

@@ -34,10 +34,10 @@ from sweepflow.tasks.sweep.results import (
 )
 from sweepflow.tasks.sweep.resume import scheduler_keys
 from sweepflow.tasks.sweep.runtime import SweepRuntime
-from sweepflow.tasks.sweep.schedulers import Decision
 from sweepflow.tasks.sweep.slots import HeldSlot
 from sweepflow.tasks.sweep.template import SweepTrial
 from sweepflow.tasks.sweep.trial_life import Step, TrialLife, reports_up_to
+from sweepflow.tasks.sweep.trial_scheduler import Decision
 from sweepflow.tasks.tracking.credentials import tracking_auth_env
 from sweepflow.tasks.tracking.links import (
     DESCRIPTION_TAG,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweepflow.tasks.sweep.results import TrialStatus
-from sweepflow.tasks.sweep.schedulers import Decision
+from sweepflow.tasks.sweep.trial_scheduler import Decision
 
 from ._str_enum import StrEnum
 
