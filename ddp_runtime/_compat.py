@@ -237,22 +237,22 @@ def set_fork_server_imports(modules: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------------------------- the stdlib
 
 
-@contextlib.contextmanager
-def platform_start_method() -> Iterator[str]:
-    """While in the block, multiprocessing's default start method is the one a fresh interpreter on this OS
-    has (``fork`` on Linux before Python 3.14), as in the plain process a training loop was written for; yields
-    its name.
+def use_the_platforms_start_method() -> str | None:
+    """Make multiprocessing's default start method in this process the one a fresh interpreter on this OS has
+    (``fork`` on Linux before Python 3.14), as in the plain process a training loop was written for; returns
+    the method it was before (None: already the platform's).
 
     Works around: a child multiprocessing starts with ``forkserver`` or ``spawn`` (a Dask worker, which the
     nanny starts so) has its parent's method set as its default (``multiprocessing.spawn.prepare`` calls
     ``set_start_method``). A ``DataLoader(num_workers=2)`` in a rank then started each of its worker processes
     through a fork server of its own, which imports torch and the user's modules again, at every
     ``iter(dataloader)``: 4-6 CPU-seconds an epoch where Ray's actors, and a plain process, fork in
-    milliseconds (issue 66: Ray's PBT DCGAN example at 3.4x Ray's time). The platform's method is read from
+    milliseconds (issue 66: Ray's PBT DCGAN example at 3.4x Ray's time). Called once, when the worker starts
+    (``_preload.dask_setup``): setting it around each rank instead made a later group's rendezvous time out on
+    Python 3.10 (not understood). The platform's method is read from
     ``multiprocessing.context._default_context._default_context`` (private CPython API, the context the module
-    was created with, Python 3.4 to 3.14); set and put back with the public ``set_start_method(force=True)``.
-    Written for Python 3.11. If it breaks (that attribute goes): use ``"fork"`` on Linux below Python 3.14 and
-    leave the default alone elsewhere.
+    was created with, Python 3.4 to 3.14) and set with the public ``set_start_method(force=True)``. Written for
+    Python 3.11. If it breaks (that attribute goes): use ``"fork"`` on Linux below Python 3.14.
     """
     import multiprocessing
     import multiprocessing.context
@@ -261,14 +261,10 @@ def platform_start_method() -> Iterator[str]:
         getattr(multiprocessing.context._default_context, "_default_context", None), "_name", None
     )
     previous = multiprocessing.get_start_method(allow_none=True)
-    if fresh is None or fresh == previous:
-        yield previous or multiprocessing.get_start_method()
-        return
+    if fresh is None or previous in (None, fresh):
+        return None
     multiprocessing.set_start_method(fresh, force=True)
-    try:
-        yield fresh
-    finally:
-        multiprocessing.set_start_method(previous, force=True)
+    return previous
 
 
 def run_atexit_handlers_when_the_process_ends() -> None:

@@ -20,6 +20,7 @@ The worker's exit is made quick here too (``fast_exit``): a worker that imported
 
 from typing import Any
 
+from ddp_runtime._compat import use_the_platforms_start_method
 from ddp_runtime._exit import fast_exit
 from ddp_runtime._fork_server import as_if_spawned
 from ddp_runtime.worker_config import apply_training_worker_config
@@ -33,5 +34,8 @@ def dask_setup(worker: Any) -> None:
     (nanny) process, to check the preload's command-line options: imported there, torch cost each nanny 2.6
     CPU-seconds on every start and 480 MiB of memory for its life, for nothing (benchmarks/RESULTS.md)."""
     as_if_spawned()  # a forked worker's environment and exit as a spawned one's (``_fork_server``)
+    # A rank's own processes (DataLoader workers) start as in a plain process: forked, not through a fork server
+    # that imports torch again at every epoch (the worker inherited its nanny's method).
+    use_the_platforms_start_method()
     import torch
     import torch.distributed  # noqa: F401

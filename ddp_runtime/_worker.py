@@ -395,14 +395,8 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
         )
         outcome["started_at"] = time.time()
         alone = _compat.runs_alone_in_its_process(worker)
-        # The loop's own processes (DataLoader workers) start as in a plain process: forked, not through a
-        # fork server that imports torch again at every epoch (the worker process inherited its nanny's method).
         # What it gets from the object store (ddp_runtime.get, once a batch in Ray's examples) is fetched once.
-        with (
-            _working_in(trial_dir, own_process=alone, enabled=spec.chdir),
-            _compat.platform_start_method(),
-            keeping_fetched(),
-        ):
+        with _working_in(trial_dir, own_process=alone, enabled=spec.chdir), keeping_fetched():
             _call(train_fn, config)
         outcome["status"] = "finished"
     except StopTraining:
