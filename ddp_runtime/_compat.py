@@ -248,8 +248,7 @@ def use_the_platforms_start_method() -> str | None:
     through a fork server of its own, which imports torch and the user's modules again, at every
     ``iter(dataloader)``: 4-6 CPU-seconds an epoch where Ray's actors, and a plain process, fork in
     milliseconds (issue 66: Ray's PBT DCGAN example at 3.4x Ray's time). Called once, when the worker starts
-    (``_preload.dask_setup``): setting it around each rank instead made a later group's rendezvous time out on
-    Python 3.10 (not understood). The platform's method is read from
+    (``_preload.dask_setup``), for the worker's life. The platform's method is read from
     ``multiprocessing.context._default_context._default_context`` (private CPython API, the context the module
     was created with, Python 3.4 to 3.14) and set with the public ``set_start_method(force=True)``. Written for
     Python 3.11. If it breaks (that attribute goes): use ``"fork"`` on Linux below Python 3.14.

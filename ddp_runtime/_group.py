@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from distributed import Client, Future, Queue, Variable
+from distributed import Client, Event, Future, Queue, Variable
 from distributed.comm import get_address_host
 
 from ddp_runtime import _compat
@@ -183,8 +183,10 @@ class GroupRun:
                 self.client.run_on_scheduler(gang.release, self.group_id)
                 self.held_s = max(time.perf_counter() - reserved_at - self.startup_s, 0.0)
                 if len(addresses) > 1:  # only multi-rank groups rendezvous
+                    name = rendezvous_variable_name(self.channel)
                     with contextlib.suppress(KeyError):  # not set when rank 0 never got that far
-                        Variable(rendezvous_variable_name(self.channel), client=self.client).delete()
+                        Variable(name, client=self.client).delete()
+                    Event(name, client=self.client).clear()  # the scheduler drops it: no rank waits on it now
         finally:
             # The scheduler drops a queue when its last holder (this driver, rank 0) lets go of it.
             reports.close()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from distributed import Queue, Variable, get_client, get_worker
+from distributed import Event, Queue, Variable, get_client, get_worker
 from distributed.comm import get_address_host
 
 from ddp_runtime import _compat, _group_end, _network, _warmup
@@ -107,6 +107,32 @@ def _device(spec: RankSpec, worker_address: str) -> torch.device:
     return device
 
 
+def _publish_rendezvous(channel: str, address: str) -> None:
+    """Rank 0 publishes its store's address: a Dask Variable holds it, then a Dask Event of the same name says
+    it is there (``_read_rendezvous``)."""
+    name = rendezvous_variable_name(channel)
+    Variable(name).set(address)
+    Event(name).set()
+
+
+def _read_rendezvous(channel: str, timeout_s: float) -> str:
+    """The other ranks wait for rank 0's Event, then read its Variable (set before it: no wait).
+
+    Not ``Variable.get(timeout=...)`` alone: on Python 3.10 the scheduler loses its wake-up when the set arrives
+    while the get is starting to wait (distributed 2026.8: ``VariableExtension.get`` checks for the value, then
+    waits on a Condition through ``asyncio.wait_for``, which on 3.10 starts the wait a loop turn later; a set in
+    between notifies nobody), so the group failed after the rendezvous timeout (the 3.10 CI lane). Ranks start
+    together, so that turn is often hit: 299 of 300 such get/set pairs timed out on 3.10, none on 3.11
+    (``tests/test_rendezvous.py``). An Event keeps its state: set before the wait, the wait returns at once."""
+    name = rendezvous_variable_name(channel)
+    if not Event(name).wait(timeout=timeout_s):
+        raise TimeoutError(
+            f"rank 0 published no rendezvous address in {timeout_s:g} s (TorchConfig.rendezvous_timeout_s): "
+            "its Dask worker is busy, slow to start, or gone"
+        )
+    return Variable(name).get(timeout=timeout_s)
+
+
 def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> float:
     """Rank 0 opens a TCPStore on its Dask worker's address (which the other hosts reach: the scheduler does),
     on a port the OS picks, and publishes host:port through a Dask Variable; the other ranks read it and
@@ -115,14 +141,13 @@ def _init_process_group(spec: RankSpec, worker_address: str, device: torch.devic
     start-up meanwhile (0.0 on a warm worker)."""
     import torch.distributed as dist
 
-    variable = Variable(rendezvous_variable_name(spec.channel))
     store_timeout = timedelta(seconds=spec.rendezvous_timeout_s)
     if spec.world_rank == 0:
         host = get_address_host(worker_address)
         store, port = _compat.tcp_store_on_free_port(host, spec.world_size, store_timeout)
-        variable.set(f"{host}:{port}")
+        _publish_rendezvous(spec.channel, f"{host}:{port}")
     else:
-        address = variable.get(timeout=spec.rendezvous_timeout_s)
+        address = _read_rendezvous(spec.channel, spec.rendezvous_timeout_s)
         host, port_text = address.rsplit(":", 1)
         port = int(port_text)
         store = dist.TCPStore(host, port, spec.world_size, False, timeout=store_timeout)
