@@ -111,9 +111,7 @@ def test_a_scheduler_without_sweepflow_is_refused_before_any_work_saying_what_to
     with open(tmp_path / "scheduler.log", "wb") as log:
         scheduler = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: scheduler_file.exists(), 120, "the scheduler", alive=scheduler)
-        with open(scheduler_file) as f:
-            address = json.load(f)["address"]
+        address = _wait_for(lambda: _scheduler_address(scheduler_file), 120, "the scheduler", alive=scheduler)
         cfg = PipelineConfig.model_validate(
             {
                 "state_dir": str(tmp_path / "state"),
@@ -147,6 +145,14 @@ HOSTS = ("sched", "worker-a", "worker-b", "storage")
 HOLD_AT = 2  # the group holds after this epoch's checkpoint until the test has taken a host away
 EPOCHS = 4
 BUCKET = "sweepflow-multihost"
+
+
+def _scheduler_address(scheduler_file) -> str | None:
+    """The address in a scheduler file, once the scheduler has written it whole (it exists empty first)."""
+    try:
+        return json.loads(scheduler_file.read_text())["address"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def _wait_for(condition, timeout: float, what: str, *, alive: subprocess.Popen | None = None):

@@ -9,6 +9,7 @@ import copy
 import itertools
 import math
 import numbers
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
@@ -392,6 +393,18 @@ class TPESampler(Sampler):
         tell_study(self._study, number, value)
 
 
+_LOCKS = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
+
+
+def _own_copy(sampler: Any) -> Any:
+    """A deep copy of a user's Optuna sampler, with fresh locks where it holds its own: Optuna 5.1's genetic
+    samplers (``NSGAIISampler``, ``NSGAIIISampler``: ``BaseGASampler._thread_lock``) hold a ``threading.Lock``,
+    which ``copy.deepcopy`` refuses."""
+    held = getattr(sampler, "__dict__", {}).values()
+    memo = {id(value): _LOCKS[type(value)]() for value in held if type(value) in _LOCKS}
+    return copy.deepcopy(sampler, memo)
+
+
 def optuna_study(
     optuna: Any, *, mode: str, modes: Sequence[str] = (), seed: int | None, n_startup_trials: int, sampler: Any = None
 ) -> Any:
@@ -401,7 +414,7 @@ def optuna_study(
     if sampler is None:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, constant_liar=True)
     else:
-        sampler = copy.deepcopy(sampler)  # each experiment's study learns on its own copy
+        sampler = _own_copy(sampler)  # each experiment's study learns on its own copy
     if modes:
         return optuna.create_study(directions=["maximize" if m == "max" else "minimize" for m in modes], sampler=sampler)
     return optuna.create_study(direction="maximize" if mode == "max" else "minimize", sampler=sampler)
