@@ -135,8 +135,8 @@ def _read_rendezvous(channel: str, timeout_s: float) -> str:
 
 def _init_process_group(spec: RankSpec, worker_address: str, device: torch.device) -> float:
     """Rank 0 opens a TCPStore on its Dask worker's address (which the other hosts reach: the scheduler does),
-    on a port the OS picks, and publishes host:port through a Dask Variable; the other ranks read it and
-    connect. No fixed port, so many groups share a cluster. gloo/NCCL then connect through the interface holding
+    on a port the OS picks, and publishes host:port (``_publish_rendezvous``); the other ranks read it
+    (``_read_rendezvous``) and connect. No fixed port, so many groups share a cluster. gloo/NCCL then connect through the interface holding
     each rank's worker address (``_network``). Returns the seconds this rank spent on its worker's one-time
     start-up meanwhile (0.0 on a warm worker)."""
     import torch.distributed as dist
