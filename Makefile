@@ -46,7 +46,7 @@ deploy:
 	set -a && . $${SWEEPFLOW_HOME:-$$HOME/.sweepflow}/stack/stack.env && set +a && .venv/bin/prefect --no-prompt deploy --all
 
 # The documentation site (mkdocs.yml, docs/; the docs extra, in the dev venv): served while you edit, or built strict
-# into site/ (tests/test_docs.py builds it too). `make docs DOCS_ADDR=127.0.0.1:8123` serves on another address.
+# into site/ (tests/docs/test_docs.py builds it too). `make docs DOCS_ADDR=127.0.0.1:8123` serves on another address.
 DOCS_ADDR ?= 127.0.0.1:8000
 docs:
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve --dev-addr $(DOCS_ADDR)

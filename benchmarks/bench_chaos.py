@@ -4,10 +4,10 @@ Run by hand as root (it makes a network namespace); prints PASS/FAIL lines and a
     .venv/bin/python benchmarks/bench_chaos.py [--num-samples 500] [--faults 12] [--seed 0] [--epochs 2]
 
 What it stands up (all on this machine, stopped and removed at the end):
-* a throwaway PostgreSQL (tests/postgres_server.py) holding the Prefect server's and MLflow's databases;
+* a throwaway PostgreSQL (tests/support/postgres_server.py) holding the Prefect server's and MLflow's databases;
 * ``sweepflow stack up --workers 2`` bound to the root end of a private bridge (``--host`` that address,
   ``--insecure``: the network is this run's own), so that
-* a third Dask worker runs on another host: a network namespace (tests/netns_hosts.py), its Dask worker started
+* a third Dask worker runs on another host: a network namespace (tests/support/netns_hosts.py), its Dask worker started
   as the stack's are;
 * ``prefect deploy --all`` from this checkout, and one ``prefect deployment run training-pipeline/default``
   of N trials (1 rank each, FIFO, ``training.max_failures=3``), run by the stack's Prefect worker.

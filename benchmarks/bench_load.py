@@ -5,7 +5,7 @@
 
 ``--stack``: Prefect, MLflow and Dask are ``sweepflow stack up``'s (under ``<state dir>/stack``; S3 storage; their
 databases on $SWEEPFLOW_STACK_DATABASE_URL's PostgreSQL when set), the flow processes still the local launcher's.
-``--start-postgres``: the same on a throwaway PostgreSQL server this benchmark starts (tests/postgres_server.py:
+``--start-postgres``: the same on a throwaway PostgreSQL server this benchmark starts (tests/support/postgres_server.py:
 Debian's postgresql, scripts/install-postgres.sh) and measures as the "postgres" service.
 
 N one-epoch trials (default 200) of a tiny model (the Ray Tune CIFAR tutorial's Net with l1, l2 in 4..16, batch 64 or 128, on the

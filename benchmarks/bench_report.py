@@ -8,7 +8,7 @@ row and one curve per trial) up to 400 finished trials, less beyond (the fANOVA 
 fit a forest over at most 400 of them: tasks/reporting/importance.py's MAX_TRIALS). Taken side by side in one
 run, since the machine's speed swings between hours.
 
-``--browser`` also opens each size's page in headless Chromium (tests/browser.py) and prints how long the page
+``--browser`` also opens each size's page in headless Chromium (tests/support/browser.py) and prints how long the page
 took from navigation to its plots drawn (the script's ``data-rendered-ms``), and the wall time from asking
 Chromium to navigate until the DOM read back showed it (polled every 0.5 s). Above ``MAX_DRAWN_TRIALS`` trials
 the plots draw a sample and a band (report_data.drawn_trials); the table lists every trial.

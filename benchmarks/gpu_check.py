@@ -30,7 +30,7 @@ NVIDIA GPU (said in one sentence).
 
 ``GPU_CHECK_ON_CPU=1`` rehearses the checks' own code on the CPU (gloo, two CPU ranks standing for two GPUs,
 no pipeline): it says nothing about GPUs, only that this script is not broken before it reaches one
-(tests/test_gpu_check.py).
+(tests/benchmarks/test_gpu_check.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every place ddp_runtime relies on Dask's or torch's internals, or on behaviour they do not document.
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
-to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
-what we rely on. Upgrading Dask or torch: run ``pytest tests/test_compat.py`` first.
+to do when it breaks; ``tests/repo/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading Dask or torch: run ``pytest tests/repo/test_compat.py`` first.
 
 Nothing here imports torch at module level: the driver side of ddp_runtime (and the flow process) never
 imports it.

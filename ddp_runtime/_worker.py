@@ -123,7 +123,7 @@ def _read_rendezvous(channel: str, timeout_s: float) -> str:
     waits on a Condition through ``asyncio.wait_for``, which on 3.10 starts the wait a loop turn later; a set in
     between notifies nobody), so the group failed after the rendezvous timeout (the 3.10 CI lane). Ranks start
     together, so that turn is often hit: 299 of 300 such get/set pairs timed out on 3.10, none on 3.11
-    (``tests/test_rendezvous.py``). An Event keeps its state: set before the wait, the wait returns at once."""
+    (``tests/ddp_runtime/test_rendezvous.py``). An Event keeps its state: set before the wait, the wait returns at once."""
     name = rendezvous_variable_name(channel)
     if not Event(name).wait(timeout=timeout_s):
         raise TimeoutError(

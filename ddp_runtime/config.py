@@ -5,7 +5,7 @@ Ray changes only its imports. Every config is a frozen dataclass validated in ``
 fails where it is written, with a message that says how to fix it, instead of deep inside a Dask worker.
 
 Every field of Ray 2.60's signatures is taken: it works, or it is refused by name in one sentence that says
-why and what to use instead (``tests/test_ray_train_fields.py`` walks them). A Ray field with no counterpart
+why and what to use instead (``tests/ddp_runtime/test_ray_train_fields.py`` walks them). A Ray field with no counterpart
 here is not a field of ours: its Ray default, which asks for nothing, is accepted and any other value refused
 (``_refuses``); a name neither has is a ``TypeError`` listing the fields.
 """

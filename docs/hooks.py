@@ -8,7 +8,7 @@ reference can never go stale:
 - ``<!-- sweepflow:cli-reference -->``: every command and subcommand of ``sweepflow`` (``flows/cli.py``'s
   ``build_parser()``): its help, usage and options.
 
-``tests/test_docs.py`` builds the site strict and checks both tables hold every field and every option.
+``tests/docs/test_docs.py`` builds the site strict and checks both tables hold every field and every option.
 """
 
 from __future__ import annotations

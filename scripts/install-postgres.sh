@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PostgreSQL server the stack tests run Prefect and MLflow on (tests/postgres_server.py starts a throwaway one
+# The PostgreSQL server the stack tests run Prefect and MLflow on (tests/support/postgres_server.py starts a throwaway one
 # per test module, as the `postgres` user, on 127.0.0.1 at a free port): Debian's `postgresql`, installed if its
 # initdb/pg_ctl are missing (needs root and apt, as on the CI machine; elsewhere install it yourself, or set
 # SWEEPFLOW_SKIP_POSTGRES_TESTS=1). Debian's package rather than a server shipped on PyPI: it is the build the

@@ -3,8 +3,8 @@ or on behaviour it does not document: MLflow, Prefect. (The services' own, for D
 are in ``sweepflow.services.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
-to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
-what we rely on. Upgrading one of these libraries: run ``pytest tests/test_compat.py`` first.
+to do when it breaks; ``tests/repo/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading one of these libraries: run ``pytest tests/repo/test_compat.py`` first.
 
 Imports are inside the functions: the pre-flight checks import this module before a run and must stay light.
 """
@@ -311,7 +311,7 @@ def packages_distributions(library: Any) -> dict[str, list[str]]:
     """``library.packages_distributions()`` (``importlib_metadata``'s or ``importlib.metadata``'s: top-level
     importable names -> the distributions that provide them), computed from each distribution's ``RECORD`` with
     string operations instead of a ``PackagePath`` and a ``locate()`` per file. A distribution without a
-    ``RECORD`` (an egg-info install) is left to the library's own code. ``tests/test_compat.py`` compares both
+    ``RECORD`` (an egg-info install) is left to the library's own code. ``tests/repo/test_compat.py`` compares both
     on the installed environment."""
     import csv
     import inspect
@@ -386,7 +386,7 @@ def forget_ended_task_run(task_run_id: UUID) -> None:
     final State with its result (``run_results``, keyed by ``id(result)``, to draw a dependency arrow if the
     result is passed to another task) and its assets (``task_run_assets``): a few KiB per trial
     (benchmarks/bench_load.py). A trial's result is never passed on as a task argument, so no arrow is
-    lost. Written for Prefect 3.9; a missing attribute is left alone (``tests/test_compat.py`` fails then). If
+    lost. Written for Prefect 3.9; a missing attribute is left alone (``tests/repo/test_compat.py`` fails then). If
     it breaks: see what ``ThreadPoolTaskRunner.submit`` and ``FlowRunContext`` keep per task run now.
     """
     from prefect.context import FlowRunContext
@@ -428,7 +428,7 @@ def stop_flow_heartbeats_promptly() -> bool:
     (0.29-0.91 s of a 6-s warm ``sweepflow run``). This is the same context manager (same first heartbeat at
     the start, same frequency, no heartbeat once the run's state is final, same join bound) with the thread
     waiting on the stop event itself. Written for Prefect 3.9.1; a missing piece leaves Prefect's own in place
-    (``tests/test_compat.py`` fails then). If it breaks: drop this (a delay, not an error); check first whether
+    (``tests/repo/test_compat.py`` fails then). If it breaks: drop this (a delay, not an error); check first whether
     Prefect's loop still sleeps in steps.
     """
     import contextvars

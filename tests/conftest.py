@@ -16,13 +16,25 @@ import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS_DIR)
+SUPPORT_DIR = os.path.join(TESTS_DIR, "support")
 
-# Training functions defined in test modules are pickled by reference: the Dask worker processes the tests
-# start must be able to import them, as a user's workers import the user's package. The project itself is
-# imported as installed (``sweepflow.*``, ``ddp_runtime``), never from the checkout's root.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)
+# The tests mirror the product's folders (tests/ddp_runtime/, tests/tasks/sweep/, ...; tests/e2e/ for whole runs),
+# helpers and stand-in servers sit in tests/support/. No folder is a package: pytest imports a test module by its
+# file name (the names are unique), with its folder on sys.path. Training functions defined in test modules and
+# helpers are pickled by reference, so the Dask worker processes and subprocesses the tests start must import
+# them by the same names, as a user's workers import the user's package: every such folder goes on PYTHONPATH.
+# The project itself is imported as installed (``sweepflow.*``, ``ddp_runtime``), never from the checkout's root.
+TEST_DIRS = [SUPPORT_DIR] + sorted(
+    folder
+    for folder, _, files in os.walk(TESTS_DIR)
+    if folder != SUPPORT_DIR
+    and not folder.startswith(SUPPORT_DIR + os.sep)
+    and any(name.startswith("test_") and name.endswith(".py") for name in files)
+)
+os.environ["PYTHONPATH"] = os.pathsep.join([*TEST_DIRS, *filter(None, [os.environ.get("PYTHONPATH")])])
+for folder in reversed(TEST_DIRS):
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 # The clusters the tests start run with the background cluster's Dask settings (`sweepflow run` starts its local
 # cluster with them): no 100-Hz profiler in every worker, slower dashboard timers. They live beside the tests on
@@ -41,14 +53,14 @@ FIXTURE_MARKERS: dict[str, tuple[str, ...]] = {
     "s3_endpoint": ("s3",),  # below: a moto S3 server
     "s3": ("s3",),  # test_datasets.py's own moto S3 server
     "prefect_harness": ("prefect",),  # below: prefect_test_harness
-    "mlflow_server": ("mlflow_server",),  # tests/mlflow_server.py
+    "mlflow_server": ("mlflow_server",),  # tests/support/mlflow_server.py
     "_shared_cluster": ("dask",),  # below: the session's LocalCluster with worker processes
     "cluster": ("dask",),  # below, or a test module's own (test_faults_*: they kill workers)
     "gpu3": ("dask",),  # test_ddp_runtime.py
     # test_stack_hygiene.py: the stack on a PostgreSQL server (the `postgres` fixture, asked for inside it)
     "stack": ("stack", "s3", "mlflow_server", "prefect", "dask", "subprocess", "postgres"),
-    "postgres": ("postgres",),  # below: a PostgreSQL server (tests/postgres_server.py)
-    "browser": ("browser",),  # below: one headless Chromium for the module (tests/browser.py)
+    "postgres": ("postgres",),  # below: a PostgreSQL server (tests/support/postgres_server.py)
+    "browser": ("browser",),  # below: one headless Chromium for the module (tests/support/browser.py)
 }
 
 
@@ -100,7 +112,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    """One headless Chromium for the module's pages (``tests/browser.py``): each page a full load, the browser's
+    """One headless Chromium for the module's pages (``tests/support/browser.py``): each page a full load, the browser's
     process and caches shared; stopped and its profile removed after the module."""
     from browser import Browser
 
@@ -111,7 +123,7 @@ def browser(tmp_path_factory):
 @pytest.fixture(scope="module")
 def postgres():
     """A real PostgreSQL server on 127.0.0.1 (a free port) for the module, with a password-authenticated role
-    (``tests/postgres_server.py``); stopped and removed after the module."""
+    (``tests/support/postgres_server.py``); stopped and removed after the module."""
     from postgres_server import postgres_server
 
     with postgres_server() as server:

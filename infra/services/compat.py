@@ -4,8 +4,8 @@ MLflow and Prefect's client side, are in ``sweepflow.tasks.compat``; ddp_runtime
 ``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
-to do when it breaks; ``tests/test_compat.py`` has a test per function that fails when the library changes
-what we rely on. Upgrading Dask: run ``pytest tests/test_compat.py`` first.
+to do when it breaks; ``tests/repo/test_compat.py`` has a test per function that fails when the library changes
+what we rely on. Upgrading Dask: run ``pytest tests/repo/test_compat.py`` first.
 
 The service supervisor and the warm launcher import this module: it imports nothing but the standard library
 (and that inside the functions).
@@ -26,7 +26,7 @@ def serve_dask_worker_names(scheduler: Any, path: str) -> None:
     answers HTTP 500 whenever a worker's last heartbeat carried fine-grained task metrics: each worker's
     ``metrics["digests_total_since_heartbeat"]`` is keyed by tuples, which JSON cannot encode. During a sweep
     that is often, and the stack's probe of each `dask worker` service read it: `sweepflow stack up` took every
-    healthy worker for hung and restarted them all, killing their trials (found by tests/test_chaos.py).
+    healthy worker for hung and restarted them all, killing their trials (found by tests/e2e/test_chaos.py).
     Relies on the scheduler's tornado application (``scheduler.http_application``, undocumented) and Dask's
     ``RequestHandler`` (``dask_server``: the scheduler). Written for distributed 2026.8. If it breaks: register
     the handler through the ``distributed.scheduler.http.routes`` setting instead (a module with ``routes``).

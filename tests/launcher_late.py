@@ -1,1 +1,0 @@
-"""A module the warm launcher of tests/test_launcher.py imports only once it is idle."""

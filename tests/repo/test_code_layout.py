@@ -1,0 +1,100 @@
+"""The product's files each have one job (issue 38): none of its Python modules is over 600 lines, and no two of
+ddp_runtime's modules import each other (issue 67), even for type hints only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import paths
+
+ROOT = paths.ROOT
+PRODUCT = ("flows", "tasks", "ddp_runtime", "infra")
+MAX_LINES = 600
+
+
+def test_no_product_module_is_over_600_lines():
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+        for top in PRODUCT
+        for path in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert len(sizes) > 100  # the tree was found
+    over = {path: lines for path, lines in sorted(sizes.items()) if lines > MAX_LINES}
+    assert not over, f"split these along their jobs (at most {MAX_LINES} lines each): {over}"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level(tree: ast.Module):
+    """The statements a module runs when imported, and those under its top-level ``if`` (``TYPE_CHECKING``)
+    and ``try``; not the imports inside functions (deferred on purpose)."""
+    for node in tree.body:
+        if isinstance(node, ast.If):
+            yield from (*node.body, *node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from node.body
+        else:
+            yield node
+
+
+def _import_cycles(root: Path, package: str) -> list[list[str]]:
+    modules = {
+        _module_name(p, root): p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts
+    }
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found |= {sub} if sub in modules else ({node.module} & modules.keys())
+        edges[name] = found - {name}
+    # Tarjan's strongly connected components: each one of more than one module is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                cycles.append(sorted([v, *component]))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_two_ddp_runtime_modules_import_each_other(tmp_path):
+    assert _import_cycles(ROOT, "ddp_runtime") == []
+    # The check sees a cycle through a TYPE_CHECKING import (the shape issue 67 found in ddp_runtime/data), and
+    # not a deferred import inside a function.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import B\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\nclass B: ...\n"
+    )
+    (tmp_path / "pkg" / "c.py").write_text("from pkg import a\n")
+    (tmp_path / "pkg" / "d.py").write_text("def f():\n    from pkg import c\n")
+    assert _import_cycles(tmp_path, "pkg") == [["pkg.a", "pkg.b"]]
