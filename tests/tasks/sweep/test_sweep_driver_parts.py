@@ -20,7 +20,7 @@ from sweepflow.tasks.sweep.samplers import (
     make_sampler,
 )
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.sweep.trial_groups import copy_latest
+from sweepflow.tasks.sweep.trial_exploits import copy_latest
 
 SPACE = {
     "lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1},
