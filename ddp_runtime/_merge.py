@@ -118,6 +118,126 @@ def replicas_sentence(clashes: list[tuple[str, int, int]], how: str) -> str:
     )
 
 
+def _begin(
+    storage: RunStorage, next_index: int, dir_name: str | None, sharded: bool
+) -> tuple[dict[str, Any], BaseException | None]:
+    """On rank 0: the checkpoint's plan (its index, name and location, ``storage.begin``), and the error that
+    kept it from starting, if one did (then also in the plan, for the other ranks)."""
+    plan: dict[str, Any] = {"index": next_index, "target": None, "error": None, "replicas_ok": not sharded}
+    try:
+        plan["name"] = checked_dir_name(dir_name) if dir_name is not None else default_dir_name(next_index)
+        plan["target"] = storage.begin(plan["name"], uuid.uuid4().hex[:8])
+    except (OSError, ValueError) as exc:
+        plan["error"] = f"{type(exc).__name__}: {exc}"
+        return plan, exc
+    return plan, None
+
+
+def _agreed_plan(entries: list[dict[str, Any]], own_error: BaseException | None) -> dict[str, Any]:
+    """Rank 0's plan, as every rank received it; raises on every rank if rank 0 could not start the checkpoint
+    (rank 0 its own error)."""
+    plan = entries[0]["plan"]
+    assert plan is not None
+    if plan["error"] is not None:
+        if own_error is not None:
+            raise own_error
+        raise RuntimeError(
+            f"report(checkpoint=...): rank 0 could not start this report's checkpoint: {plan['error']}"
+        )
+    return plan
+
+
+def _refuse_conflicts(
+    listed: list[dict[str, int]],
+    local_dir: str | None,
+    rank: int,
+    *,
+    replicas_ok: bool,
+    storage: RunStorage,
+    target: str,
+) -> list[tuple[str, int, int]]:
+    """Collective: raise ``CheckpointConflictError`` on every rank (rank 0 abandoning the write) if two ranks
+    listed different contents under one path, unless they are copies of one unsharded checkpoint, which rank 0
+    warns of. Returns the paths that differ between such copies (``_clashes``)."""
+    clashes, how = _clashes(listed, local_dir, rank)
+    if clashes:
+        reporting = [set(listing) for listing in listed if listing]
+        # Every rank saved the whole (DDP) model, as Ray's getting-started example does: not a sharded model.
+        replicas = replicas_ok and all(names == reporting[0] for names in reporting)
+        if not replicas:
+            if rank == 0:
+                storage.abandon(target)
+            raise CheckpointConflictError(conflict_sentence(clashes, how))
+        if rank == 0:
+            log.warning("%s", replicas_sentence(clashes, how))
+    return clashes
+
+
+def _write_own_files(
+    rank: int,
+    world_size: int,
+    storage: RunStorage,
+    *,
+    local_dir: str | None,
+    files: dict[str, int],
+    target: str,
+    index: int,
+    listed: list[dict[str, int]],
+) -> None:
+    """Collective: write this rank's ``files`` that no lower rank holds to ``target``, then learn whether
+    every rank stored its own; if one could not, rank 0 abandons the write and every rank raises (that one its
+    own error)."""
+    # A file two ranks hold (byte for byte, or copies of one checkpoint) is written once, by the lowest of them.
+    earlier = {rel for r in range(rank) for rel in listed[r]}
+    mine = sorted(rel for rel in files if rel not in earlier)
+    own_error: BaseException | None = None
+    status = None
+    if mine:
+        assert local_dir is not None
+        try:
+            storage.write_files(local_dir, target, mine, what=f"rank {rank} writing checkpoint {index}")
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it below, then this one raises it
+            own_error, status = exc, f"{type(exc).__name__}: {str(exc)[:300]}"
+    statuses = _gather(status, world_size)
+    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
+    if failed:
+        if rank == 0:
+            storage.abandon(target)
+        if own_error is not None:
+            raise own_error
+        r, s = failed[0]
+        raise RuntimeError(f"checkpoint {index} is not committed: rank {r} could not store its files: {s}")
+
+
+def _commit(
+    storage: RunStorage,
+    plan: dict[str, Any],
+    metrics: dict[str, Any],
+    listed: list[dict[str, int]],
+    clashes: list[tuple[str, int, int]],
+    started: float,
+) -> Checkpoint:
+    """On rank 0, once every rank's files are stored: check them and write the commit marker
+    (``storage.commit``), or abandon the write."""
+    union: dict[str, int] = {}
+    for listing in listed:
+        for rel, size in listing.items():
+            union.setdefault(rel, size)  # the lowest rank's copy is the one written
+    details = {
+        "ranks": [r for r, listing in enumerate(listed) if listing],
+        "files": len(union),
+        "bytes": sum(union.values()),
+        "write_s": round(time.perf_counter() - started, 6),
+    }
+    if clashes:
+        details["kept_lowest_rank_copy_of"] = sorted({rel for rel, _, _ in clashes})
+    try:
+        return storage.commit(plan["target"], plan["name"], plan["index"], metrics, union, details=details)
+    except BaseException:
+        storage.abandon(plan["target"])
+        raise
+
+
 def persist_merged(
     *,
     rank: int,
@@ -149,76 +269,18 @@ def persist_merged(
     if not int(flag.item()):
         return None, next_index
     started = time.perf_counter()
-    plan: dict[str, Any] | None = None
-    own_error: BaseException | None = None
-    if rank == 0:
-        plan = {"index": next_index, "target": None, "error": None, "replicas_ok": not sharded}
-        try:
-            plan["name"] = (
-                checked_dir_name(dir_name) if dir_name is not None else default_dir_name(next_index)
-            )
-            plan["target"] = storage.begin(plan["name"], uuid.uuid4().hex[:8])
-        except (OSError, ValueError) as exc:
-            own_error, plan["error"] = exc, f"{type(exc).__name__}: {exc}"
+    plan, own_error = _begin(storage, next_index, dir_name, sharded) if rank == 0 else (None, None)
     files = manifest(local_dir) if local_dir is not None else {}
     entries = _gather({"files": files, "plan": plan}, world_size)
-    plan = entries[0]["plan"]
-    assert plan is not None
-    if plan["error"] is not None:
-        if own_error is not None:
-            raise own_error
-        raise RuntimeError(
-            f"report(checkpoint=...): rank 0 could not start this report's checkpoint: {plan['error']}"
-        )
+    plan = _agreed_plan(entries, own_error)
     listed = [e["files"] for e in entries]
     target, index = plan["target"], plan["index"]
-    clashes, how = _clashes(listed, local_dir, rank)
-    if clashes:
-        reporting = [set(listing) for listing in listed if listing]
-        # Every rank saved the whole (DDP) model, as Ray's getting-started example does: not a sharded model.
-        replicas = plan["replicas_ok"] and all(names == reporting[0] for names in reporting)
-        if not replicas:
-            if rank == 0:
-                storage.abandon(target)
-            raise CheckpointConflictError(conflict_sentence(clashes, how))
-        if rank == 0:
-            log.warning("%s", replicas_sentence(clashes, how))
-    # A file two ranks hold (byte for byte, or copies of one checkpoint) is written once, by the lowest of them.
-    earlier = {rel for r in range(rank) for rel in listed[r]}
-    mine = sorted(rel for rel in files if rel not in earlier)
-    status = None
-    if mine:
-        assert local_dir is not None
-        try:
-            storage.write_files(local_dir, target, mine, what=f"rank {rank} writing checkpoint {index}")
-        except Exception as exc:  # noqa: BLE001 - every rank learns of it below, then this one raises it
-            own_error, status = exc, f"{type(exc).__name__}: {str(exc)[:300]}"
-    statuses = _gather(status, world_size)
-    failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
-    if failed:
-        if rank == 0:
-            storage.abandon(target)
-        if own_error is not None:
-            raise own_error
-        r, s = failed[0]
-        raise RuntimeError(f"checkpoint {index} is not committed: rank {r} could not store its files: {s}")
-    union: dict[str, int] = {}
-    for listing in listed:
-        for rel, size in listing.items():
-            union.setdefault(rel, size)  # the lowest rank's copy is the one written
+    clashes = _refuse_conflicts(
+        listed, local_dir, rank, replicas_ok=plan["replicas_ok"], storage=storage, target=target
+    )
+    _write_own_files(
+        rank, world_size, storage, local_dir=local_dir, files=files, target=target, index=index, listed=listed
+    )
     if rank != 0:
         return None, index + 1  # rank 0 commits; it alone tells the driver
-    details = {
-        "ranks": [r for r, listing in enumerate(listed) if listing],
-        "files": len(union),
-        "bytes": sum(union.values()),
-        "write_s": round(time.perf_counter() - started, 6),
-    }
-    if clashes:
-        details["kept_lowest_rank_copy_of"] = sorted({rel for rel, _, _ in clashes})
-    try:
-        stored = storage.commit(target, plan["name"], index, metrics, union, details=details)
-    except BaseException:
-        storage.abandon(target)
-        raise
-    return stored, index + 1
+    return _commit(storage, plan, metrics, listed, clashes, started), index + 1

@@ -176,77 +176,95 @@ class _OnTheGroup:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
 
+class _DDPOnTheGroup(_OnTheGroup):
+    """Lightning's ``DDPStrategy`` on the TorchTrainer's group (its arguments, but ``process_group_backend``,
+    ``timeout`` and ``start_method``, which are the group's: ``TorchConfig``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_group_settings("RayDDPStrategy", kwargs)
+        super().__init__(*args, **kwargs)
+
+    def configure_ddp(self) -> None:
+        """Wrap the module in ``DistributedDataParallel``, but on a group of one rank, which has no gradients
+        to reduce (the wrapper's hooks would only cost each step)."""
+        if self.world_size > 1:
+            super().configure_ddp()  # type: ignore[misc]
+
+
+class _FSDPOnTheGroup(_OnTheGroup):
+    """Lightning's ``FSDPStrategy`` on the TorchTrainer's group: each rank holds its shard; with
+    ``state_dict_type="sharded"`` every rank writes its shard of ``checkpoint.ckpt`` and ``report`` keeps
+    them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_group_settings("RayFSDPStrategy", kwargs)
+        super().__init__(*args, **kwargs)
+
+
+class _DeepSpeedOnTheGroup(_OnTheGroup):
+    """Lightning's ``DeepSpeedStrategy`` on the TorchTrainer's group (needs the ``deepspeed`` package)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not _installed("deepspeed"):
+            raise ModuleNotFoundError(
+                "RayDeepSpeedStrategy needs DeepSpeed, which is not installed: pip install deepspeed (on the "
+                "Dask workers too), or use RayDDPStrategy / RayFSDPStrategy"
+            )
+        _refuse_group_settings("RayDeepSpeedStrategy", kwargs)
+        super().__init__(*args, **kwargs)
+
+
+class _GroupRanks:
+    """The group's ranks for Lightning: world size, global, local and node rank from ``get_context()``. The
+    processes exist already (the group's), so Lightning launches none and its setters change nothing."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """The group's processes exist: Lightning launches none."""
+        return True
+
+    def world_size(self) -> int:
+        """``ScalingConfig.num_workers``: the group's size."""
+        return get_context().get_world_size()
+
+    def global_rank(self) -> int:
+        """This rank's index in the group."""
+        return get_context().get_world_rank()
+
+    def local_rank(self) -> int:
+        """This rank's index among the group's ranks on its machine."""
+        return get_context().get_local_rank()
+
+    def node_rank(self) -> int:
+        """The index of this rank's machine among the group's."""
+        return get_context().get_node_rank()
+
+    def set_world_size(self, size: int) -> None:
+        """The group's size is fixed by ``ScalingConfig.num_workers``."""
+
+    def set_global_rank(self, rank: int) -> None:
+        """The group's ranks are fixed by the TorchTrainer."""
+
+    def teardown(self) -> None:
+        """The group's environment outlives the Lightning Trainer (a next ``fit`` in the rank uses it)."""
+
+
 def _build(pl: Any, lightning_environment: type) -> types.SimpleNamespace:
-    """Ray's six names on ``pl`` (one of ``PACKAGES``)."""
+    """Ray's six names on ``pl`` (one of ``PACKAGES``): the classes on ``pl``'s bases, their bodies in the
+    mixins above. They are still defined here, so that their qualified names stay what they were: Lightning
+    keys a callback's state in a checkpoint by it (``Callback.state_key``)."""
 
-    class RayDDPStrategy(_OnTheGroup, pl.strategies.DDPStrategy):
-        """Lightning's ``DDPStrategy`` on the TorchTrainer's group (its arguments, but ``process_group_backend``,
-        ``timeout`` and ``start_method``, which are the group's: ``TorchConfig``)."""
+    class RayDDPStrategy(_DDPOnTheGroup, pl.strategies.DDPStrategy):
+        __doc__ = _DDPOnTheGroup.__doc__
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            _refuse_group_settings("RayDDPStrategy", kwargs)
-            super().__init__(*args, **kwargs)
+    class RayFSDPStrategy(_FSDPOnTheGroup, pl.strategies.FSDPStrategy):
+        __doc__ = _FSDPOnTheGroup.__doc__
 
-        def configure_ddp(self) -> None:
-            """Wrap the module in ``DistributedDataParallel``, but on a group of one rank, which has no gradients
-            to reduce (the wrapper's hooks would only cost each step)."""
-            if self.world_size > 1:
-                super().configure_ddp()
+    class RayDeepSpeedStrategy(_DeepSpeedOnTheGroup, pl.strategies.DeepSpeedStrategy):
+        __doc__ = _DeepSpeedOnTheGroup.__doc__
 
-    class RayFSDPStrategy(_OnTheGroup, pl.strategies.FSDPStrategy):
-        """Lightning's ``FSDPStrategy`` on the TorchTrainer's group: each rank holds its shard; with
-        ``state_dict_type="sharded"`` every rank writes its shard of ``checkpoint.ckpt`` and ``report`` keeps
-        them all."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            _refuse_group_settings("RayFSDPStrategy", kwargs)
-            super().__init__(*args, **kwargs)
-
-    class RayDeepSpeedStrategy(_OnTheGroup, pl.strategies.DeepSpeedStrategy):
-        """Lightning's ``DeepSpeedStrategy`` on the TorchTrainer's group (needs the ``deepspeed`` package)."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if not _installed("deepspeed"):
-                raise ModuleNotFoundError(
-                    "RayDeepSpeedStrategy needs DeepSpeed, which is not installed: pip install deepspeed (on the "
-                    "Dask workers too), or use RayDDPStrategy / RayFSDPStrategy"
-                )
-            _refuse_group_settings("RayDeepSpeedStrategy", kwargs)
-            super().__init__(*args, **kwargs)
-
-    class RayLightningEnvironment(lightning_environment):
-        """The group's ranks for Lightning: world size, global, local and node rank from ``get_context()``. The
-        processes exist already (the group's), so Lightning launches none and its setters change nothing."""
-
-        @property
-        def creates_processes_externally(self) -> bool:
-            """The group's processes exist: Lightning launches none."""
-            return True
-
-        def world_size(self) -> int:
-            """``ScalingConfig.num_workers``: the group's size."""
-            return get_context().get_world_size()
-
-        def global_rank(self) -> int:
-            """This rank's index in the group."""
-            return get_context().get_world_rank()
-
-        def local_rank(self) -> int:
-            """This rank's index among the group's ranks on its machine."""
-            return get_context().get_local_rank()
-
-        def node_rank(self) -> int:
-            """The index of this rank's machine among the group's."""
-            return get_context().get_node_rank()
-
-        def set_world_size(self, size: int) -> None:
-            """The group's size is fixed by ``ScalingConfig.num_workers``."""
-
-        def set_global_rank(self, rank: int) -> None:
-            """The group's ranks are fixed by the TorchTrainer."""
-
-        def teardown(self) -> None:
-            """The group's environment outlives the Lightning Trainer (a next ``fit`` in the rank uses it)."""
+    class RayLightningEnvironment(_GroupRanks, lightning_environment):
+        __doc__ = _GroupRanks.__doc__
 
     strategies = (RayDDPStrategy, RayFSDPStrategy, RayDeepSpeedStrategy)
 

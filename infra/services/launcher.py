@@ -166,6 +166,62 @@ def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]],
             os._exit(code)
 
 
+def _listen(path: str) -> socket.socket:
+    """The launcher's Unix socket at ``path`` (a stale one from a launcher that died is replaced)."""
+    if os.path.exists(path):
+        os.remove(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)  # only this user may hand the launcher commands
+    listener.listen(16)
+    return listener
+
+
+def _wake_on_signals(stopping: list[bool]) -> int:
+    """The read end of a pipe that SIGCHLD and SIGTERM write to, so that they wake the selector; SIGTERM also
+    appends to ``stopping``."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # SIGCHLD/SIGTERM wake the selector serve waits on
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    return wake_r
+
+
+def _start_run(
+    listener: socket.socket,
+    selector: selectors.BaseSelector,
+    children: dict[int, socket.socket],
+    main: Callable[[list[str]], int],
+) -> None:
+    """Accept a connection and fork a child that runs its request (``_child``), recorded in ``children`` with the
+    connection its exit code goes to; a health probe's connection (closed at once) and a bad request are
+    dropped."""
+    conn, _ = listener.accept()
+    try:
+        request, fds = _receive(conn)
+    except EOFError:  # a health probe: connected and closed
+        conn.close()
+        return
+    except (OSError, ValueError) as exc:
+        print(f"rejected a request: {exc}", flush=True)
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        selector.close()
+        listener.close()
+        conn.close()
+        _child(request, fds, main)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    _reply(conn, {"pid": pid})
+    print(f"run {pid}: sweepflow {' '.join(request['argv'])}", flush=True)
+
+
 def serve(
     path: str,
     ready_file: str,
@@ -188,18 +244,9 @@ def serve(
     for module in preload:  # e.g. the flow: prefect, mlflow, distributed, pandas and our tasks
         importlib.import_module(module)
 
-    if os.path.exists(path):
-        os.remove(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o600)  # only this user may hand the launcher commands
-    listener.listen(16)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)  # SIGCHLD/SIGTERM wake the selector below
-    stopping = []
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    listener = _listen(path)
+    stopping: list[bool] = []
+    wake_r = _wake_on_signals(stopping)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
@@ -219,29 +266,7 @@ def serve(
                 if key.fileobj is wake_r:
                     os.read(wake_r, 512)
                     continue
-                conn, _ = listener.accept()
-                try:
-                    request, fds = _receive(conn)
-                except EOFError:  # a health probe: connected and closed
-                    conn.close()
-                    continue
-                except (OSError, ValueError) as exc:
-                    print(f"rejected a request: {exc}", flush=True)
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    selector.close()
-                    listener.close()
-                    conn.close()
-                    _child(request, fds, main)
-                for fd in fds:
-                    os.close(fd)
-                children[pid] = conn
-                _reply(conn, {"pid": pid})
-                print(f"run {pid}: sweepflow {' '.join(request['argv'])}", flush=True)
+                _start_run(listener, selector, children, main)
             if _reap(children):
                 idle_from = time.monotonic() + idle_after_run
             if due and not events and not children:

@@ -329,6 +329,156 @@ def prefect_worker_spec(env: dict[str, str], prefect_home: str, *, secret: str =
     )
 
 
+def _start_s3(state_dir: str, key: str, secret: str, host: str, port: int) -> dict[str, str]:
+    """The S3 gateway, started first (MLflow's artifacts and the clients' storage are on it), and its bucket;
+    the S3 settings of its clients (its endpoint among them)."""
+    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret, host, port))
+    s3_env = _s3_env(endpoint, key, secret)
+    _ensure_bucket(s3_env)
+    return s3_env
+
+
+def _stack_mlflow_spec(
+    state_dir: str,
+    exposure: Exposure,
+    database: PostgresServer | None,
+    *,
+    s3_env: dict[str, str],
+    storage: str,
+    secret: str,
+    port: int,
+) -> tuple[ServiceSpec, dict[str, str]]:
+    """The stack's MLflow server (artifacts proxied to ``storage``; basic auth and allowed hosts as
+    ``exposure`` says), and the settings its clients need for that authentication."""
+    mlflow = mlflow_server_spec(
+        backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}" if database is None else None,
+        artifacts=f"{storage}/mlflow",
+        proxy_artifacts=True,
+        host=exposure.host,
+        # PostgreSQL: `--backend-store-uri` from its environment variable (the URL holds the password)
+        env={**s3_env, **(database.mlflow_env() if database else {})},
+        app_name="sweepflow-basic-auth" if exposure.mlflow_auth else "sweepflow",
+        port=port,
+    )
+    allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
+    mlflow_auth_env, mlflow_client_env = _mlflow_auth(state_dir, exposure.mlflow_auth)
+    mlflow = dataclasses.replace(
+        mlflow,
+        argv=[*mlflow.argv, *allowed],
+        env={**mlflow.env, **mlflow_auth_env},
+        code_key=_key(
+            secret,
+            host=exposure.host,
+            s3=s3_env["AWS_ENDPOINT_URL_S3"],  # the gateway's endpoint
+            allowed=allowed,
+            auth=mlflow_auth_env,
+            app=mlflow.code_key,
+            **_on_database(database),
+        ),  # fmt: skip
+    )
+    return mlflow, mlflow_client_env
+
+
+def _on_database(database: PostgresServer | None) -> dict[str, Any]:
+    """The settings-key part naming the database server. Only with a database: the keys of SQLite stacks
+    stay as they were, so an upgrade restarts nothing."""
+    return {"database": database.key()} if database else {}
+
+
+def _stack_prefect_server_spec(
+    state_dir: str, exposure: Exposure, database: PostgresServer | None, *, secret: str, port: int
+) -> ServiceSpec:
+    """The stack's Prefect server (its API auth string, if any, and database from the environment)."""
+    # Prefect's own service intervals, not the local server's slower ones: the stack runs the scheduled deployments
+    prefect_server = prefect_server_spec(
+        state_dir, name=PREFECT_SERVER, host=exposure.host, settings={}, port=port
+    )
+    auth = (
+        {"PREFECT_SERVER_API_AUTH_STRING": exposure.prefect_auth_string}
+        if exposure.prefect_auth_string
+        else {}
+    )
+    return dataclasses.replace(
+        prefect_server,
+        # the environment, never argv: argv is readable through `ps`
+        env={**prefect_server.env, **auth, **(database.prefect_env() if database else {})},
+        code_key=_key(secret, host=exposure.host, auth=auth, **_on_database(database)),
+    )
+
+
+def _ensure_side_by_side(state_dir: str, specs: Sequence[ServiceSpec]) -> dict[str, str]:
+    """Start (or reuse) ``specs`` in parallel, none of them needing another: each one's address by name.
+    The first failure, in the order given, is raised once all have finished (leaving the executor waits for
+    them)."""
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = [pool.submit(services.ensure, state_dir, spec) for spec in specs]
+        return {spec.name: future.result() for spec, future in zip(specs, futures, strict=True)}
+
+
+def _client_env(
+    state_dir: str,
+    addresses: dict[str, str],
+    exposure: Exposure,
+    *,
+    storage: str,
+    s3_env: dict[str, str],
+    mlflow_client_env: dict[str, str],
+) -> dict[str, str]:
+    """The settings the stack's clients need (what stack.env holds), from the servers' ``addresses``."""
+    env = {
+        "PREFECT_API_URL": addresses[PREFECT_SERVER],
+        "MLFLOW_TRACKING_URI": addresses[MLFLOW],
+        "DASK_SCHEDULER_ADDRESS": addresses[DASK_SCHEDULER],
+        "SWEEPFLOW_STORAGE": storage,
+        "SWEEPFLOW_HOME": os.path.join(state_dir, "home"),
+        # So that `infra/stack down|status` after `source stack.env` finds this stack (not <SWEEPFLOW_HOME>/stack).
+        "SWEEPFLOW_STACK_DIR": state_dir,
+        **s3_env,
+        **dask_client_env(exposure),
+        **mlflow_client_env,
+        **MLFLOW_SETTINGS,
+    }
+    if exposure.prefect_auth_string:
+        env["PREFECT_API_AUTH_STRING"] = exposure.prefect_auth_string  # stack.env is mode 0600
+    return env
+
+
+def _start_workers(
+    state_dir: str,
+    env: dict[str, str],
+    exposure: Exposure,
+    *,
+    workers: int,
+    worker_preload: Sequence[str],
+    secret: str,
+) -> None:
+    """The clients of the servers: one Dask worker per GPU (else ``workers`` of them) and the Prefect worker;
+    Dask workers an earlier ``up`` started beyond this count are stopped."""
+    names_url = scheduler_http(state_dir, dask_worker_names.PATH)
+    from ddp_runtime.cluster import visible_gpus  # here: importing distributed is not free
+
+    gpus = visible_gpus()  # nvidia-smi's, narrowed to this process's CUDA_VISIBLE_DEVICES when set
+    n_workers = len(gpus) or workers
+    specs = [
+        dask_worker_spec(
+            i,
+            env["DASK_SCHEDULER_ADDRESS"],
+            names_url,
+            env,
+            gpus[i] if gpus else None,
+            exposure,
+            worker_preload=worker_preload,
+            secret=secret,
+        )
+        for i in range(n_workers)
+    ]
+    specs.append(prefect_worker_spec(env, os.path.join(state_dir, "prefect-worker"), secret=secret))
+    for name in service_names(state_dir):  # workers beyond this `up`'s count (an earlier --workers N)
+        if name.startswith(WORKER_PREFIX) and name not in {spec.name for spec in specs}:
+            services.stop(state_dir, name)
+    _ensure_side_by_side(state_dir, specs)
+
+
 def up(
     state_dir: str,
     *,
@@ -357,116 +507,29 @@ def up(
     def port(name: str, on: str = host, url: str | None = None) -> int:
         return services.previous_port(state_dir, name, on, url=url)
 
-    endpoint = services.ensure(state_dir, s3_spec(state_dir, key, secret, host, port(S3)))
-    s3_env = _s3_env(endpoint, key, secret)
-    _ensure_bucket(s3_env)
+    s3_env = _start_s3(state_dir, key, secret, host, port(S3))
     storage = f"s3://{BUCKET}"
-
-    # Only with a database: the keys of SQLite stacks stay as they were, so an upgrade restarts nothing.
-    on_database = {"database": database.key()} if database else {}
-    mlflow = mlflow_server_spec(
-        backend_store_uri=f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}" if database is None else None,
-        artifacts=f"{storage}/mlflow",
-        proxy_artifacts=True,
-        host=host,
-        # PostgreSQL: `--backend-store-uri` from its environment variable (the URL holds the password)
-        env={**s3_env, **(database.mlflow_env() if database else {})},
-        app_name="sweepflow-basic-auth" if exposure.mlflow_auth else "sweepflow",
-        port=port(MLFLOW),
+    mlflow, mlflow_client_env = _stack_mlflow_spec(
+        state_dir, exposure, database, s3_env=s3_env, storage=storage, secret=secret, port=port(MLFLOW)
     )
-    allowed = ["--allowed-hosts", exposure.mlflow_allowed_hosts] if exposure.mlflow_allowed_hosts else []
-    mlflow_auth_env, mlflow_client_env = _mlflow_auth(state_dir, exposure.mlflow_auth)
-    mlflow = dataclasses.replace(
-        mlflow,
-        argv=[*mlflow.argv, *allowed],
-        env={**mlflow.env, **mlflow_auth_env},
-        code_key=_key(
-            secret,
-            host=host,
-            s3=endpoint,
-            allowed=allowed,
-            auth=mlflow_auth_env,
-            app=mlflow.code_key,
-            **on_database,
-        ),  # fmt: skip
-    )
-    # Prefect's own service intervals, not the local server's slower ones: the stack runs the scheduled deployments
-    prefect_server = prefect_server_spec(
-        state_dir, name=PREFECT_SERVER, host=host, settings={}, port=port(PREFECT_SERVER)
-    )
-    auth = (
-        {"PREFECT_SERVER_API_AUTH_STRING": exposure.prefect_auth_string}
-        if exposure.prefect_auth_string
-        else {}
-    )
-    prefect_server = dataclasses.replace(
-        prefect_server,
-        # the environment, never argv: argv is readable through `ps`
-        env={**prefect_server.env, **auth, **(database.prefect_env() if database else {})},
-        code_key=_key(secret, host=host, auth=auth, **on_database),
+    prefect_server = _stack_prefect_server_spec(
+        state_dir, exposure, database, secret=secret, port=port(PREFECT_SERVER)
     )
     scheduler_health = services.recorded_health_url(state_dir, DASK_SCHEDULER)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {
-            name: pool.submit(services.ensure, state_dir, spec)
-            for name, spec in [
-                (MLFLOW, mlflow),
-                (PREFECT_SERVER, prefect_server),
-                (
-                    DASK_SCHEDULER,
-                    dask_scheduler_spec(
-                        exposure,
-                        secret=secret,
-                        ports=(port(DASK_SCHEDULER), port(DASK_SCHEDULER, INTERNAL, scheduler_health)),
-                    ),
-                ),
-            ]
-        }
-        addresses = {name: future.result() for name, future in futures.items()}
+    scheduler = dask_scheduler_spec(
+        exposure,
+        secret=secret,
+        ports=(port(DASK_SCHEDULER), port(DASK_SCHEDULER, INTERNAL, scheduler_health)),
+    )
+    # The three servers need only the gateway: they start side by side.
+    addresses = _ensure_side_by_side(state_dir, [mlflow, prefect_server, scheduler])
 
-    env = {
-        "PREFECT_API_URL": addresses[PREFECT_SERVER],
-        "MLFLOW_TRACKING_URI": addresses[MLFLOW],
-        "DASK_SCHEDULER_ADDRESS": addresses[DASK_SCHEDULER],
-        "SWEEPFLOW_STORAGE": storage,
-        "SWEEPFLOW_HOME": os.path.join(state_dir, "home"),
-        # So that `infra/stack down|status` after `source stack.env` finds this stack (not <SWEEPFLOW_HOME>/stack).
-        "SWEEPFLOW_STACK_DIR": state_dir,
-        **s3_env,
-        **dask_client_env(exposure),
-        **mlflow_client_env,
-        **MLFLOW_SETTINGS,
-    }
-    if exposure.prefect_auth_string:
-        env["PREFECT_API_AUTH_STRING"] = exposure.prefect_auth_string  # stack.env is mode 0600
+    env = _client_env(
+        state_dir, addresses, exposure, storage=storage, s3_env=s3_env, mlflow_client_env=mlflow_client_env
+    )
     os.makedirs(env["SWEEPFLOW_HOME"], exist_ok=True)
     _write_env(state_dir, env)
-
-    names_url = scheduler_http(state_dir, dask_worker_names.PATH)
-    from ddp_runtime.cluster import visible_gpus  # here: importing distributed is not free
-
-    gpus = visible_gpus()  # nvidia-smi's, narrowed to this process's CUDA_VISIBLE_DEVICES when set
-    n_workers = len(gpus) or workers
-    specs = [
-        dask_worker_spec(
-            i,
-            env["DASK_SCHEDULER_ADDRESS"],
-            names_url,
-            env,
-            gpus[i] if gpus else None,
-            exposure,
-            worker_preload=worker_preload,
-            secret=secret,
-        )
-        for i in range(n_workers)
-    ]
-    specs.append(prefect_worker_spec(env, os.path.join(state_dir, "prefect-worker"), secret=secret))
-    for name in service_names(state_dir):  # workers beyond this `up`'s count (an earlier --workers N)
-        if name.startswith(WORKER_PREFIX) and name not in {spec.name for spec in specs}:
-            services.stop(state_dir, name)
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        for future in [pool.submit(services.ensure, state_dir, spec) for spec in specs]:
-            future.result()
+    _start_workers(state_dir, env, exposure, workers=workers, worker_preload=worker_preload, secret=secret)
     return env
 
 

@@ -37,13 +37,14 @@ without Prefect, MLflow, torch or Dask.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
+
+from sweepflow.tasks.sweep.domain_specs import EXAMPLES, float_arg, int_arg, spec_kind
 
 __all__ = [
     "Choice",
@@ -394,162 +395,89 @@ def parse_param_space(param_space: Mapping[str, Any]) -> ParamSpace:
 # --------------------------------------------------------------------------------------------------
 # Parsing and validation
 # --------------------------------------------------------------------------------------------------
-
-_SPEC_KEYS: dict[str, tuple[str, ...]] = {
-    "constant": ("value",),
-    "choice": ("values",),
-    "grid": ("values",),
-    "uniform": ("low", "high"),
-    "loguniform": ("low", "high"),
-    "randint": ("low", "high"),
-    "qrandint": ("low", "high", "q"),
-    "pow2": ("low", "high"),
-    "quniform": ("low", "high", "q"),
-    "randn": ("mean", "sd"),
-}
-
-_EXAMPLES: dict[str, str] = {
-    "constant": '{"type": "constant", "value": {...}}',
-    "choice": '{"type": "choice", "values": [16, 32, 64]}',
-    "grid": '{"type": "grid", "values": [0.1, 0.01]}',
-    "uniform": '{"type": "uniform", "low": 0.0, "high": 0.5}',
-    "loguniform": '{"type": "loguniform", "low": 1e-4, "high": 1e-1}',
-    "randint": '{"type": "randint", "low": 1, "high": 10}',
-    "qrandint": '{"type": "qrandint", "low": 8, "high": 64, "q": 8}',
-    "pow2": '{"type": "pow2", "low": 4, "high": 256}',
-    "quniform": '{"type": "quniform", "low": 0.0, "high": 0.5, "q": 0.05}',
-    "randn": '{"type": "randn", "mean": 0.0, "sd": 1.0}',
-}
-
-
-def _is_number(value: Any) -> bool:
-    # bool is an int subclass, but `low: true` is always a mistake in a search space.
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
-        value, bool | np.bool_
-    )
-
-
-def _float_arg(name: str, kind: str, key: str, value: Any) -> float:
-    if not _is_number(value) or not math.isfinite(float(value)):
-        raise ValueError(
-            f"{name}: {kind} '{key}' must be a finite number, got {value!r}; e.g. {_EXAMPLES[kind]}"
-        )
-    return float(value)
-
-
-def _int_arg(name: str, kind: str, key: str, value: Any) -> int:
-    # Integral floats (e.g. 1e3 from JSON/YAML) are accepted; 2.5 for an integer bound is an error.
-    if _is_number(value) and math.isfinite(float(value)) and float(value).is_integer():
-        return int(value)
-    raise ValueError(f"{name}: {kind} '{key}' must be an integer, got {value!r}; e.g. {_EXAMPLES[kind]}")
+# The written form's tables and argument checks are in domain_specs.py.
 
 
 def _values_arg(name: str, kind: str, value: Any) -> tuple[Any, ...]:
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence) or len(value) == 0:
         raise ValueError(
-            f"{name}: {kind} needs a non-empty list under 'values', got {value!r}; e.g. {_EXAMPLES[kind]}"
+            f"{name}: {kind} needs a non-empty list under 'values', got {value!r}; e.g. {EXAMPLES[kind]}"
         )
     return tuple(plain(v) for v in value)
 
 
-def parse_domain(name: str, raw: Any) -> Domain:
-    """One parameter's spec (a constant, or a dict with a ``type`` key) as its domain; ``ValueError`` names
-    ``name``, the problem and the fix."""
-    if not isinstance(raw, Mapping):
-        return Constant(plain(raw))
-    if "type" not in raw:
-        hint = ""
-        if "grid_search" in raw:
-            hint = ' (Ray\'s {"grid_search": [...]} is written {"type": "grid", "values": [...]} here)'
+def _parse_uniform(name: str, kind: str, raw: Mapping[str, Any]) -> Uniform | LogUniform:
+    """``uniform`` or ``loguniform`` (``kind``)."""
+    low = float_arg(name, kind, "low", raw["low"])
+    high = float_arg(name, kind, "high", raw["high"])
+    if kind == "loguniform" and not 0 < low < high:
         raise ValueError(
-            f"{name}: a dict value must be a domain spec with a 'type' key{hint}; got keys {sorted(raw)}. "
-            f"Valid types: {', '.join(_SPEC_KEYS)}. For a dict-valued constant use "
-            f"{_EXAMPLES['constant']}"
+            f"{name}: loguniform needs 0 < low < high, got low={raw['low']!r}, high={raw['high']!r}; "
+            f"the log of a bound <= 0 is undefined, use e.g. low=1e-5 instead of 0"
         )
-    kind = raw["type"]
-    if kind not in _SPEC_KEYS:
-        close = difflib.get_close_matches(str(kind), list(_SPEC_KEYS), n=1)
-        suggestion = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{name}: unknown type {kind!r}.{suggestion} Valid types: {', '.join(_SPEC_KEYS)}")
-    expected = _SPEC_KEYS[kind]
-    present = set(raw) - {"type"}
-    missing = [k for k in expected if k not in present]
-    extra = sorted(present - set(expected))
-    if missing or extra:
-        problems = []
-        if missing:
-            problems.append(f"missing {missing}")
-        if extra:
-            problems.append(f"unexpected {extra}")
+    if not low < high:
         raise ValueError(
-            f"{name}: {kind} takes exactly the keys {list(expected)} ({'; '.join(problems)}); "
-            f"e.g. {_EXAMPLES[kind]}"
+            f"{name}: uniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}; "
+            f"swap the bounds, or use a constant if the value is fixed"
         )
+    return Uniform(low, high) if kind == "uniform" else LogUniform(low, high)
 
-    if kind == "constant":
-        return Constant(plain(raw["value"]))
-    if kind == "choice":
-        return Choice(_values_arg(name, kind, raw["values"]))
-    if kind == "grid":
-        return Grid(_values_arg(name, kind, raw["values"]))
-    if kind in ("uniform", "loguniform"):
-        low = _float_arg(name, kind, "low", raw["low"])
-        high = _float_arg(name, kind, "high", raw["high"])
-        if kind == "loguniform" and not 0 < low < high:
-            raise ValueError(
-                f"{name}: loguniform needs 0 < low < high, got low={raw['low']!r}, high={raw['high']!r}; "
-                f"the log of a bound <= 0 is undefined, use e.g. low=1e-5 instead of 0"
-            )
-        if not low < high:
-            raise ValueError(
-                f"{name}: uniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}; "
-                f"swap the bounds, or use a constant if the value is fixed"
-            )
-        return Uniform(low, high) if kind == "uniform" else LogUniform(low, high)
-    if kind == "quniform":
-        low = _float_arg(name, kind, "low", raw["low"])
-        high = _float_arg(name, kind, "high", raw["high"])
-        q = _float_arg(name, kind, "q", raw["q"])
-        if not low < high:
-            raise ValueError(f"{name}: quniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}")
-        if not q > 0:
-            raise ValueError(f"{name}: quniform needs q > 0 (values are rounded to multiples of q), got q={q}")
-        return QUniform(low, high, q)
-    if kind == "randn":
-        mean = _float_arg(name, kind, "mean", raw["mean"])
-        sd = _float_arg(name, kind, "sd", raw["sd"])
-        if not sd > 0:
-            raise ValueError(f"{name}: randn needs sd > 0, got sd={sd}")
-        return Normal(mean, sd)
-    if kind == "randint":
-        low = _int_arg(name, kind, "low", raw["low"])
-        high = _int_arg(name, kind, "high", raw["high"])
-        if not low < high:
-            raise ValueError(
-                f"{name}: randint needs low < high (high is exclusive), got low={low}, high={high}; "
-                f"to include {high} set high={high + 1}"
-            )
-        return RandInt(low, high)
-    if kind == "qrandint":
-        low = _int_arg(name, kind, "low", raw["low"])
-        high = _int_arg(name, kind, "high", raw["high"])
-        q = _int_arg(name, kind, "q", raw["q"])
-        if q < 1:
-            raise ValueError(f"{name}: qrandint needs q >= 1, got q={q}")
-        if not low <= high:
-            raise ValueError(
-                f"{name}: qrandint needs low <= high (both inclusive), got low={low}, high={high}"
-            )
-        dom = QRandInt(low, high, q)
-        k_lo, k_hi = dom._k_range
-        if k_lo > k_hi:
-            raise ValueError(
-                f"{name}: qrandint has no multiple of q={q} in [{low}, {high}]; widen the range or change q"
-            )
-        return dom
-    # pow2
-    low = _int_arg(name, kind, "low", raw["low"])
-    high = _int_arg(name, kind, "high", raw["high"])
+
+def _parse_quniform(name: str, raw: Mapping[str, Any]) -> QUniform:
+    kind = "quniform"
+    low = float_arg(name, kind, "low", raw["low"])
+    high = float_arg(name, kind, "high", raw["high"])
+    q = float_arg(name, kind, "q", raw["q"])
+    if not low < high:
+        raise ValueError(f"{name}: quniform needs low < high, got low={raw['low']!r}, high={raw['high']!r}")
+    if not q > 0:
+        raise ValueError(f"{name}: quniform needs q > 0 (values are rounded to multiples of q), got q={q}")
+    return QUniform(low, high, q)
+
+
+def _parse_randn(name: str, raw: Mapping[str, Any]) -> Normal:
+    kind = "randn"
+    mean = float_arg(name, kind, "mean", raw["mean"])
+    sd = float_arg(name, kind, "sd", raw["sd"])
+    if not sd > 0:
+        raise ValueError(f"{name}: randn needs sd > 0, got sd={sd}")
+    return Normal(mean, sd)
+
+
+def _parse_randint(name: str, raw: Mapping[str, Any]) -> RandInt:
+    kind = "randint"
+    low = int_arg(name, kind, "low", raw["low"])
+    high = int_arg(name, kind, "high", raw["high"])
+    if not low < high:
+        raise ValueError(
+            f"{name}: randint needs low < high (high is exclusive), got low={low}, high={high}; "
+            f"to include {high} set high={high + 1}"
+        )
+    return RandInt(low, high)
+
+
+def _parse_qrandint(name: str, raw: Mapping[str, Any]) -> QRandInt:
+    kind = "qrandint"
+    low = int_arg(name, kind, "low", raw["low"])
+    high = int_arg(name, kind, "high", raw["high"])
+    q = int_arg(name, kind, "q", raw["q"])
+    if q < 1:
+        raise ValueError(f"{name}: qrandint needs q >= 1, got q={q}")
+    if not low <= high:
+        raise ValueError(f"{name}: qrandint needs low <= high (both inclusive), got low={low}, high={high}")
+    dom = QRandInt(low, high, q)
+    k_lo, k_hi = dom._k_range
+    if k_lo > k_hi:
+        raise ValueError(
+            f"{name}: qrandint has no multiple of q={q} in [{low}, {high}]; widen the range or change q"
+        )
+    return dom
+
+
+def _parse_pow2(name: str, raw: Mapping[str, Any]) -> Pow2:
+    kind = "pow2"
+    low = int_arg(name, kind, "low", raw["low"])
+    high = int_arg(name, kind, "high", raw["high"])
     if low < 1:
         raise ValueError(
             f"{name}: pow2 needs low >= 1 (2**0 = 1 is the smallest power of two), got low={low}"
@@ -562,6 +490,31 @@ def parse_domain(name: str, raw: Any) -> Domain:
             f"use bounds that are powers of two, e.g. low=4, high=256"
         )
     return dom
+
+
+def parse_domain(name: str, raw: Any) -> Domain:
+    """One parameter's spec (a constant, or a dict with a ``type`` key) as its domain; ``ValueError`` names
+    ``name``, the problem and the fix."""
+    if not isinstance(raw, Mapping):
+        return Constant(plain(raw))
+    kind = spec_kind(name, raw)
+    if kind == "constant":
+        return Constant(plain(raw["value"]))
+    if kind == "choice":
+        return Choice(_values_arg(name, kind, raw["values"]))
+    if kind == "grid":
+        return Grid(_values_arg(name, kind, raw["values"]))
+    if kind in ("uniform", "loguniform"):
+        return _parse_uniform(name, kind, raw)
+    if kind == "quniform":
+        return _parse_quniform(name, raw)
+    if kind == "randn":
+        return _parse_randn(name, raw)
+    if kind == "randint":
+        return _parse_randint(name, raw)
+    if kind == "qrandint":
+        return _parse_qrandint(name, raw)
+    return _parse_pow2(name, raw)
 
 
 def parse_space(raw: Mapping[str, Any] | SearchSpace) -> SearchSpace:

@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import mlflow
 import numpy as np
@@ -56,6 +56,10 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from packaging.version import Version
 
 from sweepflow.tasks.compat import tracking_uri_scope
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.models import ModelSignature
 
 __all__ = [
     "CHALLENGER_ALIAS",
@@ -241,6 +245,163 @@ def _tags(
     }
 
 
+def _check_arguments(
+    input_example: np.ndarray | None, metric_name: str, metric_value: float, serialization_format: str
+) -> None:
+    """Refuse, before anything is traced or written, arguments that would fail later or register junk."""
+    if input_example is None:
+        if serialization_format != "pickle":
+            raise ValueError(
+                "input_example is None: the pt2 format traces the model on an example; pass one (a numpy batch), "
+                "or serialization_format='pickle' to log the model without a signature."
+            )
+    elif not isinstance(input_example, np.ndarray) or input_example.ndim < 1:
+        raise TypeError(
+            f"input_example must be a numpy array with a batch axis, got {type(input_example).__name__}; "
+            "pass e.g. x_batch.cpu().numpy()."
+        )
+    if not math.isfinite(float(metric_value)):
+        raise ValueError(
+            f"metric_value for {metric_name!r} is {metric_value}: a non-finite value cannot be compared; "
+            "do not register diverged trials."
+        )
+    if serialization_format not in ("pt2", "pickle"):
+        raise ValueError(f"serialization_format must be 'pt2' or 'pickle', got {serialization_format!r}.")
+
+
+def _example_and_signature(
+    model: torch.nn.Module,
+    module: torch.nn.Module,
+    input_example: np.ndarray | None,
+    serialization_format: str,
+) -> tuple[np.ndarray | None, ModelSignature | None]:
+    """The example to store with ``module`` (the export copy of ``model``) and the signature inferred from it;
+    for pt2, after a pre-flight trace on it. ``(None, None)`` without an example."""
+    if input_example is None:
+        return None, None
+    if input_example.shape[0] == 1:
+        # torch.export turns a size-1 batch axis into a constant; two rows keep it dynamic.
+        input_example = np.concatenate([input_example, input_example])
+    example_tensor = torch.from_numpy(np.ascontiguousarray(input_example))
+    with torch.no_grad():
+        output = module(example_tensor)
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(
+            f"{type(model).__name__} returned {type(output).__name__}; MLflow's pyfunc predict needs one "
+            "tensor. Wrap the model in a module whose forward returns a single tensor."
+        )
+    signature = infer_signature(input_example, output.numpy())
+    if serialization_format == "pt2":
+        _preflight_export(module, example_tensor)
+    return input_example, signature
+
+
+def _source_run(client: MlflowClient, run_id: str) -> Run:
+    """The run the model is logged into, or a ValueError naming the tracking server it is not on."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if _is_not_found(exc):
+            raise ValueError(
+                f"Run {run_id!r} does not exist on {client.tracking_uri}: pass the run id of the trial's "
+                "run on this tracking server (tracking_uri)."
+            ) from exc
+        raise
+
+
+def _refuse_incomparable_champion(
+    client: MlflowClient, name: str, metric_name: str, higher_is_better: bool
+) -> None:
+    """Raise (``_require_comparable``) if a champion exists that this model could not be compared against."""
+    before = _champion(client, name)
+    if before is not None:
+        _require_comparable(before, name, metric_name, higher_is_better)
+
+
+def _log_model(
+    client: MlflowClient,
+    run: Run,
+    run_id: str,
+    module: torch.nn.Module,
+    *,
+    input_example: np.ndarray | None,
+    signature: ModelSignature | None,
+    registered_model_name: str,
+    tags: dict[str, str],
+    serialization_format: Literal["pt2", "pickle"],
+    code_paths: list[str] | None,
+) -> int:
+    """Log ``module`` as a LoggedModel of ``run`` (see the module docstring for why it is created here) and
+    register it; the new version's number."""
+    logged = client.create_logged_model(
+        experiment_id=run.info.experiment_id,
+        name=MODEL_NAME,
+        source_run_id=run_id,
+        params={k: str(v) for k, v in run.data.params.items()},
+        # log_model(model_id=...) applies its tags to the registered version only.
+        tags=tags,
+    )
+    info = mlflow.pytorch.log_model(
+        module,
+        name=MODEL_NAME,
+        model_id=logged.model_id,
+        run_id=run_id,
+        input_example=input_example,
+        signature=signature,
+        pip_requirements=_pip_requirements(serialization_format),
+        serialization_format=serialization_format,
+        code_paths=code_paths or None,
+        registered_model_name=registered_model_name,
+        tags=tags,
+    )
+    if info.registered_model_version is None:
+        raise RuntimeError(
+            f"log_model logged {info.model_uri} but returned no registered version of "
+            f"{registered_model_name!r}; check that the tracking server has a model registry."
+        )
+    return int(info.registered_model_version)
+
+
+def _crown_if_better(
+    client: MlflowClient,
+    name: str,
+    version: int,
+    metric_name: str,
+    metric_value: float,
+    higher_is_better: bool,
+) -> tuple[bool, int, _Champion | None, float | None]:
+    """Move ``@champion`` to ``version`` if it beats the sitting champion (or there is none):
+    ``(became_champion, champion_version, previous champion, its value)``."""
+    # Re-read: another process may have moved the champion while the model was uploading.
+    previous = _champion(client, name)
+    previous_value = (
+        None if previous is None else _require_comparable(previous, name, metric_name, higher_is_better)
+    )
+    if previous is None or previous_value is None:
+        became_champion, champion_version = True, version
+    elif _beats(float(metric_value), previous_value, higher_is_better):
+        became_champion, champion_version = True, version
+    else:
+        became_champion, champion_version = False, previous.version
+    if became_champion:
+        client.set_registered_model_alias(name, CHAMPION_ALIAS, str(version))
+    return became_champion, champion_version, previous, previous_value
+
+
+def _log_registration(result: RegistrationResult, metric_name: str, metric_value: float) -> None:
+    logger.info(
+        "Registered %s version %d (%s=%s); champion: version %d%s",
+        result.name,
+        result.version,
+        metric_name,
+        metric_value,
+        result.champion_version,
+        ""
+        if result.previous_champion_version is None
+        else f" (was {result.previous_champion_version} with {result.previous_champion_value})",
+    )
+
+
 def log_and_register(
     *,
     model: torch.nn.Module,
@@ -278,115 +439,34 @@ def log_and_register(
     Returns:
         RegistrationResult with the new version and where ``@champion`` points afterwards.
     """
-    if input_example is None:
-        if serialization_format != "pickle":
-            raise ValueError(
-                "input_example is None: the pt2 format traces the model on an example; pass one (a numpy batch), "
-                "or serialization_format='pickle' to log the model without a signature."
-            )
-    elif not isinstance(input_example, np.ndarray) or input_example.ndim < 1:
-        raise TypeError(
-            f"input_example must be a numpy array with a batch axis, got {type(input_example).__name__}; "
-            "pass e.g. x_batch.cpu().numpy()."
-        )
-    if not math.isfinite(float(metric_value)):
-        raise ValueError(
-            f"metric_value for {metric_name!r} is {metric_value}: a non-finite value cannot be compared; "
-            "do not register diverged trials."
-        )
-    if serialization_format not in ("pt2", "pickle"):
-        raise ValueError(f"serialization_format must be 'pt2' or 'pickle', got {serialization_format!r}.")
+    _check_arguments(input_example, metric_name, metric_value, serialization_format)
     tags = _tags(metric_name, metric_value, higher_is_better, extra_tags)
-
     module = _export_copy(model)
-    signature = None
-    if input_example is not None:
-        if input_example.shape[0] == 1:
-            # torch.export turns a size-1 batch axis into a constant; two rows keep it dynamic.
-            input_example = np.concatenate([input_example, input_example])
-        example_tensor = torch.from_numpy(np.ascontiguousarray(input_example))
-        with torch.no_grad():
-            output = module(example_tensor)
-        if not isinstance(output, torch.Tensor):
-            raise TypeError(
-                f"{type(model).__name__} returned {type(output).__name__}; MLflow's pyfunc predict needs one "
-                "tensor. Wrap the model in a module whose forward returns a single tensor."
-            )
-        signature = infer_signature(input_example, output.numpy())
-        if serialization_format == "pt2":
-            _preflight_export(module, example_tensor)
+    input_example, signature = _example_and_signature(model, module, input_example, serialization_format)
 
     client = MlflowClient(tracking_uri)
     with _REGISTRY_LOCK, tracking_uri_scope(tracking_uri):
-        try:
-            run = client.get_run(run_id)
-        except MlflowException as exc:
-            if _is_not_found(exc):
-                raise ValueError(
-                    f"Run {run_id!r} does not exist on {client.tracking_uri}: pass the run id of the trial's "
-                    "run on this tracking server (tracking_uri)."
-                ) from exc
-            raise
+        run = _source_run(client, run_id)
         # Refuse an incomparable champion before writing anything.
-        before = _champion(client, registered_model_name)
-        if before is not None:
-            _require_comparable(before, registered_model_name, metric_name, higher_is_better)
-
-        logged = client.create_logged_model(
-            experiment_id=run.info.experiment_id,
-            name=MODEL_NAME,
-            source_run_id=run_id,
-            params={k: str(v) for k, v in run.data.params.items()},
-            # log_model(model_id=...) applies its tags to the registered version only.
-            tags=tags,
-        )
-        info = mlflow.pytorch.log_model(
+        _refuse_incomparable_champion(client, registered_model_name, metric_name, higher_is_better)
+        version = _log_model(
+            client,
+            run,
+            run_id,
             module,
-            name=MODEL_NAME,
-            model_id=logged.model_id,
-            run_id=run_id,
             input_example=input_example,
             signature=signature,
-            pip_requirements=_pip_requirements(serialization_format),
-            serialization_format=serialization_format,
-            code_paths=code_paths or None,
             registered_model_name=registered_model_name,
             tags=tags,
+            serialization_format=serialization_format,
+            code_paths=code_paths,
         )
-        if info.registered_model_version is None:
-            raise RuntimeError(
-                f"log_model logged {info.model_uri} but returned no registered version of "
-                f"{registered_model_name!r}; check that the tracking server has a model registry."
-            )
-        version = int(info.registered_model_version)
         client.set_registered_model_alias(registered_model_name, CHALLENGER_ALIAS, str(version))
-
-        # Re-read: another process may have moved the champion while the model was uploading.
-        previous = _champion(client, registered_model_name)
-        previous_value = (
-            None
-            if previous is None
-            else _require_comparable(previous, registered_model_name, metric_name, higher_is_better)
+        became_champion, champion_version, previous, previous_value = _crown_if_better(
+            client, registered_model_name, version, metric_name, metric_value, higher_is_better
         )
-        if previous is None or previous_value is None:
-            became_champion, champion_version = True, version
-        elif _beats(float(metric_value), previous_value, higher_is_better):
-            became_champion, champion_version = True, version
-        else:
-            became_champion, champion_version = False, previous.version
-        if became_champion:
-            client.set_registered_model_alias(registered_model_name, CHAMPION_ALIAS, str(version))
 
-    logger.info(
-        "Registered %s version %d (%s=%s); champion: version %d%s",
-        registered_model_name,
-        version,
-        metric_name,
-        metric_value,
-        champion_version,
-        "" if previous is None else f" (was {previous.version} with {previous_value})",
-    )
-    return RegistrationResult(
+    result = RegistrationResult(
         name=registered_model_name,
         version=version,
         model_uri=f"models:/{registered_model_name}/{version}",
@@ -395,3 +475,5 @@ def log_and_register(
         previous_champion_version=None if previous is None else previous.version,
         previous_champion_value=previous_value,
     )
+    _log_registration(result, metric_name, metric_value)
+    return result

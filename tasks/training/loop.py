@@ -132,33 +132,8 @@ def train_image_classifier(config: dict[str, Any]) -> None:
     # a 1-rank run must be reproducible too).
     torch.manual_seed(cfg["seed"])
     model = make_model(cfg, data_meta)
-
-    # Resume: a restarted group (or a trainer given resume_from_checkpoint) continues after the last saved
-    # epoch. Weights go into the bare model before prepare_model, so DDP starts from them on every rank.
-    start_epoch = 1
-    optimizer_state = None
-    checkpoint = ddp_runtime.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as ckpt_dir:
-            saved = _read_checkpoint_meta(ckpt_dir)
-            if saved["model"] != cfg["model"]:
-                raise ValueError(
-                    f"cannot resume: the checkpoint holds model {saved['model']!r} but config['model'] is "
-                    f"{cfg['model']!r}; resume with the same model or start without a checkpoint"
-                )
-            wanted = model_hparams(cfg["model"], cfg)
-            if wanted != saved.get("model_hparams", {}):  # else load_state_dict fails on shape mismatches
-                raise ValueError(
-                    f"cannot resume: the checkpoint's model was built with {saved.get('model_hparams')} but "
-                    f"the config asks for {wanted}; resume with the checkpoint's model hyperparameters"
-                )
-            model.load_state_dict(
-                torch.load(os.path.join(ckpt_dir, MODEL_FILE), map_location="cpu", weights_only=True)
-            )
-            optimizer_state = torch.load(
-                os.path.join(ckpt_dir, OPTIMIZER_FILE), map_location=device, weights_only=True
-            )
-        start_epoch = int(saved["epoch"]) + 1
+    # Weights go into the bare model before prepare_model, so DDP starts from them on every rank.
+    start_epoch, optimizer_state = _resume(cfg, model, device)
 
     model = prepare_model(model)  # to the rank's device, wrapped in DDP when world_size > 1
     bare_model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -169,16 +144,7 @@ def train_image_classifier(config: dict[str, Any]) -> None:
     train_loader, val_loader = make_loaders(cfg)
     train_loader = prepare_data_loader(train_loader)  # shards the train split with a DistributedSampler
     val_loader = prepare_data_loader(val_loader, add_dist_sampler=False)  # already this rank's share
-
-
-    checkpoint_meta = {
-        "model": cfg["model"],
-        "model_hparams": model_hparams(cfg["model"], cfg),
-        "input_shape": [int(v) for v in data_meta["input_shape"]],
-        "num_classes": int(data_meta["num_classes"]),
-        "dataset": data_meta.get("name"),
-        **{key: data_meta[key] for key in ("class_names", "mean", "std") if key in data_meta},
-    }
+    checkpoint_meta = _checkpoint_meta(cfg, data_meta)
 
     for epoch in range(start_epoch, cfg["epochs"] + 1):
         if world_size > 1:
@@ -188,49 +154,114 @@ def train_image_classifier(config: dict[str, Any]) -> None:
         # previous epoch's checkpoint, so a resumed trial ends where an uninterrupted one would.
         torch.manual_seed(hash((cfg["seed"], rank, epoch)) % 2**63)
 
-        # Train: sums, not means, so the epoch loss can be combined exactly across ranks below.
-        model.train()
-        train_loss_sum, train_count = 0.0, 0
-        for x, y in train_loader:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces the gradients here
-            optimizer.step()
-            train_loss_sum += loss.item() * len(y)
-            train_count += len(y)
-
+        train_loss_sum, train_count = _train_epoch(model, train_loader, optimizer)
         # Validate on the bare model: each rank sees a different number of val batches, and DDP's forward
         # may issue collectives that would then not match up across ranks.
         val_loss_sum, val_correct, val_count = _evaluate_sums(bare_model, val_loader)
-
-        totals = torch.tensor(
-            [train_loss_sum, train_count, val_loss_sum, val_correct, val_count], dtype=torch.float64
+        metrics = _global_metrics(
+            epoch, [train_loss_sum, train_count, val_loss_sum, val_correct, val_count], world_size, device
         )
-        if world_size > 1:
-            # gloo reduces CPU tensors, NCCL only CUDA ones; one collective carries all five sums.
-            reduce_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-            totals = totals.to(reduce_device)
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-            totals = totals.cpu()
-        train_loss_sum, train_count, val_loss_sum, val_correct, val_count = totals.tolist()
-        metrics = {
-            "epoch": epoch,
-            "train_loss": train_loss_sum / max(train_count, 1),
-            "val_loss": val_loss_sum / max(val_count, 1),
-            "val_accuracy": val_correct / max(val_count, 1),
-        }
 
         # Every rank must call report (it is the group's barrier); only rank 0's checkpoint is persisted,
         # so the other ranks skip writing one.
         if is_rank0:
-            # In the trial's directory on this worker (its Dask scratch space), not /tmp: a worker killed between
-            # writing and reporting leaves it where Dask clears dead workers' spaces, not in /tmp for ever.
-            scratch = ddp_runtime.get_context().get_trial_dir()
-            with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=scratch) as ckpt_dir:
-                _write_checkpoint(ckpt_dir, bare_model, optimizer, {**checkpoint_meta, "epoch": epoch})
-                ddp_runtime.report(metrics, checkpoint=ddp_runtime.Checkpoint.from_directory(ckpt_dir))
+            _report_with_checkpoint(metrics, bare_model, optimizer, {**checkpoint_meta, "epoch": epoch})
         else:
             ddp_runtime.report(metrics)
+
+
+def _resume(
+    cfg: Mapping[str, Any], model: nn.Module, device: torch.device
+) -> tuple[int, dict[str, Any] | None]:
+    """Load the trainer's checkpoint, if it hands one over, into ``model``: ``(first epoch to train, the
+    optimizer's state or None)``. A restarted group (or a trainer given resume_from_checkpoint) continues
+    after the last saved epoch."""
+    checkpoint = ddp_runtime.get_checkpoint()
+    if checkpoint is None:
+        return 1, None
+    with checkpoint.as_directory() as ckpt_dir:
+        saved = _read_checkpoint_meta(ckpt_dir)
+        if saved["model"] != cfg["model"]:
+            raise ValueError(
+                f"cannot resume: the checkpoint holds model {saved['model']!r} but config['model'] is "
+                f"{cfg['model']!r}; resume with the same model or start without a checkpoint"
+            )
+        wanted = model_hparams(cfg["model"], cfg)
+        if wanted != saved.get("model_hparams", {}):  # else load_state_dict fails on shape mismatches
+            raise ValueError(
+                f"cannot resume: the checkpoint's model was built with {saved.get('model_hparams')} but "
+                f"the config asks for {wanted}; resume with the checkpoint's model hyperparameters"
+            )
+        model.load_state_dict(
+            torch.load(os.path.join(ckpt_dir, MODEL_FILE), map_location="cpu", weights_only=True)
+        )
+        optimizer_state = torch.load(
+            os.path.join(ckpt_dir, OPTIMIZER_FILE), map_location=device, weights_only=True
+        )
+    return int(saved["epoch"]) + 1, optimizer_state
+
+
+def _checkpoint_meta(cfg: Mapping[str, Any], data_meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What every checkpoint's meta.json holds besides its epoch: enough to rebuild the model without the
+    config (``load_model_from_checkpoint``) and to check a resume against it."""
+    return {
+        "model": cfg["model"],
+        "model_hparams": model_hparams(cfg["model"], cfg),
+        "input_shape": [int(v) for v in data_meta["input_shape"]],
+        "num_classes": int(data_meta["num_classes"]),
+        "dataset": data_meta.get("name"),
+        **{key: data_meta[key] for key in ("class_names", "mean", "std") if key in data_meta},
+    }
+
+
+def _train_epoch(
+    model: nn.Module, loader: Iterable[Any], optimizer: torch.optim.Optimizer
+) -> tuple[float, int]:
+    """One pass over ``loader`` in train mode: (summed loss, samples). Sums, not means, so the epoch loss can
+    be combined exactly across ranks."""
+    model.train()
+    loss_sum, count = 0.0, 0
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces the gradients here
+        optimizer.step()
+        loss_sum += loss.item() * len(y)
+        count += len(y)
+    return loss_sum, count
+
+
+def _global_metrics(
+    epoch: int, sums: list[float], world_size: int, device: torch.device
+) -> dict[str, float | int]:
+    """The epoch's metrics over all ranks from this rank's ``sums`` (train loss, train samples, val loss, val
+    correct, val samples), summed across the group."""
+    totals = torch.tensor(sums, dtype=torch.float64)
+    if world_size > 1:
+        # gloo reduces CPU tensors, NCCL only CUDA ones; one collective carries all five sums.
+        reduce_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        totals = totals.to(reduce_device)
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        totals = totals.cpu()
+    train_loss_sum, train_count, val_loss_sum, val_correct, val_count = totals.tolist()
+    return {
+        "epoch": epoch,
+        "train_loss": train_loss_sum / max(train_count, 1),
+        "val_loss": val_loss_sum / max(val_count, 1),
+        "val_accuracy": val_correct / max(val_count, 1),
+    }
+
+
+def _report_with_checkpoint(
+    metrics: dict[str, float | int], model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
+) -> None:
+    """Rank 0's report: ``metrics`` with a checkpoint of ``model`` and ``optimizer`` (meta.json: ``meta``)."""
+    # In the trial's directory on this worker (its Dask scratch space), not /tmp: a worker killed between
+    # writing and reporting leaves it where Dask clears dead workers' spaces, not in /tmp for ever.
+    scratch = ddp_runtime.get_context().get_trial_dir()
+    with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=scratch) as ckpt_dir:
+        _write_checkpoint(ckpt_dir, model, optimizer, meta)
+        ddp_runtime.report(metrics, checkpoint=ddp_runtime.Checkpoint.from_directory(ckpt_dir))
 
 
 @torch.no_grad()
