@@ -15,10 +15,10 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweepflow.services.database import PostgresServer
+    from sweepflow.flows.config import Credentials, PipelineConfig, Settings
 
 
 def _config_problem(exc: BaseException) -> str:
@@ -128,6 +128,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = float(os.environ.pop("SWEEPFLOW_STARTED_AT", "") or time.time())
     # A run handed over by the front process (below) gets its --set values through the environment.
     overrides = [*json.loads(os.environ.pop("SWEEPFLOW_RUN_SET", "[]")), *args.set]
+    checked = _checked_run(args, overrides)
+    if isinstance(checked, int):  # refused, and said
+        return checked
+    config, settings, credentials = checked
+    state_dir = _state_dir(config, settings)
+    if not args.no_server:
+        config = _use_local_services(config, settings, state_dir, launcher=not args.in_process)
+        if not args.in_process:
+            return _hand_to_launcher(args, state_dir, overrides, started_at=t0)
+    else:
+        from sweepflow.flows.run_services import TemporaryServerError, use_temporary_prefect
+
+        try:  # Prefect's temporary server, waited for within our bound (not at the flow's first call)
+            use_temporary_prefect(settings)
+        except (TemporaryServerError, ValueError) as exc:
+            return _refuse(exc, args)
+    t_server = time.time()
+    ran = _run_flow(args, config, credentials, sets=len(overrides))
+    if isinstance(ran, int):  # the flow failed, and said how
+        return ran
+    summary, t_import = ran
+    t_end = time.time()
+    from sweepflow.flows.cli_output import print_run
+
+    print_run(summary, args, timings=(t0, t_server, t_import, t_end))
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary, f, default=str, indent=2)
+    return 0
+
+
+def _checked_run(
+    args: argparse.Namespace, overrides: list[str]
+) -> tuple[PipelineConfig, Settings, Credentials] | int:
+    """``sweepflow run``'s config (``overrides``: its ``--set`` values) and settings, all of it checked before
+    any service, run or trial starts: (the config without its credentials, the settings, the credentials); or
+    the exit status of a refusal, said already."""
     try:
         from sweepflow.flows.config import load_config_file
 
@@ -158,33 +195,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     except PreflightError as exc:
         return _refuse(exc, args)
-    config = public
-    state_dir = _state_dir(config, settings)
-    if not args.no_server:
-        config = _use_local_services(config, settings, state_dir, launcher=not args.in_process)
-        if not args.in_process:
-            from sweepflow.services import launcher
+    return public, settings, credentials
 
-            # The same command, in a warm child. The launcher logs the commands it runs and --set values may
-            # hold credentials, so they travel in the environment it hands the child (never logged).
-            argv, skip = [], False
-            for token in args.argv:
-                if not skip and token != "--set" and not token.startswith("--set="):
-                    argv.append(token)
-                skip = token == "--set" and not skip
-            os.environ["SWEEPFLOW_RUN_SET"] = json.dumps(overrides)
-            try:
-                return launcher.run(state_dir, argv, started_at=t0)
-            finally:  # they may hold credentials: not left behind for a later main() in this process
-                os.environ.pop("SWEEPFLOW_RUN_SET", None)
-    else:
-        from sweepflow.flows.run_services import TemporaryServerError, use_temporary_prefect
 
-        try:  # Prefect's temporary server, waited for within our bound (not at the flow's first call)
-            use_temporary_prefect(settings)
-        except (TemporaryServerError, ValueError) as exc:
-            return _refuse(exc, args)
-    t_server = time.time()
+def _hand_to_launcher(
+    args: argparse.Namespace, state_dir: str, overrides: list[str], *, started_at: float
+) -> int:
+    """The same command, run in a warm child of the launcher; its exit status."""
+    from sweepflow.services import launcher
+
+    # The launcher logs the commands it runs and --set values may hold credentials, so they travel in the
+    # environment it hands the child (never logged).
+    argv, skip = [], False
+    for token in args.argv:
+        if not skip and token != "--set" and not token.startswith("--set="):
+            argv.append(token)
+        skip = token == "--set" and not skip
+    os.environ["SWEEPFLOW_RUN_SET"] = json.dumps(overrides)
+    try:
+        return launcher.run(state_dir, argv, started_at=started_at)
+    finally:  # they may hold credentials: not left behind for a later main() in this process
+        os.environ.pop("SWEEPFLOW_RUN_SET", None)
+
+
+def _run_flow(
+    args: argparse.Namespace, config: PipelineConfig, credentials: Credentials, *, sets: int
+) -> tuple[dict[str, Any], float] | int:
+    """The training pipeline's flow, run in this process: its summary and when its imports were done (for the
+    timings); or, when it failed, the exit status, said already (``sets``: how many --set values the command
+    that finishes it needs again)."""
     from sweepflow.flows.experiment import AfterSweepFailed
     from sweepflow.flows.pipeline import (  # imports prefect: after PREFECT_API_URL is set
         EvaluationMismatch,
@@ -204,77 +243,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (TrackingServerError, TrackingServerUnavailable) as exc:  # said at once, not the user's mistake
         return _service_failed(exc, args)
     except AfterSweepFailed as exc:  # the sweep is recorded: its sentence ends with the command that finishes it
-        said = RuntimeError(exc.finish(finish_command(args, exc.parent_run_id, sets=len(overrides))))
+        said = RuntimeError(exc.finish(finish_command(args, exc.parent_run_id, sets=sets)))
         said.__cause__ = exc
         # A setting to change (the champion metric) is the user's mistake, exit 2; a function that failed, 1.
         return _refuse(said, args) if isinstance(exc, EvaluationMismatch) else _service_failed(said, args)
-    t_end = time.time()
-
-    import pandas as pd
-
-    from sweepflow.tasks.tracking.links import MlflowLinks, prefect_ui_url, sweep_views
-
-    board = pd.DataFrame(summary["leaderboard"])
-    cols = [c for c in board.columns if c != "mlflow_run_id"]
-    print("\nLeaderboard (best first):")
-    print(board[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    reg = summary["registration"]
-    print(
-        f"\nBest trial: {summary['best_trial']['trial_id']}  test metrics: "
-        + ", ".join(f"{k}={v:.4f}" for k, v in summary["test_metrics"].items() if "class" not in k)
-    )
-    print(
-        f"Registered model: {reg['name']} v{reg['version']} (alias challenger"
-        + (", champion)" if reg["became_champion"] else f"; champion stays v{reg['champion_version']})")
-    )
-    print(f"Failed trials: {summary['failed_trials'] or 'none'}")
-    usage = summary["usage"]
-    print(
-        f"Resources: {usage['worker_seconds']:.1f} worker-seconds, {usage['gpu_seconds']:.1f} GPU-seconds; "
-        f"early stopping saved {usage['saved_worker_seconds']:.1f} worker-seconds "
-        f"({usage['saved_gpu_seconds']:.1f} GPU-seconds)"
-        + (
-            f"; worker start-up {usage['startup_seconds']:.1f}s (first imports; in no trial's time)"
-            if usage.get("startup_seconds")
-            else ""
-        )
-    )
-    stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in summary["timings"].items())
-    print(
-        f"\nTimings: services {t_server - t0:.1f}s, imports {t_import - t_server:.1f}s, "
-        f"flow {t_end - t_import:.1f}s ({stages})"
-    )
-    uri = summary["tracking_uri"]
-    print("\nCompare trials in the MLflow UI:")
-    local_ui = None
-    if not uri.startswith(("http://", "https://")):
-        local_ui = "http://127.0.0.1:5000"
-        print(f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open:")
-    views = sweep_views(
-        MlflowLinks.for_tracking_uri(uri, local_ui=local_ui),
-        summary["experiment_id"],
-        parent_run_id=summary["parent_run_id"],
-        trial_run_ids=[r["mlflow_run_id"] for r in summary["leaderboard"] if r.get("mlflow_run_id")],  # best first
-        best_run_id=summary["best_trial"]["run_id"],
-        registered=(reg["name"], reg["version"]),
-        metric=summary["selection"]["metric"],
-        mode=summary["selection"]["mode"],
-        view_key=summary.get("mlflow_view_key"),
-    )
-    if summary.get("report_url"):
-        views["sweep report"] = summary["report_url"]  # a page of its own: interactive plots of every trial
-    for label, url in views.items():
-        print(f"  {label + ':':17} {url}")
-    if not args.no_server and os.environ.get(
-        "PREFECT_API_URL"
-    ):  # set above, to the local server if not given
-        print(
-            f"Prefect UI (flow runs, task runs per trial): {prefect_ui_url(os.environ['PREFECT_API_URL'])}"
-        )
-    if args.summary_json:
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, default=str, indent=2)
-    return 0
+    return summary, t_import
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -348,116 +321,22 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
+    from sweepflow.flows import cli_stack
     from sweepflow.flows.config import Settings
     from sweepflow.services import stack
-    from sweepflow.tasks import WORKER_PRELOAD
 
     settings = Settings.from_env()
     state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(settings.home, settings.stack_dir))
     if args.action == "up":
-        try:
-            exposure = stack.Exposure(
-                host=args.host,
-                prefect_auth_string=_read_secret_file(args.prefect_auth_file, "--prefect-auth-file"),
-                mlflow_auth=_read_secret_file(args.mlflow_auth_file, "--mlflow-auth-file"),
-                mlflow_allowed_hosts=args.mlflow_allowed_hosts,
-                tls_ca_file=args.tls_ca_file,
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
-                insecure=args.insecure,
-            )
-            exposure.check()
-            database = _stack_database(args.database_url_file, settings.stack_database_url)
-        except ValueError as exc:  # before anything starts
-            print(f"sweepflow stack: {exc}", file=sys.stderr)
-            return 2
-        try:
-            env = stack.up(
-                state_dir,
-                worker_preload=[WORKER_PRELOAD],
-                workers=args.workers,
-                exposure=exposure,
-                database=database,
-            )
-        except ValueError as exc:  # the database: unreachable, refused the login, or cannot create ours
-            print(f"sweepflow stack: {exc}", file=sys.stderr)
-            return 2
-        except RuntimeError as exc:
-            print(f"sweepflow stack: {exc}", file=sys.stderr)
-            print(f"stop what did start with: sweepflow stack down --state-dir {state_dir}", file=sys.stderr)
-            return 1
-        for name, address in stack.status(state_dir).items():
-            print(f"{name:16s} {address}")
-        print(f"\nPrefect UI:  {env['PREFECT_API_URL'].removesuffix('/api')}")
-        print(f"MLflow UI:   {env['MLFLOW_TRACKING_URI']}")
-        print(f"Dask dashboard: {stack.dashboard_url(state_dir)}")
-        if database is not None:
-            from sweepflow.services.database import MLFLOW_DATABASE, PREFECT_DATABASE
-
-            print(f"Databases:   {PREFECT_DATABASE}, {MLFLOW_DATABASE} on {database.shown}")
-        print(f"Settings:    source {os.path.join(state_dir, 'stack.env')}")
-        return 0
+        return cli_stack.up(args, settings, state_dir)
     if args.action == "down":
-        try:
-            stopped = stack.down(state_dir)
-        except RuntimeError as exc:  # a process that survived SIGKILL: which one, and what to do
-            print(f"sweepflow stack: {exc}", file=sys.stderr)
-            return 1
-        print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
-        return 0
+        return cli_stack.down(state_dir)
     if args.action == "env":
-        env = stack.read_env(state_dir)
-        if not env:
-            print(
-                f"sweepflow stack: no stack under {state_dir}; run `sweepflow stack up` first",
-                file=sys.stderr,
-            )
-            return 1
-        with open(os.path.join(state_dir, "stack.env")) as f:
-            print(f.read(), end="")
-        return 0
+        return cli_stack.env(state_dir)
     if args.action == "logs":
         print(stack.logs(state_dir, args.service) or f"no stack logs under {state_dir}")
         return 0
-    from sweepflow.services import supervisor
-
-    states = {name: supervisor.describe(state_dir, name) for name in stack.service_names(state_dir)}
-    if not states:
-        print(f"no stack services recorded under {state_dir}; start them with `sweepflow stack up`")
-    for name, (address, why) in states.items():
-        print(f"{name:16s} {address or why}")
-    if not all(address for address, _ in states.values()):
-        print(f"`sweepflow stack up --state-dir {state_dir}` (same options as before) restarts what is DOWN")
-    return 0 if states and all(address for address, _ in states.values()) else 1
-
-
-def _stack_database(url_file: str | None, env_url: str | None) -> PostgresServer | None:
-    """The stack's PostgreSQL server (``sweepflow.services.database.PostgresServer``) from ``--database-url-file``
-    or $SWEEPFLOW_STACK_DATABASE_URL (the file wins), or None: SQLite. ValueError if the URL is not one."""
-    from sweepflow.services.database import DATABASE_URL_ENV, PostgresServer
-
-    # The services `up` starts inherit this process's environment: only the two servers that need the password
-    # get it (through their own environment), not the Dask workers, the Prefect worker or its flow runs.
-    os.environ.pop(DATABASE_URL_ENV, None)
-    if url_file is not None:
-        return PostgresServer.parse(
-            _read_secret_file(url_file, "--database-url-file"), source=f"--database-url-file {url_file}"
-        )
-    return PostgresServer.parse(env_url) if env_url else None
-
-
-def _read_secret_file(path: str | None, flag: str) -> str | None:
-    """A secret's first line from a file (secrets never go on a command line: `ps` shows it to every user)."""
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            value = f.readline().strip()
-    except OSError as exc:
-        raise ValueError(f"{flag} {path}: {exc.strerror}; give a readable file holding the secret") from None
-    if not value:
-        raise ValueError(f"{flag} {path} is empty; put the secret on its first line")
-    return value
+    return cli_stack.status(state_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,6 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sweepflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(sub)
+    _add_init_command(sub)
+    _add_server_command(sub)
+    _add_stack_command(sub)
+    return parser
+
+
+def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``sweepflow run`` and its options."""
     run = sub.add_parser("run", help="run the training pipeline")
     run.add_argument("--config", help="YAML file with PipelineConfig fields")
     run.add_argument(
@@ -493,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--debug", action="store_true", help="show the traceback behind a refused configuration")
     run.set_defaults(func=cmd_run)
+
+
+def _add_init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``sweepflow init`` and its options."""
     init = sub.add_parser(
         "init", help="write a small working project of your own (data, train/model/evaluate functions, sweep.yaml)"
     )
@@ -505,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(sweepflow[lightning]) or a Hugging Face Trainer (sweepflow[transformers])",
     )
     init.set_defaults(func=cmd_init)
+
+
+def _add_server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``sweepflow server`` and its options."""
     server = sub.add_parser(
         "server",
         help="start, stop or show the background services `sweepflow run` starts and reuses: Prefect server, "
@@ -519,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--state-dir", default=None, help="default: $SWEEPFLOW_HOME (~/.sweepflow)")
     server.set_defaults(func=cmd_server)
+
+
+def _add_stack_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``sweepflow stack`` and its options; those that expose the services beyond this machine in a group of
+    their own (``_add_stack_exposure``)."""
     stack = sub.add_parser(
         "stack",
         help="the full stack on this machine: S3 gateway, MLflow server, Prefect server + worker, Dask",
@@ -542,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
         "server's and MLflow's databases (sweepflow_prefect, sweepflow_mlflow: created if missing); default "
         "$SWEEPFLOW_STACK_DATABASE_URL, else SQLite files in the state dir",
     )
+    _add_stack_exposure(stack)
+    stack.set_defaults(func=cmd_stack)
+
+
+def _add_stack_exposure(stack: argparse.ArgumentParser) -> None:
+    """``sweepflow stack up``'s options that expose the services (docs/exposing.md): the address they bind,
+    Prefect's and MLflow's auth, Dask's TLS."""
     expose = stack.add_argument_group("exposing the services (up; see docs/exposing.md)")
     expose.add_argument(
         "--host",
@@ -570,8 +478,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow a --host other than 127.0.0.1 without Prefect/MLflow auth and Dask TLS (trusted networks only)",
     )
-    stack.set_defaults(func=cmd_stack)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

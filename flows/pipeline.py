@@ -119,32 +119,8 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
         seed=cfg.sweep.seed,
         mode=cfg.selection.mode,
     )
-    template = TrialTemplate(
-        train_fn=cfg.training.train_fn,
-        train_loop_config={
-            **cfg.training.base_config,
-            "model": cfg.training.model,
-            "epochs": cfg.training.epochs,
-            "data_path": prepared.path,
-        },
-        num_ranks=cfg.resources.ranks_per_trial,
-        resources_per_rank=cfg.resources.resources_per_rank(),
-        use_gpu=cfg.resources.use_gpu,
-        selection_metric=cfg.selection.metric,
-        selection_mode=cfg.selection.mode,
-        max_reports=cfg.scheduler.max_reports(cfg.training.epochs),
-        seed=cfg.sweep.seed,
-        varying_names=tuple(space.varying_names),
-        max_failures=cfg.training.max_failures,
-        hang_timeout_s=cfg.training.hang_timeout_s,
-        system_metrics_interval_s=cfg.training.system_metrics_interval_s,
-        import_dir=cfg.project_dir,
-    )
-    name = flow_run.get_name() or "local"
-    # Every setting (credentials removed) as one artifact; as params only the few a user filters runs by, so
-    # the runs table and compare view are not buried under ~50 settings.
-    settings = public_params(flatten("", cfg.model_dump(exclude={"state_dir"})))
-    default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
+    template = _trial_template(cfg, prepared, varying_names=tuple(space.varying_names))
+    recording = _recording(cfg, prepared)
     return Experiment(
         name=cfg.mlflow.experiment_name,
         sampler=sampler,
@@ -159,27 +135,7 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
             preload=(WORKER_PRELOAD,),
             asked_by="resources.ranks_per_trial / gpus_per_rank / cpus_per_rank",
         ),
-        recording=Recording(
-            tracking_uri=cfg.mlflow.tracking_uri,
-            experiment_name=cfg.mlflow.experiment_name,
-            run_name=f"pipeline-{name}",
-            kind="pipeline",
-            params={
-                k: v
-                for k, v in settings.items()
-                if k in PARENT_PARAMS or (k in PROJECT_PARAMS and v is not None)
-            },
-            settings=settings,
-            settings_file="pipeline_config.json",
-            resume_key=resume_key(cfg.model_dump()),
-            title=f"Sweep {name}: {cfg.data.label}",
-            # the data it trains on: a resume must find the same data
-            tags={"sweepflow.data_checksum": prepared.checksum, "sweepflow.dataset": prepared.name},
-            same_on_resume={"sweepflow.data_checksum": "the data (its checksum)"},
-            artifact_root=os.path.join(cfg.state_dir, "mlartifacts") if default_store else None,
-            artifacts_destination=cfg.mlflow.artifacts_destination,
-            resume_hint="if interrupted: sweepflow run --resume {parent}, same settings",
-        ),
+        recording=recording,
         root_dir=cfg.state_dir,
         max_concurrent_trials=cfg.sweep.max_concurrent_trials,
         time_budget_s=cfg.sweep.time_budget_s,
@@ -194,6 +150,64 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
             model_fn=None if cfg.training.builtin_model else cfg.training.model_fn,
             project_dir=cfg.project_dir,
         ),
+    )
+
+
+def _trial_template(
+    cfg: PipelineConfig, prepared: PreparedDataset, *, varying_names: tuple[str, ...]
+) -> TrialTemplate:
+    """What each of the sweep's trials runs: the training function on its DDP group, on ``prepared``."""
+    return TrialTemplate(
+        train_fn=cfg.training.train_fn,
+        train_loop_config={
+            **cfg.training.base_config,
+            "model": cfg.training.model,
+            "epochs": cfg.training.epochs,
+            "data_path": prepared.path,
+        },
+        num_ranks=cfg.resources.ranks_per_trial,
+        resources_per_rank=cfg.resources.resources_per_rank(),
+        use_gpu=cfg.resources.use_gpu,
+        selection_metric=cfg.selection.metric,
+        selection_mode=cfg.selection.mode,
+        max_reports=cfg.scheduler.max_reports(cfg.training.epochs),
+        seed=cfg.sweep.seed,
+        varying_names=varying_names,
+        max_failures=cfg.training.max_failures,
+        hang_timeout_s=cfg.training.hang_timeout_s,
+        system_metrics_interval_s=cfg.training.system_metrics_interval_s,
+        import_dir=cfg.project_dir,
+    )
+
+
+def _recording(cfg: PipelineConfig, prepared: PreparedDataset) -> Recording:
+    """How the pipeline run is recorded in MLflow: its parent run (named after the Prefect flow run), its
+    settings, and the data a resume must find again."""
+    name = flow_run.get_name() or "local"
+    # Every setting (credentials removed) as one artifact; as params only the few a user filters runs by, so
+    # the runs table and compare view are not buried under ~50 settings.
+    settings = public_params(flatten("", cfg.model_dump(exclude={"state_dir"})))
+    default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
+    return Recording(
+        tracking_uri=cfg.mlflow.tracking_uri,
+        experiment_name=cfg.mlflow.experiment_name,
+        run_name=f"pipeline-{name}",
+        kind="pipeline",
+        params={
+            k: v
+            for k, v in settings.items()
+            if k in PARENT_PARAMS or (k in PROJECT_PARAMS and v is not None)
+        },
+        settings=settings,
+        settings_file="pipeline_config.json",
+        resume_key=resume_key(cfg.model_dump()),
+        title=f"Sweep {name}: {cfg.data.label}",
+        # the data it trains on: a resume must find the same data
+        tags={"sweepflow.data_checksum": prepared.checksum, "sweepflow.dataset": prepared.name},
+        same_on_resume={"sweepflow.data_checksum": "the data (its checksum)"},
+        artifact_root=os.path.join(cfg.state_dir, "mlartifacts") if default_store else None,
+        artifacts_destination=cfg.mlflow.artifacts_destination,
+        resume_hint="if interrupted: sweepflow run --resume {parent}, same settings",
     )
 
 

@@ -122,6 +122,64 @@ def _check_group_shape(arg: Callable[[str], str], num_replicas: Any, use_gpu: An
     return n, use_gpu
 
 
+def _check_backend(arg: Callable[[str], str], backend: Any, use_gpu: bool) -> str:
+    """The DDP backend: ``auto`` resolved (nccl on GPUs, else gloo), ``nccl`` refused without GPUs."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"{arg('backend')} must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "nccl" if use_gpu else "gloo"
+    if backend == "nccl" and not use_gpu:
+        raise ValueError(
+            f'{arg("backend")}="nccl" needs GPUs: set {arg("use_gpu")}=True, or use backend="gloo"'
+        )
+    return backend
+
+
+def _check_creators(
+    arg: Callable[[str], str],
+    *,
+    model_creator: Any,
+    data_creator: Any,
+    optimizer_creator: Any,
+    loss_creator: Any,
+    train_function: Any,
+    validation_function: Any,
+    initialization_hook: Any,
+) -> bool:
+    """Each creator and function checked against how a rank calls it; returns whether ``data_creator`` takes
+    the batch size (Ray 0.8's form)."""
+    if model_creator is None or data_creator is None:
+        missing = [
+            k for k, v in (("model_creator", model_creator), ("data_creator", data_creator)) if v is None
+        ]
+        raise TypeError(
+            f"{', '.join(arg(m) for m in missing)} missing: PyTorchTrainer needs a model_creator(config) "
+            "and a data_creator(batch_size, config)"
+        )
+    _check_callable(arg("model_creator"), model_creator, (1,), "model_creator(config)")
+    takes_batch_size = _data_creator_takes_batch_size(arg("data_creator"), data_creator)
+    if optimizer_creator is not None:
+        _check_callable(arg("optimizer_creator"), optimizer_creator, (2,), "optimizer_creator(model, config)")
+    _check_loss_creator(arg("loss_creator"), loss_creator)
+    if train_function is not None:
+        _check_callable(
+            arg("train_function"),
+            train_function,
+            (5,),
+            "train_function(model, train_iterator, criterion, optimizer, config)",
+        )
+    if validation_function is not None:
+        _check_callable(
+            arg("validation_function"),
+            validation_function,
+            (4,),
+            "validation_function(model, val_iterator, criterion, config)",
+        )
+    if initialization_hook is not None:
+        _check_callable(arg("initialization_hook"), initialization_hook, (0, 1), "initialization_hook()")
+    return takes_batch_size
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything a rank needs, validated on the driver; shipped to the workers (creators included)."""
@@ -169,45 +227,19 @@ def make_plan(
         n,
         f"it is the global batch size, split across the {n} replicas (each gets batch_size // num_replicas)",
     )
-    if backend not in _BACKENDS:
-        raise ValueError(f"{arg('backend')} must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        backend = "nccl" if use_gpu else "gloo"
-    if backend == "nccl" and not use_gpu:
-        raise ValueError(
-            f'{arg("backend")}="nccl" needs GPUs: set {arg("use_gpu")}=True, or use backend="gloo"'
-        )
+    backend = _check_backend(arg, backend, use_gpu)
     if config is not None and not isinstance(config, dict):
         raise TypeError(f"{arg('config')} must be a dict (passed to every creator) or None, got {config!r}")
-    if model_creator is None or data_creator is None:
-        missing = [
-            k for k, v in (("model_creator", model_creator), ("data_creator", data_creator)) if v is None
-        ]
-        raise TypeError(
-            f"{', '.join(arg(m) for m in missing)} missing: PyTorchTrainer needs a model_creator(config) "
-            "and a data_creator(batch_size, config)"
-        )
-    _check_callable(arg("model_creator"), model_creator, (1,), "model_creator(config)")
-    takes_batch_size = _data_creator_takes_batch_size(arg("data_creator"), data_creator)
-    if optimizer_creator is not None:
-        _check_callable(arg("optimizer_creator"), optimizer_creator, (2,), "optimizer_creator(model, config)")
-    _check_loss_creator(arg("loss_creator"), loss_creator)
-    if train_function is not None:
-        _check_callable(
-            arg("train_function"),
-            train_function,
-            (5,),
-            "train_function(model, train_iterator, criterion, optimizer, config)",
-        )
-    if validation_function is not None:
-        _check_callable(
-            arg("validation_function"),
-            validation_function,
-            (4,),
-            "validation_function(model, val_iterator, criterion, config)",
-        )
-    if initialization_hook is not None:
-        _check_callable(arg("initialization_hook"), initialization_hook, (0, 1), "initialization_hook()")
+    takes_batch_size = _check_creators(
+        arg,
+        model_creator=model_creator,
+        data_creator=data_creator,
+        optimizer_creator=optimizer_creator,
+        loss_creator=loss_creator,
+        train_function=train_function,
+        validation_function=validation_function,
+        initialization_hook=initialization_hook,
+    )
     if batch_size % n:
         log.warning(
             "Changing batch size from %d to %d to evenly distribute batches across %d replicas.",

@@ -101,6 +101,17 @@ def run(
         trial_dirname_creator=trial_dirname_creator,
         num_samples=num_samples,
     )
+    return _run_classic(experiment, verbose, progress_reporter, raise_on_failed_trial, checkpoint_at_end)
+
+
+def _run_classic(
+    experiment: runner.TuneRequest,
+    verbose: int,
+    progress_reporter: CLIReporter | None,
+    raise_on_failed_trial: bool,
+    checkpoint_at_end: bool,
+) -> ExperimentAnalysis:
+    """``tune.run``'s experiment, run; then its trials table, warnings and failed trials (``finish``)."""
     sweep, record = runner.run(experiment)
     analysis = ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives)
     return finish(

@@ -79,75 +79,18 @@ def plan(
 ) -> SearchPlan:
     """The sampler for ``search_alg`` (unwrapped by ``unwrap``; None: random/grid search over ``param_space``),
     repeated by ``repeater``; every mistake refused here, before any service starts."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-    repeat = repeater.repeat if repeater is not None else 1
-    if num_samples % repeat:
-        fewer, more = num_samples - num_samples % repeat, num_samples - num_samples % repeat + repeat
-        raise ValueError(
-            f"num_samples={num_samples} with Repeater(repeat={repeat}): num_samples counts every trial, repeats "
-            f"included, so it must be a multiple of repeat (Ray ignores the {num_samples % repeat} left over); use "
-            f"num_samples={more} ({more // repeat} configs x {repeat})" + (f" or {fewer}" if fewer else "")
-        )
-    configs = num_samples // repeat  # the searcher proposes configs; each runs as `repeat` trials
+    configs = _configs(num_samples, repeater)  # the searcher proposes configs; each runs as `repeat` trials
     space: Mapping[str, Any] = param_space
     sampler: Sampler
     if search_alg is None:
         sampler = RandomSampler(parse_param_space(param_space), seed=seed, num_samples=configs)
         label = "random"
     elif isinstance(search_alg, OptunaSearch):
-        objectives = search_alg.objectives
-        if objectives:  # the experiment ranks by one of them, or by none (as in Ray)
-            metric, mode = _ranking_objective(objectives, metric, mode)
-            if repeater is not None:
-                raise ValueError(
-                    "a Repeater around a multi-objective OptunaSearch is not built (each objective's average would "
-                    "be told); run each config once, or search one metric"
-                )
-        else:
-            # The searcher's metric/mode become the experiment's (a different one was refused), and so the
-            # scheduler's.
-            metric, mode = merge_search_properties(
-                "OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode)  # type: ignore[arg-type]
-            )
-        searched_in_config = [
-            "/".join(p) for p, v in config_leaves(dict(param_space)) if isinstance(v, Domain) or is_grid(v)
-        ]
-        if search_alg.space and searched_in_config:
-            # As in Ray: only one of the two spaces could be searched; the other's domains would be dropped.
-            given = "a space"
-            if search_alg.define_by_run:
-                given = f"a define-by-run function ({qualified_name(search_alg.space)})"
-            raise ValueError(
-                f"OptunaSearch(space=...) was given {given}, and config/param_space searches {searched_in_config} "
-                "too: only one of them can be the search space. Move those parameters into OptunaSearch's space "
-                "(trial.suggest_float/suggest_int/suggest_categorical in a define-by-run function), or give "
-                "OptunaSearch no space; plain values in config/param_space are merged into every trial's config"
-            )
-        optuna_seed = search_alg.seed if search_alg.seed is not None else seed
-        tpe = {  # what both of Optuna's ways of searching take
-            "num_samples": configs,
-            "mode": mode,
-            "seed": optuna_seed,
-            "n_startup_trials": search_alg.n_startup_trials,
-            "points_to_evaluate": search_alg.points_to_evaluate,
-            "objectives": objectives,
-            "optuna_sampler": search_alg.sampler,
-        }
-        which = type(search_alg.sampler).__name__ if search_alg.sampler is not None else "tpe"
-        if objectives:
-            which += ", objectives " + ", ".join(f"{m} {d}" for m, d in objectives)
-        if search_alg.define_by_run:
-            sampler = DefineByRunSampler(
-                search_alg.space,  # type: ignore[arg-type]  # callable: define_by_run
-                constants=param_space,
-                **tpe,
-            )
-            label = f"{which} (optuna, define-by-run {qualified_name(search_alg.space)})"
-        else:
-            space = _deep_merged(param_space, search_alg.space or {})  # type: ignore[arg-type]  # a dict here
-            sampler = SearchSampler(space, metric=metric, evaluated_rewards=search_alg.evaluated_rewards, **tpe)
-            label = f"{which} (optuna)"
+        metric, mode = _optuna_ranking(search_alg, repeater, metric, mode)
+        _check_one_space(search_alg, param_space)
+        sampler, label, space = _optuna_sampler(
+            search_alg, param_space, configs=configs, metric=metric, mode=mode, seed=seed
+        )
     else:
         raise TypeError(
             f"search_alg={search_alg!r}: use sweepflow.tune.search.optuna.OptunaSearch(...) or "
@@ -169,6 +112,99 @@ def plan(
         varying_names=tuple(v for v in varying if "/" not in v),
         search_space=space_as_data(space),
     )
+
+
+def _configs(num_samples: int, repeater: Repeater | None) -> int:
+    """How many configs the searcher proposes: ``num_samples`` counts every trial, each config's repeats
+    included."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    repeat = repeater.repeat if repeater is not None else 1
+    if num_samples % repeat:
+        fewer, more = num_samples - num_samples % repeat, num_samples - num_samples % repeat + repeat
+        raise ValueError(
+            f"num_samples={num_samples} with Repeater(repeat={repeat}): num_samples counts every trial, repeats "
+            f"included, so it must be a multiple of repeat (Ray ignores the {num_samples % repeat} left over); use "
+            f"num_samples={more} ({more // repeat} configs x {repeat})" + (f" or {fewer}" if fewer else "")
+        )
+    return num_samples // repeat
+
+
+def _optuna_ranking(
+    search_alg: OptunaSearch, repeater: Repeater | None, metric: str | None, mode: str | None
+) -> tuple[str | None, str | None]:
+    """The experiment's metric/mode with an ``OptunaSearch``: one of a multi-objective search's objectives (or
+    none), else the searcher's own (a different one is refused)."""
+    objectives = search_alg.objectives
+    if objectives:  # the experiment ranks by one of them, or by none (as in Ray)
+        metric, mode = _ranking_objective(objectives, metric, mode)
+        if repeater is not None:
+            raise ValueError(
+                "a Repeater around a multi-objective OptunaSearch is not built (each objective's average would "
+                "be told); run each config once, or search one metric"
+            )
+        return metric, mode
+    # The searcher's metric/mode become the experiment's (a different one was refused), and so the
+    # scheduler's.
+    return merge_search_properties(
+        "OptunaSearch", (search_alg.metric, search_alg.mode), (metric, mode)  # type: ignore[arg-type]
+    )
+
+
+def _check_one_space(search_alg: OptunaSearch, param_space: Mapping[str, Any]) -> None:
+    """OptunaSearch's own space and a config/param_space that searches too are refused: only one can be
+    searched."""
+    searched_in_config = [
+        "/".join(p) for p, v in config_leaves(dict(param_space)) if isinstance(v, Domain) or is_grid(v)
+    ]
+    if search_alg.space and searched_in_config:
+        # As in Ray: only one of the two spaces could be searched; the other's domains would be dropped.
+        given = "a space"
+        if search_alg.define_by_run:
+            given = f"a define-by-run function ({qualified_name(search_alg.space)})"
+        raise ValueError(
+            f"OptunaSearch(space=...) was given {given}, and config/param_space searches {searched_in_config} "
+            "too: only one of them can be the search space. Move those parameters into OptunaSearch's space "
+            "(trial.suggest_float/suggest_int/suggest_categorical in a define-by-run function), or give "
+            "OptunaSearch no space; plain values in config/param_space are merged into every trial's config"
+        )
+
+
+def _optuna_sampler(
+    search_alg: OptunaSearch,
+    param_space: Mapping[str, Any],
+    *,
+    configs: int,
+    metric: str | None,
+    mode: str | None,
+    seed: int | None,
+) -> tuple[Sampler, str, Mapping[str, Any]]:
+    """An ``OptunaSearch``'s sampler (define-by-run, or over its space merged into ``param_space``), its label
+    and the space searched."""
+    objectives = search_alg.objectives
+    optuna_seed = search_alg.seed if search_alg.seed is not None else seed
+    tpe = {  # what both of Optuna's ways of searching take
+        "num_samples": configs,
+        "mode": mode,
+        "seed": optuna_seed,
+        "n_startup_trials": search_alg.n_startup_trials,
+        "points_to_evaluate": search_alg.points_to_evaluate,
+        "objectives": objectives,
+        "optuna_sampler": search_alg.sampler,
+    }
+    which = type(search_alg.sampler).__name__ if search_alg.sampler is not None else "tpe"
+    if objectives:
+        which += ", objectives " + ", ".join(f"{m} {d}" for m, d in objectives)
+    if search_alg.define_by_run:
+        sampler = DefineByRunSampler(
+            search_alg.space,  # type: ignore[arg-type]  # callable: define_by_run
+            constants=param_space,
+            **tpe,
+        )
+        return sampler, f"{which} (optuna, define-by-run {qualified_name(search_alg.space)})", param_space
+    space = _deep_merged(param_space, search_alg.space or {})  # type: ignore[arg-type]  # a dict here
+    sampler = SearchSampler(space, metric=metric, evaluated_rewards=search_alg.evaluated_rewards, **tpe)
+    return sampler, f"{which} (optuna)", space
 
 
 def _ranking_objective(

@@ -163,40 +163,18 @@ def plan_trial(
     """What each trial of the trainable runs (the function on every rank, the group's shape); the sweep's
     ranking and retention are filled in by the runner. ``checkpoint_frequency``/``checkpoint_at_end`` drive a
     class trainable's checkpoints. Raises with the fix when it cannot be run."""
-    parameters: dict[str, Any] = {}
-    resources = _checked_resources("resources_per_trial", resources_per_trial)
-    given_resources = bool(resources)
-    while isinstance(trainable, _WithParameters | _WithResources):
-        if isinstance(trainable, _WithParameters):
-            parameters.update(trainable.parameters)
-        else:
-            resources = dict(trainable.resources)
-            given_resources = True
-        trainable = trainable.trainable
-
+    trainable, parameters, resources, given_resources = _unwrapped(trainable, resources_per_trial)
     if is_class_trainable(trainable):
-        requested = trainable.default_resource_request(dict(config_example))
-        if requested is not None and not given_resources:
-            resources = _checked_resources(f"{trainable.__name__}.default_resource_request", requested)
-        run = ClassTrainableRun(
+        return _class_template(
             trainable,
-            parameters=parameters,
+            config_example,
+            parameters,
+            resources,
+            given_resources,
             checkpoint_frequency=checkpoint_frequency,
             checkpoint_at_end=checkpoint_at_end,
         )
-        return _template(run, 1, resources)
-    if checkpoint_frequency:
-        raise ValueError(
-            f"checkpoint frequency {checkpoint_frequency!r} drives a class trainable's save_checkpoint; a function "
-            "trainable saves its own checkpoints with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...): "
-            "remove checkpoint_freq / CheckpointConfig(checkpoint_frequency=...)"
-        )
-    if checkpoint_at_end and refuse_at_end_for_functions:
-        raise ValueError(
-            "CheckpointConfig(checkpoint_at_end=True) drives a class trainable's save_checkpoint; a function "
-            "trainable saves its own with tune.report(..., checkpoint=...): report one with its last result and "
-            "drop checkpoint_at_end"
-        )
+    _check_function_checkpoints(checkpoint_frequency, checkpoint_at_end, refuse_at_end_for_functions)
 
     if isinstance(trainable, DistributedTrainableCreator):
         if resources_per_trial:
@@ -217,18 +195,7 @@ def plan_trial(
         return _template(plan["function"], int(plan.get("num_ranks", 1)), per_rank)
     torch_trainer = _as_torch_trainer(trainable)
     if torch_trainer is not None:
-        scaling = torch_trainer.scaling_config
-        per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
-        template = _template(
-            _ConfigUnder(torch_trainer.train_loop_per_worker, "train_loop_config"),
-            scaling.num_workers,
-            per_rank,
-            base_config=dict(torch_trainer.train_loop_config or {}),
-        )
-        # Its datasets go to every trial's group (each rank reads its shard), not only its loop.
-        return replace(
-            template, datasets=dict(torch_trainer.datasets), dataset_config=torch_trainer.dataset_config
-        )
+        return _torch_trainer_template(torch_trainer)
     if inspect.isclass(trainable):
         raise TypeError(
             f"tune.run({trainable.__name__}): a class trainable must subclass sweepflow.tune.Trainable (setup, step, "
@@ -237,6 +204,81 @@ def plan_trial(
     if not callable(trainable):
         raise TypeError(f"the trainable must be a function, got {type(trainable).__name__}")
     return _template(ClassicFunction(trainable, parameters), 1, resources)
+
+
+def _unwrapped(
+    trainable: Any, resources_per_trial: Mapping[str, Any] | None
+) -> tuple[Any, dict[str, Any], dict[str, float], bool]:
+    """The trainable inside its ``tune.with_parameters`` / ``tune.with_resources`` wrappers, and what they
+    give: (trainable, parameters, resources, whether resources were given)."""
+    parameters: dict[str, Any] = {}
+    resources = _checked_resources("resources_per_trial", resources_per_trial)
+    given_resources = bool(resources)
+    while isinstance(trainable, _WithParameters | _WithResources):
+        if isinstance(trainable, _WithParameters):
+            parameters.update(trainable.parameters)
+        else:
+            resources = dict(trainable.resources)
+            given_resources = True
+        trainable = trainable.trainable
+    return trainable, parameters, resources, given_resources
+
+
+def _class_template(
+    trainable: Any,
+    config_example: dict[str, Any],
+    parameters: dict[str, Any],
+    resources: dict[str, float],
+    given_resources: bool,
+    *,
+    checkpoint_frequency: int,
+    checkpoint_at_end: bool,
+) -> TrialTemplate:
+    """A class trainable's trial: one rank, on the resources given, else its ``default_resource_request``."""
+    requested = trainable.default_resource_request(dict(config_example))
+    if requested is not None and not given_resources:
+        resources = _checked_resources(f"{trainable.__name__}.default_resource_request", requested)
+    run = ClassTrainableRun(
+        trainable,
+        parameters=parameters,
+        checkpoint_frequency=checkpoint_frequency,
+        checkpoint_at_end=checkpoint_at_end,
+    )
+    return _template(run, 1, resources)
+
+
+def _check_function_checkpoints(
+    checkpoint_frequency: int, checkpoint_at_end: bool, refuse_at_end_for_functions: bool
+) -> None:
+    """A function trainable saves its own checkpoints: what drives a class trainable's is refused for it."""
+    if checkpoint_frequency:
+        raise ValueError(
+            f"checkpoint frequency {checkpoint_frequency!r} drives a class trainable's save_checkpoint; a function "
+            "trainable saves its own checkpoints with tune.checkpoint_dir(...) or tune.report(..., checkpoint=...): "
+            "remove checkpoint_freq / CheckpointConfig(checkpoint_frequency=...)"
+        )
+    if checkpoint_at_end and refuse_at_end_for_functions:
+        raise ValueError(
+            "CheckpointConfig(checkpoint_at_end=True) drives a class trainable's save_checkpoint; a function "
+            "trainable saves its own with tune.report(..., checkpoint=...): report one with its last result and "
+            "drop checkpoint_at_end"
+        )
+
+
+def _torch_trainer_template(torch_trainer: Any) -> TrialTemplate:
+    """A ``TorchTrainer``'s trial: its ``train_loop_per_worker`` on its ``scaling_config``, with its data."""
+    scaling = torch_trainer.scaling_config
+    per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
+    template = _template(
+        _ConfigUnder(torch_trainer.train_loop_per_worker, "train_loop_config"),
+        scaling.num_workers,
+        per_rank,
+        base_config=dict(torch_trainer.train_loop_config or {}),
+    )
+    # Its datasets go to every trial's group (each rank reads its shard), not only its loop.
+    return replace(
+        template, datasets=dict(torch_trainer.datasets), dataset_config=torch_trainer.dataset_config
+    )
 
 
 def _template(

@@ -19,10 +19,13 @@ import contextlib
 import time
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweepflow.tune.callback import Recording
 from sweepflow.tune.logger import LoggerCallback
+
+if TYPE_CHECKING:
+    from sweepflow.tasks.training.function import TrialRun
 
 __all__ = ["MLflowLoggerCallback", "setup_mlflow"]
 
@@ -147,8 +150,7 @@ def setup_mlflow(
     ``MLFLOW_TRACKING_TOKEN`` while the function runs. ``rank_zero_only``: the other ranks of a DDP trial get a
     module that does nothing."""
     import ddp_runtime
-    from sweepflow.tasks.datasets.uris import redact
-    from sweepflow.tasks.training.function import at_function_end, current_trial_run
+    from sweepflow.tasks.training.function import current_trial_run
 
     run = current_trial_run()
     if run is None:
@@ -158,6 +160,38 @@ def setup_mlflow(
         )
     if rank_zero_only and ddp_runtime.get_context().get_world_rank() != 0:
         return _NoopModule()
+    _check_own_run(
+        run,
+        tracking_uri=tracking_uri,
+        experiment_id=experiment_id,
+        experiment_name=experiment_name,
+        run_name=run_name,
+    )
+    import mlflow
+
+    run_tags = _checked_tags(tags, "setup_mlflow")
+    _activate_trial_run(mlflow, run, tracking_token)
+    if registry_uri is not None:
+        mlflow.set_registry_uri(registry_uri)
+    if run_tags:
+        mlflow.set_tags(run_tags)
+    if config:
+        _log_missing_params(mlflow, run, config)
+    return mlflow
+
+
+def _check_own_run(
+    run: TrialRun,
+    *,
+    tracking_uri: str | None,
+    experiment_id: str | None,
+    experiment_name: str | None,
+    run_name: str | None,
+) -> None:
+    """``setup_mlflow``'s arguments that name the trial's run: each must be the trial's own. A SQLite store
+    is refused: only the experiment's own process writes it."""
+    from sweepflow.tasks.datasets.uris import redact
+
     given = {
         "tracking_uri": (tracking_uri, run.tracking_uri),
         "experiment_id": (experiment_id, run.experiment_id),
@@ -182,13 +216,15 @@ def setup_mlflow(
             "writes (a second writer would lock it); give it a tracking server (MLFLOW_TRACKING_URI=http://...), "
             "or unset MLFLOW_TRACKING_URI to let sweepflow start one"
         )
-    import mlflow
 
+
+def _activate_trial_run(mlflow: ModuleType, run: TrialRun, tracking_token: str | None) -> None:
+    """The trial's run made the active one in this thread (with its credentials and tracking URI) until the
+    training function returns; nothing to do when it already is."""
     from sweepflow.tasks.compat import detach_active_run, tracking_uri_scope
     from sweepflow.tasks.tracking.credentials import tracking_auth_scope
-    from sweepflow.tasks.tracking.runs import param_items
+    from sweepflow.tasks.training.function import at_function_end
 
-    run_tags = _checked_tags(tags, "setup_mlflow")
     active = mlflow.active_run()
     if active is None or active.info.run_id != run.run_id:
         if active is not None:
@@ -205,22 +241,22 @@ def setup_mlflow(
         scope.enter_context(tracking_uri_scope(run.tracking_uri))
         mlflow.start_run(run_id=run.run_id)  # the trial's run: it is RUNNING, and stays so
         scope.callback(detach_active_run, run.run_id)  # let go of it without ending it
-    if registry_uri is not None:
-        mlflow.set_registry_uri(registry_uri)
-    if run_tags:
-        mlflow.set_tags(run_tags)
-    if config:
-        # The flow writes the run's sampled config (with ``num_ranks``) in the background, a moment after the run
-        # starts: wait for it (bounded), or both would insert the same params at once and one would fail.
-        deadline = time.monotonic() + 30
+
+
+def _log_missing_params(mlflow: ModuleType, run: TrialRun, config: dict[str, Any]) -> None:
+    """``config``'s entries the trial's run lacks, logged as its params (the ``"mlflow"`` entry left out)."""
+    from sweepflow.tasks.tracking.runs import param_items
+
+    # The flow writes the run's sampled config (with ``num_ranks``) in the background, a moment after the run
+    # starts: wait for it (bounded), or both would insert the same params at once and one would fail.
+    deadline = time.monotonic() + 30
+    present = mlflow.get_run(run.run_id).data.params
+    while "num_ranks" not in present and time.monotonic() < deadline:
+        time.sleep(0.2)
         present = mlflow.get_run(run.run_id).data.params
-        while "num_ranks" not in present and time.monotonic() < deadline:
-            time.sleep(0.2)
-            present = mlflow.get_run(run.run_id).data.params
-        wanted = param_items({key: value for key, value in config.items() if key != "mlflow"})
-        # Only what the run lacks: its sampled config is there already, and a value that changed since (PBT)
-        # is in its config history, not a param (MLflow refuses to change one).
-        missing = {param.key: param.value for param in wanted if param.key not in present}
-        if missing:
-            mlflow.log_params(missing)
-    return mlflow
+    wanted = param_items({key: value for key, value in config.items() if key != "mlflow"})
+    # Only what the run lacks: its sampled config is there already, and a value that changed since (PBT)
+    # is in its config history, not a param (MLflow refuses to change one).
+    missing = {param.key: param.value for param in wanted if param.key not in present}
+    if missing:
+        mlflow.log_params(missing)
