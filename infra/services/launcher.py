@@ -6,7 +6,9 @@ stays in the background with those modules imported (the caller's ``preload``), 
 idle (``preload_when_idle``: ``sweepflow run``'s is the built-in training module, and so torch, which the
 pre-flight of a training function of one's own imports, though the flow runs no torch op; it is not on a cold
 run's path). Each ``sweepflow run`` hands it its arguments, environment, working directory and terminal
-(stdin/stdout/stderr, passed as file descriptors over a Unix socket); the launcher forks a child that runs the
+(stdin/stdout/stderr, passed as file descriptors over a Unix socket), and a *handover*: what the command passes
+its child beside the arguments (when it started; ``--set`` values, which may hold credentials), given to the
+entry as its second argument and never logged or put on a command line; the launcher forks a child that runs the
 command exactly as the CLI would, in a fresh process of its own, and reports the child's exit code back.
 The client forwards Ctrl-C/SIGTERM to the child, so a run can be interrupted as usual. Every run is still its own
 process and its own recorded Prefect flow run.
@@ -28,7 +30,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sweepflow.services import supervisor as services
@@ -97,11 +99,12 @@ def ensure(
 # --------------------------------------------------------------------------------------------------- client
 
 
-def run(state_dir: str, argv: list[str], *, started_at: float) -> int:
+def run(state_dir: str, argv: list[str], *, handover: Mapping[str, Any]) -> int:
     """Run ``sweepflow <argv>`` in a child of the launcher, on this terminal; return its exit code.
-    ``started_at`` (``time.time()`` when the command started) lets the child report the command's timings."""
-    env = {**os.environ, "SWEEPFLOW_STARTED_AT": str(started_at)}
-    request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+    ``handover`` (JSON values) reaches the child's entry as its second argument: what the command passes on
+    beside its arguments (when it started, its ``--set`` values), never logged."""
+    request = {"argv": argv, "handover": dict(handover), "env": dict(os.environ), "cwd": os.getcwd()}
+    request = json.dumps(request).encode() + b"\n"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(socket_path(state_dir))
         socket.send_fds(conn, [request], [0, 1, 2])
@@ -131,7 +134,7 @@ def run(state_dir: str, argv: list[str], *, started_at: float) -> int:
 # --------------------------------------------------------------------------------------------------- server
 
 
-def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]], int]) -> None:
+def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str], dict[str, Any]], int]) -> None:
     """In the forked child: take over the client's terminal, environment and directory, run the CLI, exit."""
     code = 1
     try:
@@ -150,7 +153,7 @@ def _child(request: dict[str, Any], fds: list[int], entry: Callable[[list[str]],
 
         dask.config.refresh()  # Dask reads DASK_* variables into its config at import
         sys.argv = ["sweepflow", *request["argv"]]
-        code = entry([*request["argv"], "--in-process"])
+        code = entry([*request["argv"], "--in-process"], request["handover"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:
@@ -192,7 +195,7 @@ def _start_run(
     listener: socket.socket,
     selector: selectors.BaseSelector,
     children: dict[int, socket.socket],
-    main: Callable[[list[str]], int],
+    main: Callable[[list[str], dict[str, Any]], int],
 ) -> None:
     """Accept a connection and fork a child that runs its request (``_child``), recorded in ``children`` with the
     connection its exit code goes to; a health probe's connection (closed at once) and a bad request are

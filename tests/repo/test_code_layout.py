@@ -1,4 +1,5 @@
-"""The product's files each have one job (issue 38): none of its Python modules is over 600 lines, and no two of
+"""The product's files and functions each have one job: no function is over 80 lines (issue 67: functions split
+by job, not files trimmed to a cap), none of its Python modules is over 600 lines (issue 38), and no two of
 ddp_runtime's modules import each other (issue 67), even for type hints only."""
 
 from __future__ import annotations
@@ -11,14 +12,34 @@ import paths
 ROOT = paths.ROOT
 PRODUCT = ("flows", "tasks", "ddp_runtime", "infra")
 MAX_LINES = 600
+#: A function's lines from its ``def`` to its last line: signature, docstring and nested functions included.
+MAX_FUNCTION_LINES = 80
+
+
+def _product_modules():
+    for top in PRODUCT:
+        for path in (ROOT / top).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                yield path
+
+
+def test_no_product_function_is_over_80_lines():
+    functions = {}
+    for path in _product_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = (
+                    node.end_lineno - node.lineno + 1
+                )
+    assert len(functions) > 1000  # the tree was found
+    over = {name: lines for name, lines in sorted(functions.items()) if lines > MAX_FUNCTION_LINES}
+    assert not over, f"split these by job (at most {MAX_FUNCTION_LINES} lines each): {over}"
 
 
 def test_no_product_module_is_over_600_lines():
     sizes = {
         str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
-        for top in PRODUCT
-        for path in (ROOT / top).rglob("*.py")
-        if "__pycache__" not in path.parts
+        for path in _product_modules()
     }
     assert len(sizes) > 100  # the tree was found
     over = {path: lines for path, lines in sorted(sizes.items()) if lines > MAX_LINES}

@@ -50,9 +50,11 @@ def serving(state_dir: str, *, idle_seconds: float) -> Iterator[tuple[psutil.Pro
 
 
 def _run(state_dir: str, out: str, sleep: float = 0.0) -> dict:
-    assert launcher.run(state_dir, [out, str(sleep)], started_at=time.time()) == 0
+    assert launcher.run(state_dir, [out, str(sleep)], handover={}) == 0
     with open(out) as f:
-        return json.load(f)
+        seen = json.load(f)
+    assert seen.pop("handover") == {}
+    return seen
 
 
 def _wait_for_line(log: str, text: str, timeout: float = 30) -> None:
@@ -80,3 +82,21 @@ def test_the_idle_preload_also_comes_when_no_run_does(tmp_path):
     with serving(state_dir, idle_seconds=1) as (_, log):
         _wait_for_line(log, "imported launcher_late while idle", timeout=20)
         assert _run(state_dir, str(tmp_path / "run.json")) == {"late_imported": True}
+
+
+def test_the_handover_reaches_the_entry_and_never_the_launchers_log(tmp_path):
+    """What a command hands its child beside its arguments (``sweepflow run``: when it started, its ``--set``
+    values, which may hold credentials) reaches the entry as its second argument, as sent; the launcher logs the
+    arguments of each run it starts, never the handover."""
+    state_dir = str(tmp_path)
+    secret = "s3cr3t-value-1f9a"
+    handover = {"started_at": 1234.5, "sets": [f"data.source=http://user:{secret}@127.0.0.1:8000/x"]}
+    with serving(state_dir, idle_seconds=60) as (_, log):
+        out = str(tmp_path / "run.json")
+        assert launcher.run(state_dir, [out, "0"], handover=handover) == 0
+        with open(out) as f:
+            assert json.load(f)["handover"] == handover
+        _wait_for_line(log, "exit 0")
+        text = open(log).read()
+    assert f"sweepflow {out} 0" in text, text  # the run is logged, by its arguments
+    assert secret not in text and "1234.5" not in text, text
