@@ -124,10 +124,10 @@ def _service_failed(exc: BaseException, args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    # Wall-clock, so that a run handed to the warm launcher reports from when *this command* started.
-    t0 = float(os.environ.pop("SWEEPFLOW_STARTED_AT", "") or time.time())
-    # A run handed over by the front process (below) gets its --set values through the environment.
-    overrides = [*json.loads(os.environ.pop("SWEEPFLOW_RUN_SET", "[]")), *args.set]
+    # A run handed to the warm launcher by the front process (below) gets, beside its arguments, when *that
+    # command* started (wall-clock: its timings count from there) and its --set values.
+    t0 = float(args.handover.get("started_at") or time.time())
+    overrides = [*args.handover.get("sets", ()), *args.set]
     checked = _checked_run(args, overrides)
     if isinstance(checked, int):  # refused, and said
         return checked
@@ -145,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except (TemporaryServerError, ValueError) as exc:
             return _refuse(exc, args)
     t_server = time.time()
-    ran = _run_flow(args, config, credentials, sets=len(overrides))
+    ran = _run_flow(args, config, settings, credentials, sets=len(overrides))
     if isinstance(ran, int):  # the flow failed, and said how
         return ran
     summary, t_import = ran
@@ -205,36 +205,38 @@ def _hand_to_launcher(
     from sweepflow.services import launcher
 
     # The launcher logs the commands it runs and --set values may hold credentials, so they travel in the
-    # environment it hands the child (never logged).
+    # handover it gives the child's main() (never logged), not in its arguments.
     argv, skip = [], False
     for token in args.argv:
         if not skip and token != "--set" and not token.startswith("--set="):
             argv.append(token)
         skip = token == "--set" and not skip
-    os.environ["SWEEPFLOW_RUN_SET"] = json.dumps(overrides)
-    try:
-        return launcher.run(state_dir, argv, started_at=started_at)
-    finally:  # they may hold credentials: not left behind for a later main() in this process
-        os.environ.pop("SWEEPFLOW_RUN_SET", None)
+    return launcher.run(state_dir, argv, handover={"started_at": started_at, "sets": overrides})
 
 
 def _run_flow(
-    args: argparse.Namespace, config: PipelineConfig, credentials: Credentials, *, sets: int
+    args: argparse.Namespace,
+    config: PipelineConfig,
+    settings: Settings,
+    credentials: Credentials,
+    *,
+    sets: int,
 ) -> tuple[dict[str, Any], float] | int:
-    """The training pipeline's flow, run in this process: its summary and when its imports were done (for the
-    timings); or, when it failed, the exit status, said already (``sets``: how many --set values the command
-    that finishes it needs again)."""
+    """The training pipeline's flow, run in this process with the command's settings and credentials: its
+    summary and when its imports were done (for the timings); or, when it failed, the exit status, said already
+    (``sets``: how many --set values the command that finishes it needs again)."""
     from sweepflow.flows.experiment import AfterSweepFailed
     from sweepflow.flows.pipeline import (  # imports prefect: after PREFECT_API_URL is set
         EvaluationMismatch,
-        training_pipeline,
+        bound_training_pipeline,
     )
     from sweepflow.flows.run_console import console_tracebacks, finish_command
     from sweepflow.tasks.sweep.trial import MetricNotReported
     from sweepflow.tasks.tracking.runs import TrackingServerError, TrackingServerUnavailable
 
     t_import = time.time()
-    credentials.install()  # for the flow, in this process only
+    credentials.install()  # MLflow's auth variables, for the flow, in this process only
+    training_pipeline = bound_training_pipeline(settings, credentials)
     try:
         with console_tracebacks(shown=args.debug):
             summary = training_pipeline(config=config, resume_from=args.resume)
@@ -480,7 +482,9 @@ def _add_stack_exposure(stack: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, handover: dict[str, Any] | None = None) -> int:
+    """The ``sweepflow`` command. ``handover``: what the warm launcher's client passed its child beside the
+    arguments (``sweepflow run``'s start time and ``--set`` values; ``launcher.run``)."""
     if argv is None:  # this process is the command (not a caller in its own process): it exits after this
         # The interpreter's teardown let the garbage collector walk the imported stack (prefect, mlflow,
         # matplotlib) again and again: 1.8 s of every command's exit, 0.1 s with the collector frozen once every
@@ -490,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(gc.freeze)
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.handover = dict(handover or {})
     # Before MLflow is imported here or in a service started from here: it starts its telemetry at import.
     from sweepflow.services.local import MLFLOW_SETTINGS
 

@@ -397,10 +397,6 @@ _NO_CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and the destination as s3://bucket/prefix",
 }
 
-#: The data credentials the entry point took out of the config (``Credentials.install``): this process only.
-_HELD_DATA: list[DataCredentials] = []
-
-
 @dataclass(frozen=True, repr=False)
 class Credentials:
     """The secrets ``split_credentials`` took out of a PipelineConfig (``repr`` shows none of them)."""
@@ -412,10 +408,9 @@ class Credentials:
         return "Credentials(<hidden>)"
 
     def install(self) -> None:
-        """Make them this process's, for the flow it runs: MLflow's auth variables into the environment (its
-        client reads them on every request), the data credentials held for ``with_credentials``."""
+        """MLflow's auth variables into this process's environment, for the flow it runs: MLflow's client reads
+        them there on every request. The data credentials go to the flow explicitly (``with_credentials``)."""
         os.environ.update(self.tracking_env)
-        _HELD_DATA[:] = [self.data]
 
 
 def _refuse_credentials(values: Mapping[str, str | None]) -> None:
@@ -429,8 +424,8 @@ def _refuse_credentials(values: Mapping[str, str | None]) -> None:
 
 def split_credentials(config: PipelineConfig, settings: Settings) -> tuple[PipelineConfig, Credentials]:
     """``config`` with no credential left in it, and the credentials. The config becomes the flow run's
-    parameters, which Prefect stores and shows, so the CLI hands the flow this one and ``install()``s the
-    credentials in the process that runs the flow (``with_credentials`` puts the data ones back there). An
+    parameters, which Prefect stores and shows, so the CLI hands the flow this one as its parameter and the
+    credentials beside it, never a parameter (``with_credentials`` puts the data ones back in the flow). An
     HTTP(S) tracking URI's ``user:password@`` becomes MLflow's MLFLOW_TRACKING_USERNAME / _PASSWORD; the data
     source's and storage options stay in the process. Raises ValueError naming the field where a credential
     has no safe place (a Dask address, the S3 storage and artifact URIs, a database tracking URI)."""
@@ -458,10 +453,11 @@ def split_credentials(config: PipelineConfig, settings: Settings) -> tuple[Pipel
     return public, Credentials(tracking_env, data_secrets)
 
 
-def with_credentials(cfg: PipelineConfig) -> PipelineConfig:
-    """The flow's side of ``split_credentials``, on its resolved config: the data credentials this process holds
-    put back, and an HTTP(S) tracking URI's ``user:password@`` (from a deployment's parameters or
-    MLFLOW_TRACKING_URI) moved into MLflow's auth variables, so no URI the flow uses, logs or shows holds one."""
+def with_credentials(cfg: PipelineConfig, credentials: Credentials) -> PipelineConfig:
+    """The flow's side of ``split_credentials``, on its resolved config: the data ``credentials`` its entry point
+    took out (none for a deployment's run: ``Credentials()``) put back, and an HTTP(S) tracking URI's
+    ``user:password@`` (from a deployment's parameters or MLFLOW_TRACKING_URI) moved into MLflow's auth
+    variables, so no URI the flow uses, logs or shows holds one."""
     _refuse_credentials(
         {
             "dask.scheduler_address (or DASK_SCHEDULER_ADDRESS)": cfg.dask.scheduler_address,
@@ -471,9 +467,7 @@ def with_credentials(cfg: PipelineConfig) -> PipelineConfig:
     )
     tracking_uri, tracking_env = split_tracking_credentials(cfg.mlflow.tracking_uri or "")
     os.environ.update(tracking_env)
-    data = cfg.data
-    for held in _HELD_DATA:
-        data = data.with_credentials(held)
+    data = cfg.data.with_credentials(credentials.data)
     return cfg.model_copy(
         update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": tracking_uri or None}), "data": data}
     )

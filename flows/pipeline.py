@@ -14,7 +14,7 @@ from distributed import Client
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from sweepflow.flows.config import PipelineConfig, Settings, resolve_settings, with_credentials
+from sweepflow.flows.config import Credentials, PipelineConfig, Settings, resolve_settings, with_credentials
 from sweepflow.flows.experiment import (
     EvaluationMismatch,
     ExperimentRun,
@@ -40,7 +40,15 @@ from sweepflow.tasks.tracking.params import flatten, public_params
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import project_importable
 
-__all__ = ["EvaluationMismatch", "build_sweep", "experiment_for", "run_tracker", "training_pipeline"]
+__all__ = [
+    "EvaluationMismatch",
+    "bound_training_pipeline",
+    "build_sweep",
+    "experiment_for",
+    "run_pipeline",
+    "run_tracker",
+    "training_pipeline",
+]
 
 # Prefect's flow-run heartbeat thread sleeps in one-second steps: without this, every pipeline run's end waited
 # up to a second for it (see compat). Here, so that every way of running the flow (the CLI, a deployment's
@@ -58,8 +66,32 @@ def training_pipeline(
     ``resume_from``: the MLflow parent run of an interrupted pipeline with the same settings; its ended trials
     are read back, its running ones continue from their checkpoints, the rest start. A Prefect retry of this
     flow run resumes the sweep its earlier attempt left unfinished."""
-    cfg = resolve_settings(config, Settings.from_env())  # a deployment's flow run is an entry point too
-    cfg = with_credentials(cfg)  # the CLI's, held in this process: never in Prefect's stored parameters
+    # A deployment's flow run (or a Python caller's) is an entry point of its own: its settings are read here,
+    # and it has no credentials but those its parameters and environment carry.
+    return run_pipeline(config, resume_from, settings=Settings.from_env(), credentials=Credentials())
+
+
+def bound_training_pipeline(settings: Settings, credentials: Credentials) -> Any:
+    """The ``training-pipeline`` flow for an entry point that has read its settings and taken the credentials
+    out of its config (``sweepflow run``): both reach the flow's body directly, never as parameters, which
+    Prefect stores and shows. Same name, parameters and behaviour as ``training_pipeline``."""
+
+    def bound(
+        config: PipelineConfig = PipelineConfig(),  # noqa: B008 - pydantic default
+        resume_from: str | None = None,
+    ) -> dict[str, Any]:
+        return run_pipeline(config, resume_from, settings=settings, credentials=credentials)
+
+    bound.__doc__ = training_pipeline.fn.__doc__
+    return flow(name=training_pipeline.name, log_prints=True)(bound)
+
+
+def run_pipeline(
+    config: PipelineConfig, resume_from: str | None, *, settings: Settings, credentials: Credentials
+) -> dict[str, Any]:
+    """The ``training-pipeline`` flow's body, inside its flow run."""
+    cfg = resolve_settings(config, settings)
+    cfg = with_credentials(cfg, credentials)  # the entry point's: never in Prefect's stored parameters
     if resume_from is None and (flow_run.get_run_count() or 1) > 1:
         resume_from = find_interrupted_parent(run_tracker(cfg), str(flow_run.get_id()))
     # Bad parameters fail here, in seconds, before any run, download or trial exists.

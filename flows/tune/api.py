@@ -10,6 +10,7 @@ from typing import Any
 
 import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
+from sweepflow.flows.config import Settings
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tune import runner, searchers
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
@@ -540,4 +541,5 @@ def _experiment(
         resume="restore" if restoring else resume_mode,
         search_space=search.search_space,
         objectives=search.objectives,
+        settings=Settings.from_env(),  # the one read of the machine's settings for this call
     )

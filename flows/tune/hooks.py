@@ -23,10 +23,8 @@ def with_hooks(
 ) -> runner.TuneRequest:
     """``experiment`` with the script's hooks; each is checked here (``where``: "tune.run" or "RunConfig"), and
     a conflicting MLflow setting refused, before any work."""
-    from sweepflow.flows.config import Settings
-
     checked = check_callbacks(callbacks, where)
-    asked = recording(checked, environment_tracking_uri=Settings.from_env().tracking_uri)
+    asked = recording(checked, environment_tracking_uri=experiment.settings.tracking_uri)
     template = replace(
         experiment.template,
         **trial_namers(

@@ -74,6 +74,9 @@ class TuneRequest:
     observer: SweepObserver | None = None
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else the tracking server sweepflow starts
     mlflow_experiment: str | None = None  # the MLflow experiment's name (None: the experiment's name)
+    # The machine's settings, read from the environment once, where the script's call built the request
+    # (tune.run, Tuner.fit, Tuner.get_results: each an entry point); everything below gets them from here.
+    settings: Settings = field(default_factory=Settings.from_env)
 
     @property
     def mlflow_experiment_name(self) -> str:
@@ -145,7 +148,7 @@ TRACKING_FIELD = "tracking_uri (MLflowLoggerCallback / setup_mlflow, else $MLFLO
 
 def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
-    settings = Settings.from_env()
+    settings = experiment.settings
     asked = experiment.tracking_uri or settings.tracking_uri
     if asked:  # one sentence in seconds, before any service starts, not the MLflow client's minutes of retries
         check_tracking_uri_scheme(asked, field=TRACKING_FIELD)
@@ -206,7 +209,7 @@ def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRe
 
     from sweepflow.tasks.sweep.resume import newest_run, read_trials
 
-    settings = Settings.from_env()
+    settings = experiment.settings
     chosen = use_run_services(
         settings, settings.home, tracking_uri=experiment.tracking_uri, use_gpu=experiment.template.use_gpu
     )

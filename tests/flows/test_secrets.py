@@ -299,33 +299,28 @@ def test_no_secret_reaches_mlflow_prefect_logs_files_or_command_lines(
     config_file = tmp_path / "sweep.yaml"
     config_file.write_text(json.dumps(config))  # JSON is YAML
     summary_file = tmp_path / "summary.json"
-    try:
-        with local_cluster(n_workers=1, preload=[WORKER_PRELOAD]) as dask_client:
-            code = cli.main(
-                [
-                    "run",
-                    "--no-server",
-                    "--in-process",
-                    "--config",
-                    str(config_file),
-                    "--set",
-                    f"mlflow.tracking_uri={tracking}",
-                    "--set",
-                    f"data.source=http://{DATA_USER}:{DATA_PASSWORD}@{mirror['address']}/mnist",
-                    "--set",
-                    f"dask.scheduler_address={dask_client.scheduler.address}",
-                    "--summary-json",
-                    str(summary_file),
-                ]
-            )
-            out = capsys.readouterr()
-            assert code == 0, out.out[-3000:] + out.err[-3000:]
-            # While the Dask workers and the MLflow server are still up: no command line holds a secret.
-            found = process_args_leaks()
-    finally:
-        from sweepflow.flows.config import Credentials
-
-        Credentials().install()  # drop what the run held in this process
+    with local_cluster(n_workers=1, preload=[WORKER_PRELOAD]) as dask_client:
+        code = cli.main(
+            [
+                "run",
+                "--no-server",
+                "--in-process",
+                "--config",
+                str(config_file),
+                "--set",
+                f"mlflow.tracking_uri={tracking}",
+                "--set",
+                f"data.source=http://{DATA_USER}:{DATA_PASSWORD}@{mirror['address']}/mnist",
+                "--set",
+                f"dask.scheduler_address={dask_client.scheduler.address}",
+                "--summary-json",
+                str(summary_file),
+            ]
+        )
+        out = capsys.readouterr()
+        assert code == 0, out.out[-3000:] + out.err[-3000:]
+        # While the Dask workers and the MLflow server are still up: no command line holds a secret.
+        found = process_args_leaks()
     run_s = time.monotonic() - started
 
     # The credentials were really used: the mirror served only requests with the right basic auth, and the
@@ -375,20 +370,17 @@ def test_credentials_with_no_safe_place_are_refused_before_anything_starts(tmp_p
     assert not os.path.exists(tmp_path / "services")
 
 
-def test_the_warm_launcher_gets_set_values_through_the_environment_not_its_logged_command(
-    tmp_path, monkeypatch
-):
+def test_the_warm_launcher_gets_set_values_in_its_handover_not_its_logged_command(tmp_path, monkeypatch):
     from sweepflow.flows import preflight
     from sweepflow.services import launcher
 
     handed = {}
 
-    def fake_run(state_dir: str, argv: list[str], *, started_at: float) -> int:
-        handed.update(argv=argv, overrides=json.loads(os.environ["SWEEPFLOW_RUN_SET"]))
+    def fake_run(state_dir: str, argv: list[str], *, handover: dict) -> int:
+        handed.update(argv=argv, overrides=handover["sets"], started_at=handover["started_at"])
         return 0
 
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("SWEEPFLOW_RUN_SET", raising=False)
     monkeypatch.setattr(preflight, "check_pipeline", lambda *a, **k: None)
     monkeypatch.setattr(cli, "_use_local_services", lambda config, *a, **k: config)
     monkeypatch.setattr(launcher, "run", fake_run)
@@ -407,10 +399,13 @@ def test_the_warm_launcher_gets_set_values_through_the_environment_not_its_logge
     assert cli.main(argv) == 0
     assert handed["argv"] == ["run", "--summary-json", "s.json"]  # what the launcher logs: no --set value
     assert handed["overrides"] == [tracking, source, "data.name=mnist"]  # all of them, in order
+    assert time.time() - 60 < handed["started_at"] <= time.time()
+    assert not [k for k, v in os.environ.items() if k.startswith("SWEEPFLOW_RUN") or TRACKING_PASSWORD in v]
 
 
 def test_split_credentials_leaves_a_config_without_secrets_and_the_flow_gets_them_back(monkeypatch):
     from sweepflow.flows.config import (
+        Credentials,
         PipelineConfig,
         Settings,
         resolve_settings,
@@ -439,31 +434,25 @@ def test_split_credentials_leaves_a_config_without_secrets_and_the_flow_gets_the
     assert not leaks(repr(credentials) + repr(credentials.data), "the credentials' repr")
     assert public.mlflow.tracking_uri == "https://mlflow.example.com"
     assert public.data.source == "https://mirror.example.com/mnist"
-    credentials.install()
-    try:
-        assert os.environ["MLFLOW_TRACKING_USERNAME"] == TRACKING_USER
-        assert os.environ["MLFLOW_TRACKING_PASSWORD"] == TRACKING_PASSWORD
-        cfg = with_credentials(resolve_settings(public, settings))
-        assert cfg.data.source == source
-        assert cfg.data.storage_options == config.data.storage_options
-        assert cfg.data.cache_storage_options == config.data.cache_storage_options
-        assert cfg.mlflow.tracking_uri == "https://mlflow.example.com"
-        # Another source does not get this one's credentials.
-        other = public.model_copy(
-            update={"data": public.data.model_copy(update={"source": "https://other/m"})}
-        )
-        assert with_credentials(resolve_settings(other, settings)).data.storage_options is None
-    finally:
-        from sweepflow.flows.config import Credentials
-
-        Credentials().install()
+    credentials.install()  # MLflow's auth variables; the data credentials go to the flow explicitly
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == TRACKING_USER
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == TRACKING_PASSWORD
+    cfg = with_credentials(resolve_settings(public, settings), credentials)
+    assert cfg.data.source == source
+    assert cfg.data.storage_options == config.data.storage_options
+    assert cfg.data.cache_storage_options == config.data.cache_storage_options
+    assert cfg.mlflow.tracking_uri == "https://mlflow.example.com"
+    # Another source does not get this one's credentials; a flow given none has none.
+    other = public.model_copy(update={"data": public.data.model_copy(update={"source": "https://other/m"})})
+    assert with_credentials(resolve_settings(other, settings), credentials).data.storage_options is None
+    assert with_credentials(resolve_settings(public, settings), Credentials()).data.source == public.data.source
 
     # A deployment's parameters (already stored by Prefect) with a tracking URI's user:password@: the flow
     # moves them into MLflow's variables, so no URI it uses, logs or shows holds them.
     deployed = PipelineConfig.model_validate(
         {"mlflow": {"tracking_uri": f"http://u:{TRACKING_PASSWORD}@h:5000"}}
     )
-    cfg = with_credentials(resolve_settings(deployed, settings))
+    cfg = with_credentials(resolve_settings(deployed, settings), Credentials())
     assert cfg.mlflow.tracking_uri == "http://h:5000"
     assert os.environ["MLFLOW_TRACKING_PASSWORD"] == TRACKING_PASSWORD
 
