@@ -10,7 +10,6 @@ import os
 import time
 from typing import Any
 
-from distributed import Client
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
@@ -18,9 +17,7 @@ from sweepflow.flows.config import Credentials, PipelineConfig, Settings, resolv
 from sweepflow.flows.experiment import (
     EvaluationMismatch,
     ExperimentRun,
-    place,
     run_experiment,
-    sweep_on,
 )
 from sweepflow.flows.preflight import check_pipeline
 from sweepflow.tasks import WORKER_PRELOAD
@@ -29,24 +26,20 @@ from sweepflow.tasks.datasets import PreparedDataset
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tasks.download import download_dataset
 from sweepflow.tasks.recording import prefect_flow_run_url
-from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement, Recording, Resume
 from sweepflow.tasks.sweep.results import TrialResult
-from sweepflow.tasks.sweep.resume import PriorSweep, find_interrupted_parent, resume_key
+from sweepflow.tasks.sweep.resume import find_interrupted_parent, resume_key
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.params import flatten, public_params
-from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tasks.training.function import project_importable
 
 __all__ = [
     "EvaluationMismatch",
     "bound_training_pipeline",
-    "build_sweep",
     "experiment_for",
     "run_pipeline",
-    "run_tracker",
     "training_pipeline",
 ]
 
@@ -93,11 +86,20 @@ def run_pipeline(
     cfg = resolve_settings(config, settings)
     cfg = with_credentials(cfg, credentials)  # the entry point's: never in Prefect's stored parameters
     if resume_from is None and (flow_run.get_run_count() or 1) > 1:
-        resume_from = find_interrupted_parent(run_tracker(cfg), str(flow_run.get_id()))
+        resume_from = _interrupted_attempt(cfg, str(flow_run.get_id()))
     # Bad parameters fail here, in seconds, before any run, download or trial exists.
     check_pipeline(cfg, resume_from=resume_from)
     with project_importable(cfg.project_dir):  # the project's functions import here (and on the workers)
         return _run_pipeline(cfg, resume_from)
+
+
+def _interrupted_attempt(cfg: PipelineConfig, flow_run_id: str) -> str | None:
+    """The parent run an earlier attempt of this Prefect flow run left unfinished (a retry resumes it)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cfg.mlflow.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.mlflow.experiment_name)  # None: no earlier attempt ran
+    return find_interrupted_parent(client, experiment.experiment_id, flow_run_id) if experiment else None
 
 
 def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any]:
@@ -240,33 +242,6 @@ def _recording(cfg: PipelineConfig, prepared: PreparedDataset) -> Recording:
         artifact_root=os.path.join(cfg.state_dir, "mlartifacts") if default_store else None,
         artifacts_destination=cfg.mlflow.artifacts_destination,
         resume_hint="if interrupted: sweepflow run --resume {parent}, same settings",
-    )
-
-
-def build_sweep(
-    cfg: PipelineConfig,
-    prepared: PreparedDataset,
-    client: Client,
-    tracker: RunTracker,
-    parent_run_id: str,
-    *,
-    prior: PriorSweep | None = None,
-) -> Sweep:
-    """The configured sweep over ``prepared`` on ``client``'s cluster, its trials nested under the parent run
-    (``prior``: the trials of the interrupted sweep it resumes), as ``run_experiment`` builds it. Fails at once
-    if the cluster can never hold one trial."""
-    exp = experiment_for(cfg, prepared)
-    log = get_run_logger().info
-    template, at_once = place(exp, client, log=log)
-    return sweep_on(exp, client, tracker, parent_run_id, template, at_once, prior=prior, log=log)
-
-
-def run_tracker(cfg: PipelineConfig) -> RunTracker:
-    default_store = cfg.mlflow.tracking_uri.startswith("sqlite:")
-    return RunTracker(
-        cfg.mlflow.tracking_uri,
-        cfg.mlflow.experiment_name,
-        artifact_root=os.path.join(cfg.state_dir, "mlartifacts") if default_store else None,
     )
 
 

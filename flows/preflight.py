@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from sweepflow.flows.config import PipelineConfig
@@ -39,7 +41,7 @@ from sweepflow.tasks.datasets.uris import protocol
 from sweepflow.tasks.library_checks import check_dask_scheduler, check_registered_model_name
 from sweepflow.tasks.training.function import project_importable
 
-__all__ = ["PreflightError", "check_pipeline"]
+__all__ = ["PreflightError", "check_pipeline", "check_script_run", "check_script_workers"]
 
 #: The test metrics ``evaluate_best`` reports (``sweepflow.tasks.training.evaluate``): the champion metric's choices.
 _CHAMPION_METRIC = re.compile(r"test_(loss|accuracy|accuracy_class_\d+)")
@@ -346,3 +348,63 @@ def _check_training(cfg: PipelineConfig) -> None:
     if cfg.scheduler.metric is not None:
         wanted["scheduler.metric"] = cfg.scheduler.metric
     check_reported_metrics(fn, wanted)
+
+
+# ------------------------------------------------------------------------------------------ a Tune script's run
+
+
+def check_script_run(
+    *,
+    home: str,
+    tracking_uri: str | None,
+    tracking_field: str,
+    prefect_api_url: str | None,
+    storage_path: str | None,
+    code: Any,
+    metrics: Mapping[str, str | None],
+) -> None:
+    """A Tune script's run (``tune.run``, ``Tuner.fit``), checked with the pipeline's checks that apply to it,
+    before any service, run or trial starts, in the same order: the state directory (``home``:
+    $SWEEPFLOW_HOME), MLflow (the tracking URI's scheme, its server answering), the Prefect API it was given
+    (and did not start), S3 storage (``RunConfig.storage_path``), and the metrics the trainable (``code``: the
+    script's own function or class) declares it reports, against ``metrics`` (argument -> metric). Raises
+    ``PreflightError``. The cluster's room and its workers' imports are checked on the cluster
+    (``check_script_workers``)."""
+    check_writable_dir(home, field="SWEEPFLOW_HOME")
+    if tracking_uri:  # one sentence in seconds, not the MLflow client's minutes of retries
+        check_tracking_uri_scheme(tracking_uri, field=tracking_field)
+        check_tracking_server(tracking_uri, field=tracking_field)
+    if prefect_api_url:
+        check_prefect_api(prefect_api_url)
+    if storage_path and protocol(storage_path) == "s3":
+        check_s3(storage_path, field="RunConfig.storage_path")
+    check_reported_metrics(code, metrics)
+
+
+def check_script_workers(client: Any, code: Any, import_dir: str | None) -> None:
+    """The workers of ``client``'s cluster import the module of the script's own trainable (``code``) when it
+    travels by reference, as cloudpickle sends a function or class its module can be imported from (any but the
+    script's ``__main__``), with ``import_dir`` (the script's directory, as on the ranks) on their path: a
+    package installed only where the script runs fails here, before any trial, not in every trial's ranks."""
+    target = _by_reference(code)
+    if target:
+        check_worker_imports(
+            client,
+            {"the trainable": target},
+            import_dir,
+            fix="install the package it is in on the workers (pip install your project there), or define it in "
+            "the script itself (it is then sent to the workers by value)",
+        )
+
+
+def _by_reference(code: Any) -> str | None:
+    """``module:qualname`` of a function or class that is pickled by reference (its module imports it by that
+    name), else None (defined in ``__main__`` or inside a function: it travels by value)."""
+    module, qualname = getattr(code, "__module__", None), getattr(code, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname or module not in sys.modules:
+        return None
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    # The workers import its module and the top-level name it sits under (a class, for a nested one).
+    return f"{module}:{qualname.split('.')[0]}" if found is code else None

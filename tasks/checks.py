@@ -274,7 +274,15 @@ def unimportable(targets: Iterable[str], import_dir: str | None) -> list[str]:
     return problems
 
 
-def check_worker_imports(client: Any, targets: Mapping[str, str], import_dir: str | None, *, timeout_s: float = 120) -> None:
+def check_worker_imports(
+    client: Any,
+    targets: Mapping[str, str],
+    import_dir: str | None,
+    *,
+    timeout_s: float = 120,
+    fix: str = "install your package on the workers (pip install your project there), or give project_dir a path "
+    "the workers share",
+) -> None:
     """One worker of ``client``'s cluster imports every function of ``targets`` (config key -> ``module:function``)
     the trials and the evaluation will run there: a package installed only where the flow runs fails here, before
     any download or trial, not in every rank of every trial."""
@@ -289,8 +297,7 @@ def check_worker_imports(client: Any, targets: Mapping[str, str], import_dir: st
             keys[0],
             targets[keys[0]],
             f"does not import on the Dask worker {workers[0]} ({'; '.join(problems)})",
-            "install your package on the workers (pip install your project there), or give project_dir a path the "
-            "workers share",
+            fix,
         )
 
 

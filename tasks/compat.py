@@ -81,6 +81,28 @@ def tracking_uri_scope(tracking_uri: str | None) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
+def read_run_artifact(client: MlflowClient, run_id: str, path: str) -> bytes:
+    """The bytes of one file of run ``run_id``'s artifacts, with no progress bar on stderr.
+
+    Works around: ``MlflowClient.download_artifacts`` (and ``mlflow.artifacts``) draw a tqdm progress bar on
+    stderr for every download, one small file included, unless MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR is off in
+    the process's environment; turning it off there and back around a read is seen by every other thread (a
+    user's script's too). So the file is fetched through the run's artifact repository's ``_download_file``
+    (private; every repository implements it: local, HTTP/proxied, S3, ...), found by the tracking client's
+    ``_get_artifact_repo(run_id)`` (private, MLflow 3.17: how ``download_artifacts`` finds it, cached per run).
+    If it breaks: find where ``ArtifactRepository.download_artifacts`` fetches one file now
+    (``mlflow/store/artifact/artifact_repo.py``), or fall back to ``client.download_artifacts`` (a bar shows).
+    """
+    import tempfile
+
+    repo = client._tracking_client._get_artifact_repo(run_id)
+    with tempfile.TemporaryDirectory(prefix="sweepflow-artifact-") as tmp:
+        local = os.path.join(tmp, os.path.basename(path) or "artifact")
+        repo._download_file(path, local)
+        with open(local, "rb") as f:
+            return f.read()
+
+
 def detach_active_run(run_id: str) -> None:
     """Take run ``run_id`` off this thread's stack of active MLflow runs without ending it.
 

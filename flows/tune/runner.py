@@ -24,7 +24,6 @@ from ddp_runtime.cluster import cluster_client
 from ddp_runtime.config import stop_met
 from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
-from sweepflow.tasks.checks import check_tracking_server, check_tracking_uri_scheme
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
@@ -34,7 +33,7 @@ from sweepflow.tasks.sweep.trial_scheduler import Decision, TrialScheduler
 from sweepflow.tune.class_trainable import ClassTrainableRun
 from sweepflow.tune.shared import SharedParameters, SharedValue
 from sweepflow.tune.stopper import Stopper, max_reports
-from sweepflow.tune.trainable import shared_parameters, sharing
+from sweepflow.tune.trainable import shared_parameters, sharing, users_code
 
 
 class TuneError(RuntimeError):
@@ -148,29 +147,27 @@ TRACKING_FIELD = "tracking_uri (MLflowLoggerCallback / setup_mlflow, else $MLFLO
 
 def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
+    from sweepflow.flows.preflight import check_script_run  # not on `import sweepflow.tune`
+
     settings = experiment.settings
-    asked = experiment.tracking_uri or settings.tracking_uri
-    if asked:  # one sentence in seconds, before any service starts, not the MLflow client's minutes of retries
-        check_tracking_uri_scheme(asked, field=TRACKING_FIELD)
-        check_tracking_server(asked, field=TRACKING_FIELD)
+    # The pipeline's pre-flight checks that apply to a script's run, before any service starts.
+    check_script_run(
+        home=settings.home,
+        tracking_uri=experiment.tracking_uri or settings.tracking_uri,
+        tracking_field=TRACKING_FIELD,
+        prefect_api_url=settings.prefect_api_url,
+        storage_path=experiment.storage_path,
+        code=users_code(experiment.template),
+        metrics=_wanted_metrics(experiment),
+    )
+    if settings.scheduler_address:  # the user's cluster: checked before any service starts too
+        _check_on_cluster(experiment, settings.scheduler_address)
     chosen = use_run_services(
         settings, settings.home, tracking_uri=experiment.tracking_uri, use_gpu=experiment.template.use_gpu
     )
     tracking_uri, scheduler_address = chosen.tracking_uri, chosen.scheduler_address
-    if scheduler_address:  # a trial the cluster can never hold is refused before the flow run starts
-        # Imported here, as _experiment_flow imports run_experiment: `import sweepflow.tune` loads no lifecycle.
-        from sweepflow.flows.experiment import fit_trials
-
-        with cluster_client(scheduler_address) as client:
-            # No log: the lifecycle's place() checks again inside the flow run and says it there, once.
-            fit_trials(
-                client,
-                experiment.template,
-                _placement(experiment, scheduler_address),
-                experiment.scheduler,
-                trials=experiment.sampler.total,
-                max_concurrent_trials=experiment.max_concurrent_trials,
-            )
+    if scheduler_address and not settings.scheduler_address:  # the local cluster the services started
+        _check_on_cluster(experiment, scheduler_address)
     resume_from = _interrupted_run(tracking_uri, experiment) if experiment.resume else None
     path = experiment_path(experiment, settings.home)
     if experiment.restore_state is not None:
@@ -200,6 +197,38 @@ def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
         )
     finally:
         held.clear()
+
+
+def _wanted_metrics(experiment: TuneRequest) -> dict[str, str | None]:
+    """The metrics the trials must report, by where the script named them: a scheduler's own first (the
+    experiment's metric is the scheduler's when the script named it there only)."""
+    scheduler_metric = getattr(experiment.scheduler, "metric", None)
+    wanted = {"the scheduler's metric": scheduler_metric}
+    if experiment.metric != scheduler_metric:
+        wanted["metric"] = experiment.metric
+    return wanted
+
+
+def _check_on_cluster(experiment: TuneRequest, scheduler_address: str) -> None:
+    """Before the flow run starts: the cluster's workers import the trainable, and it can hold a trial (and as
+    many at once as the scheduler needs), else one sentence naming the setting."""
+    # Imported here, as _experiment_flow imports run_experiment: `import sweepflow.tune` loads no lifecycle.
+    from sweepflow.flows.experiment import fit_trials
+    from sweepflow.flows.preflight import check_script_workers
+    from sweepflow.tasks.training.function import driver_script_dir
+
+    with cluster_client(scheduler_address) as client:
+        template = experiment.template
+        check_script_workers(client, users_code(template), template.import_dir or driver_script_dir())
+        # No log: the lifecycle's place() checks again inside the flow run and says it there, once.
+        fit_trials(
+            client,
+            template,
+            _placement(experiment, scheduler_address),
+            experiment.scheduler,
+            trials=experiment.sampler.total,
+            max_concurrent_trials=experiment.max_concurrent_trials,
+        )
 
 
 def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRecord]:

@@ -330,3 +330,14 @@ def _as_torch_trainer(trainable: Any) -> Any:
     from ddp_runtime.torch import TorchTrainer
 
     return trainable if isinstance(trainable, TorchTrainer) else None
+
+
+def users_code(template: TrialTemplate) -> Any:
+    """The script's own function or class a trial of ``template`` runs, under sweepflow's wrappers (a function
+    trainable's ``ClassicFunction``, a TorchTrainer's loop under its config key, a class trainable's run)."""
+    fn = template.train_fn
+    if isinstance(fn, ClassTrainableRun):
+        return fn.cls
+    if isinstance(fn, ClassicFunction | _ConfigUnder):
+        return fn.fn
+    return fn

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sweepflow.tasks.compat import read_run_artifact
 from sweepflow.tasks.sweep.results import (
     ENDED_TAGS,
     TAG_CONFIG,
@@ -148,21 +149,8 @@ def check_resumable(client: Any, experiment_id: str | None, parent_run_id: str, 
 
 
 def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str:
-    import os
-    import tempfile
-
-    # MLflow draws a download progress bar on stderr, noise in front of a one-sentence error.
-    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    try:
-        with tempfile.TemporaryDirectory(prefix="sweepflow-resume-") as tmp:
-            with open(client.download_artifacts(parent_run_id, RESUME_KEY_ARTIFACT, tmp)) as f:
-                old = json.load(f)
-    finally:
-        if bar is None:
-            del os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
+    # Read without MLflow's download progress bar: stderr noise in front of a one-sentence error.
+    old = json.loads(read_run_artifact(client, parent_run_id, RESUME_KEY_ARTIFACT))
     changed = [
         f"{name} was {old.get(name, '<unset>')!r}, now {key.get(name, '<unset>')!r}"
         for name in sorted(set(old) | set(key))
@@ -197,10 +185,11 @@ def latest_interrupted(
     return parents[0].info.run_id if finished_too and parents else None
 
 
-def find_interrupted_parent(tracker: RunTracker, flow_run_id: str) -> str | None:
-    """The unfinished parent run a previous attempt of this Prefect flow run left (a retry resumes it)."""
-    runs = tracker.client.search_runs(
-        [tracker.experiment_id],
+def find_interrupted_parent(client: Any, experiment_id: str, flow_run_id: str) -> str | None:
+    """The unfinished parent run a previous attempt of this Prefect flow run left (a retry resumes it).
+    ``client``: an MlflowClient."""
+    runs = client.search_runs(
+        [experiment_id],
         filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'",
         max_results=10,
     )

@@ -12,10 +12,10 @@ import re
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow
+from sweep_parts import sweep_of, tracker_of
 
 from ddp_runtime.cluster import local_cluster
 from sweepflow.flows.config import PipelineConfig, resolve_settings
-from sweepflow.flows.pipeline import build_sweep, run_tracker
 from sweepflow.tasks import WORKER_PRELOAD
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 
@@ -46,13 +46,13 @@ def test_the_first_trial_on_a_cold_cluster_is_charged_only_its_own_time(prefect_
                 }
             )
         )
-        tracker = run_tracker(cfg)
+        tracker = tracker_of(cfg)
 
         @flow
         def sweep_only():
             parent = tracker.start_run("cold-parent")
             try:
-                sweep = build_sweep(cfg, prepared, cluster, tracker, parent)
+                sweep = sweep_of(cfg, prepared, cluster, tracker, parent)
                 sweep.log = lines.append
                 return sweep.run()
             finally:

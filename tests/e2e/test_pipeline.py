@@ -13,9 +13,10 @@ from mlflow.tracking import MlflowClient
 from mlflow_server import sqlite_store
 from prefect import flow
 from prefect_records import final_task_run
+from sweep_parts import sweep_of
 
 from sweepflow.flows.config import PipelineConfig, resolve_settings
-from sweepflow.flows.pipeline import build_sweep, training_pipeline
+from sweepflow.flows.pipeline import training_pipeline
 from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
@@ -370,7 +371,7 @@ def test_asha_stops_worse_trials_mid_run(prefect_harness, cluster, tmp_path):
     @flow
     def sweep_only():
         parent = tracker.start_run("asha-parent")
-        return build_sweep(cfg, prepared, cluster, tracker, parent).run()
+        return sweep_of(cfg, prepared, cluster, tracker, parent).run()
 
     sweep = sweep_only()
     results = {r.config["quality"]: r for r in sweep.trials}
@@ -425,7 +426,7 @@ def _sweep_only(cfg, cluster, tmp_path, name):
 
     @flow
     def sweep_only():
-        return build_sweep(cfg, prepared, cluster, tracker, tracker.start_run(f"{name}-parent")).run()
+        return sweep_of(cfg, prepared, cluster, tracker, tracker.start_run(f"{name}-parent")).run()
 
     return tracker, sweep_only()
 
@@ -550,7 +551,7 @@ def test_the_time_budget_stops_the_running_trial_and_starts_no_other(prefect_har
     @flow
     def sweep_only():
         parent = tracker.start_run("budget-parent")
-        return parent, build_sweep(cfg, prepared, cluster, tracker, parent).run()
+        return parent, sweep_of(cfg, prepared, cluster, tracker, parent).run()
 
     parent, sweep = sweep_only()
     results = sweep.trials

@@ -12,10 +12,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow_server import basic_auth_env, run_mlflow_server
 from prefect import flow
+from sweep_parts import sweep_of, tracker_of
 
 from ddp_runtime.cluster import local_cluster
 from sweepflow.flows.config import PipelineConfig, resolve_settings
-from sweepflow.flows.pipeline import build_sweep, run_tracker
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 
 USER = "sweeper"
@@ -72,13 +72,13 @@ def test_system_metrics_reach_a_server_that_asks_for_credentials(
             )
         )
         prepared = prepare_dataset(DataConfig(name="digits", cache_dir=str(tmp_path / "data")))
-        tracker = run_tracker(cfg)
+        tracker = tracker_of(cfg)
 
         @flow
         def sweep_only():
             parent = tracker.start_run("auth-parent")
             try:
-                return build_sweep(cfg, prepared, cluster, tracker, parent).run()
+                return sweep_of(cfg, prepared, cluster, tracker, parent).run()
             finally:
                 tracker.end_run(parent, "FINISHED")
 
