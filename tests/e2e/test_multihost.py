@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -242,16 +243,19 @@ def _stop_worker(worker: subprocess.Popen) -> None:
         worker.wait(30)
 
 
-@pytest.mark.subprocess
-@pytest.mark.dask
-@pytest.mark.s3
-@pytest.mark.mlflow_server
-@pytest.mark.prefect
-def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(request, tmp_path):
+class LostHost:
+    """What the scenario left, read while its hosts were up: each test below checks one property of it."""
+
+
+@pytest.fixture(scope="module")
+def lost_host(request, tmp_path_factory) -> LostHost:
     """`sweepflow run` against the namespace cluster (DASK_SCHEDULER_ADDRESS), 2 ranks per trial, max_failures=1,
     S3 storage: the ranks train on two hosts over the veth addresses; after epoch 2 (checkpoint on the S3 host)
     rank 0's host loses every process; the trial resumes from that checkpoint on the other host's two workers,
-    the sweep finishes, and every epoch is recorded once in MLflow."""
+    the sweep finishes, and every epoch is recorded once in MLflow. Then the same cluster runs a deployment of
+    the repository's prefect.yaml through a `prefect worker`."""
+    tmp_path = tmp_path_factory.mktemp("multihost")
+    seen = LostHost()
     if os.environ.get("SWEEPFLOW_SKIP_NETNS_TESTS") == "1":
         pytest.skip("SWEEPFLOW_SKIP_NETNS_TESTS=1")
     if os.geteuid() != 0 or shutil.which("ip") is None:
@@ -332,9 +336,9 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
         s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": s3_url}).mkdir(
             BUCKET
         )
-        _wait_for(lambda: os.path.exists(scheduler_file), 120, "the scheduler", alive=scheduler)
-        with open(scheduler_file) as f:
-            scheduler_address = json.load(f)["address"]
+        scheduler_address = _wait_for(
+            lambda: _scheduler_address(pathlib.Path(scheduler_file)), 120, "the scheduler", alive=scheduler
+        )
         assert scheduler_address.startswith(f"tcp://{a['sched']}:")
         client = stack.enter_context(Client(scheduler_address, timeout=60))
         client.wait_for_workers(4, timeout=240)
@@ -424,32 +428,25 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
         )
         t_held = time.monotonic()
         first = _records(str(record_dir))
-        assert [r["rank"] for r in first] == [0, 1] and not any(r["resumed"] for r in first), first
+        seen.addresses, seen.first = a, first
+        assert [r["rank"] for r in first] == [0, 1], first  # the scenario goes on only with both ranks' records
         ips = [_host_of(r["worker"]) for r in first]
-        assert ips[0] != ips[1] and set(ips) == {a["worker-a"], a["worker-b"]}, ips
-        for record in first:
-            assert record["MASTER_ADDR"] == ips[0], record  # rank 0's TCPStore, on its worker's address ...
-            # The veth, not lo (what the host name resolves to: 127.0.0.1 through /etc/hosts here).
-            assert record["GLOO_SOCKET_IFNAME"] == "eth0", record
-        master = [ips[0], int(first[0]["MASTER_PORT"])]
-        assert any(c[2:] == master for c in first[1]["connections"]), first[1]  # ... which rank 1 reached
+        seen.ips = ips
         # gloo's own connections: between the two ranks' veth addresses, on ports neither Dask nor the store use.
         dask_ports = {int(w.rsplit(":", 1)[1]) for ws in by_host.values() for w in ws}
         dask_ports |= {
             int(n.rsplit(":", 1)[1]) for n in client.run(lambda dask_worker: dask_worker.nanny).values() if n
         }
         dask_ports |= {int(first[0]["MASTER_PORT"]), int(scheduler_address.rsplit(":", 1)[1])}
-        gloo = {
+        seen.gloo = {
             r["rank"]: [c for c in r["connections"] if c[1] not in dask_ports and c[3] not in dask_ports]
             for r in first
         }
-        assert any(c[0] == ips[1] and c[2] == ips[0] for c in gloo[1]), gloo
-        assert any(c[0] == ips[0] and c[2] == ips[1] for c in gloo[0]), gloo
-        assert not any("127.0.0.1" in (c[0], c[2]) for r in first for c in gloo[r["rank"]]), gloo
 
         # ---- rank 0's host is lost: every process on it killed at once.
         lost = next(h for h in ("worker-a", "worker-b") if a[h] == ips[0])
         survivor = next(h for h in ("worker-a", "worker-b") if h != lost)
+        seen.survivor = a[survivor]
         t_kill = time.time()
         killed = net.kill_host(lost)
         assert len(killed) >= 3, killed  # `dask worker`, its two nannies' worker processes
@@ -472,9 +469,8 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
 
         # ---- the resumed attempt: from the epoch-2 checkpoint, both ranks on the host left.
         resumed = [r for r in _records(str(record_dir)) if r["resumed"]]
-        assert [r["rank"] for r in resumed] == [0, 1], resumed
-        assert {_host_of(r["worker"]) for r in resumed} == {a[survivor]}, resumed
-        assert all(r["GLOO_SOCKET_IFNAME"] == "eth0" and r["MASTER_ADDR"] == a[survivor] for r in resumed)
+        seen.resumed = resumed
+        assert resumed, "no resumed group reached the training function"
 
         # ---- MLflow: one trial run, one restart, every epoch's every metric logged exactly once.
         from mlflow.tracking import MlflowClient
@@ -486,10 +482,9 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             [summary["experiment_id"]],
             filter_string=f"tags.mlflow.parentRunId = '{summary['parent_run_id']}'",
         )
-        assert len(children) == 1, [c.info.run_id for c in children]
-        (trial,) = children
-        assert trial.info.status == "FINISHED" and trial.data.tags["sweepflow.status"] == "COMPLETED"
-        assert trial.data.tags["sweepflow.restarts"] == "1"
+        seen.children = children
+        assert children, "the sweep recorded no trial run"
+        trial = children[0]
         # Every metric but the system samples: no step twice; each one reported per epoch, at every epoch once
         # (the trial's totals, worker_seconds and such, are logged once at its end).
         histories = {
@@ -498,31 +493,23 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             if not key.startswith("system/")
         }
         per_epoch = [key for key, steps in histories.items() if 1 in steps]
-        assert {"epoch", "train_loss", "val_loss", "val_accuracy", "best_val_accuracy"} <= set(per_epoch), (
-            histories
-        )
-        for key, steps in histories.items():
-            assert len(steps) == len(set(steps)), f"{key} recorded twice at a step: {steps}"
-            if key in per_epoch:
-                assert steps == list(range(1, EPOCHS + 1)), (key, steps)
+        seen.histories, seen.per_epoch = histories, per_epoch
         checked = sum(len(steps) for steps in histories.values())
         epochs = sorted(mlflow.get_metric_history(trial.info.run_id, "epoch"), key=lambda m: m.step)
-        assert [m.value for m in epochs] == list(range(1, EPOCHS + 1))  # 1, 2, 3, 4: not 1, 2, 1, 2, 3, 4
-        assert any(k.startswith("system/") for k in trial.data.metrics), "rank 0 wrote no system metrics"
+        seen.epochs = [m.value for m in epochs]
+        seen.system_metrics = [k for k in trial.data.metrics if k.startswith("system/")]
         # Its two groups' samples, numbered on across the restart.
-        steps = sorted(
+        seen.system_steps = sorted(
             m.step for m in mlflow.get_metric_history(trial.info.run_id, "system/cpu_utilization_percentage")
         )
-        assert steps == list(range(len(steps))), steps
-        versions = mlflow.search_model_versions("name='multihost-model'")
-        assert len(versions) == 1, versions
+        seen.versions_after_run = len(mlflow.search_model_versions("name='multihost-model'"))
         # The checkpoints are on the S3 host, under the trial's run; the latest is the last epoch's.
         fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": s3_url})
         run_prefix = (
             f"{BUCKET}/sweepflow/mlflow/{summary['experiment_id']}/{trial.info.run_id}/artifacts/checkpoints"
         )
-        markers = sorted(p for p in fs.find(run_prefix) if p.endswith(".sweepflow_checkpoint.json"))
-        assert markers, fs.find(BUCKET)
+        seen.checkpoint_markers = sorted(p for p in fs.find(run_prefix) if p.endswith(".sweepflow_checkpoint.json"))
+        seen.bucket = fs.find(BUCKET)
         t_first_after = epochs[HOLD_AT].timestamp / 1000  # epoch 3: the resumed group's first report
 
         figures = {
@@ -601,18 +588,99 @@ def test_a_trial_spans_two_hosts_and_resumes_on_the_host_left_when_one_is_lost(r
             worker_env,
             600,
         )
-        assert "Completed" in done.stdout, done.stdout[-3000:]
-        deployed = _records(str(deployed_dir))
-        assert [r["rank"] for r in deployed] == [0, 1], deployed
-        assert {_host_of(r["worker"]) for r in deployed} == {a[survivor]}, deployed  # the namespace cluster's
+        seen.deployment_output = done.stdout
+        seen.deployed = _records(str(deployed_dir))
         experiment = mlflow.get_experiment_by_name("multihost-deployment")
-        (parent,) = mlflow.search_runs(
+        seen.deployment_parents = mlflow.search_runs(
             [experiment.experiment_id], filter_string="tags.sweepflow.kind = 'pipeline'"
         )
-        assert parent.data.tags.get("prefect.flow_run_id"), parent.data.tags
-        (child,) = mlflow.search_runs(
-            [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
-        )
-        assert child.info.status == "FINISHED" and child.data.tags["sweepflow.status"] == "COMPLETED"
-        assert len(mlflow.search_model_versions("name='multihost-model'")) == 2
+        seen.deployment_children = [
+            child
+            for parent in seen.deployment_parents
+            for child in mlflow.search_runs(
+                [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+            )
+        ]
+        seen.versions_after_deployment = len(mlflow.search_model_versions("name='multihost-model'"))
         print(f"  `prefect deployment run` on the same cluster: {time.monotonic() - t_deploy:.1f} s")
+    return seen
+
+
+def scenario(test):
+    """What a test of the scenario starts (its module fixture asks for the Prefect harness by name)."""
+    for mark in (pytest.mark.subprocess, pytest.mark.dask, pytest.mark.s3, pytest.mark.mlflow_server, pytest.mark.prefect):
+        test = mark(test)
+    return test
+
+
+@scenario
+def test_the_first_attempts_ranks_train_on_two_hosts_over_the_veth_addresses(lost_host):
+    first, ips, a = lost_host.first, lost_host.ips, lost_host.addresses
+    assert [r["rank"] for r in first] == [0, 1] and not any(r["resumed"] for r in first), first
+    assert ips[0] != ips[1] and set(ips) == {a["worker-a"], a["worker-b"]}, ips
+    for record in first:
+        assert record["MASTER_ADDR"] == ips[0], record  # rank 0's TCPStore, on its worker's address ...
+        # The veth, not lo (what the host name resolves to: 127.0.0.1 through /etc/hosts here).
+        assert record["GLOO_SOCKET_IFNAME"] == "eth0", record
+    master = [ips[0], int(first[0]["MASTER_PORT"])]
+    assert any(c[2:] == master for c in first[1]["connections"]), first[1]  # ... which rank 1 reached
+
+
+@scenario
+def test_gloo_connects_the_two_ranks_over_their_veth_addresses_never_loopback(lost_host):
+    gloo, ips, first = lost_host.gloo, lost_host.ips, lost_host.first
+    assert any(c[0] == ips[1] and c[2] == ips[0] for c in gloo[1]), gloo
+    assert any(c[0] == ips[0] and c[2] == ips[1] for c in gloo[0]), gloo
+    assert not any("127.0.0.1" in (c[0], c[2]) for r in first for c in gloo[r["rank"]]), gloo
+
+
+@scenario
+def test_the_trial_resumes_from_its_checkpoint_with_both_ranks_on_the_host_left(lost_host):
+    resumed, survivor = lost_host.resumed, lost_host.survivor
+    assert [r["rank"] for r in resumed] == [0, 1], resumed
+    assert {_host_of(r["worker"]) for r in resumed} == {survivor}, resumed
+    assert all(r["GLOO_SOCKET_IFNAME"] == "eth0" and r["MASTER_ADDR"] == survivor for r in resumed)
+
+
+@scenario
+def test_mlflow_holds_one_trial_run_one_restart_and_every_epoch_once(lost_host):
+    children = lost_host.children
+    assert len(children) == 1, [c.info.run_id for c in children]
+    (trial,) = children
+    assert trial.info.status == "FINISHED" and trial.data.tags["sweepflow.status"] == "COMPLETED"
+    assert trial.data.tags["sweepflow.restarts"] == "1"
+    # Every metric but the system samples: no step twice; each one reported per epoch, at every epoch once
+    # (the trial's totals, worker_seconds and such, are logged once at its end).
+    histories, per_epoch = lost_host.histories, lost_host.per_epoch
+    assert {"epoch", "train_loss", "val_loss", "val_accuracy", "best_val_accuracy"} <= set(per_epoch), histories
+    for key, steps in histories.items():
+        assert len(steps) == len(set(steps)), f"{key} recorded twice at a step: {steps}"
+        if key in per_epoch:
+            assert steps == list(range(1, EPOCHS + 1)), (key, steps)
+    assert lost_host.epochs == list(range(1, EPOCHS + 1))  # 1, 2, 3, 4: not 1, 2, 1, 2, 3, 4
+    assert lost_host.versions_after_run == 1
+
+
+@scenario
+def test_rank_zeros_system_metrics_number_on_across_the_restart(lost_host):
+    assert lost_host.system_metrics, "rank 0 wrote no system metrics"
+    steps = lost_host.system_steps
+    assert steps == list(range(len(steps))), steps
+
+
+@scenario
+def test_the_checkpoints_are_on_the_s3_host_under_the_trials_run(lost_host):
+    assert lost_host.checkpoint_markers, lost_host.bucket
+
+
+@scenario
+def test_a_deployment_of_prefect_yaml_runs_on_the_same_cluster_through_a_prefect_worker(lost_host):
+    assert "Completed" in lost_host.deployment_output, lost_host.deployment_output[-3000:]
+    deployed = lost_host.deployed
+    assert [r["rank"] for r in deployed] == [0, 1], deployed
+    assert {_host_of(r["worker"]) for r in deployed} == {lost_host.survivor}, deployed  # the namespace cluster's
+    (parent,) = lost_host.deployment_parents
+    assert parent.data.tags.get("prefect.flow_run_id"), parent.data.tags
+    (child,) = lost_host.deployment_children
+    assert child.info.status == "FINISHED" and child.data.tags["sweepflow.status"] == "COMPLETED"
+    assert lost_host.versions_after_deployment == 2
