@@ -295,4 +295,9 @@ def test_the_modules_example_runs_as_a_script_with_no_service(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "{'lr': 0.1}" in out.stdout, out.stdout
-    assert "3 stopped early, 1 completed, 0 failed" in out.stdout + out.stderr, out.stdout + out.stderr
+    # Which of the worse trials ASHA stops depends on the order two trials at a time reach its rungs: every
+    # trial ended, none failed, and at least one was stopped early.
+    import re
+
+    ended = re.search(r"0 running, (\d+) stopped early, (\d+) completed, 0 failed, 0 pending", out.stdout)
+    assert ended and int(ended[1]) >= 1 and int(ended[1]) + int(ended[2]) == 4, out.stdout
