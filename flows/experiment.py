@@ -149,9 +149,8 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
                             "see the MLflow child runs' sweepflow.error tags"
                         )
                     evaluation, registration = finalize(
-                        exp.finalize, best, tracker, parent, client, stages, trials=len(sweep.trials)
+                        exp.finalize, best, tracker, parent, client, stages, trials=len(sweep.trials), log=log
                     )
-                    mark_winner(tracker, exp.recording.tracking_uri, best.run_id, registration)
             finally:
                 # Once per flow run, however the stages after the sweep ended: the trials are recorded, and the
                 # best trial and the registered version are linked when there are ones.
@@ -327,20 +326,60 @@ def finalize(
     stages: StageTimer,
     *,
     trials: int = 0,
+    log: Callable[[str], None],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The best trial's best checkpoint evaluated on the test split (metrics on the parent and the trial's
-    run), then registered: its test metric decides whether it becomes the champion. The evaluation's confusion
-    matrix is drawn while a worker registers the model.
+    run), then registered: its test metric decides whether it becomes the champion, and the trial's run is
+    tagged the winner. The evaluation's confusion matrix is drawn while a worker registers the model. The one
+    finalize of both faces: the pipeline's flow runs it on the sweep's cluster (``client``), and
+    ``tune.register_best`` in the script's process (``client`` None), without an evaluation when it has no
+    ``evaluate_fn`` (``stage.evaluate``: the trial's reported metrics decide the champion).
 
     A failure of either (the project's function, the export, the registry's refusal) raises
     ``AfterSweepFailed``: one sentence with the fix, the ``trials`` recorded, and the run to resume. A tracking
     server's own error stays what it is (a service's failure, not the project's)."""
-    runs = [parent, best.run_id]
-    evaluator = f"evaluation.evaluate_fn={stage.evaluate_fn!r}" if stage.evaluate_fn else "the built-in evaluation"
+    runs = [run for run in (parent, best.run_id) if run]
+    checkpoint = best.best_checkpoint or best.checkpoint or ""
+    if stage.evaluate:
+        evaluation = _evaluate(stage, checkpoint, tracker, runs, client, parent, trials)
+    else:
+        evaluation = {"metrics": {k: float(v) for k, v in best.last.items() if _is_number(v)}}
+    check_champion_metric(stage, evaluation["metrics"], parent=parent, trials=trials)
+    stages.lap("evaluate_s")
     try:
-        evaluation = evaluate_best(
-            best.best_checkpoint,
-            stage.data_path,
+        registration = _register(stage, best, checkpoint, tracker, evaluation, runs, client)
+    except _SERVICE_ERRORS:
+        raise
+    except Exception as exc:  # re-raised as the run's one sentence; the cause (and traceback) chained
+        builder = f"training.model_fn={_shown(stage.model_fn)!r}" if stage.model_fn else "the built-in model"
+        raise AfterSweepFailed(
+            "the registration", _failure(builder, exc, stage.project_dir), parent, trials
+        ) from exc
+    if "input_example" in registration:  # a project's model_fn: where its signature's example came from
+        log(f"registered model's input example: {registration['input_example']}")
+    mark_winner(tracker, tracker.tracking_uri, best.run_id, registration)
+    stages.lap("register_s")
+    return evaluation, registration
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _shown(fn: str | Callable[..., Any] | None) -> str:
+    return fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
+
+
+def _evaluate(
+    stage: Finalize, checkpoint: str, tracker: RunTracker, runs: list[str], client: Any, parent: str, trials: int
+) -> dict[str, Any]:
+    """The test-set evaluation of ``checkpoint``, its metrics logged on ``runs``."""
+    evaluator = f"evaluation.evaluate_fn={_shown(stage.evaluate_fn)!r}" if stage.evaluate_fn else "the built-in evaluation"
+    try:
+        run = evaluate_best if client is not None else evaluate_best.fn  # no client: in this process, no task run
+        return run(
+            checkpoint,
+            stage.data_path or "",
             tracker,
             runs,
             client,
@@ -351,45 +390,39 @@ def finalize(
         raise
     except Exception as exc:  # re-raised as the run's one sentence; the cause (and traceback) chained
         raise AfterSweepFailed("the evaluation", _failure(evaluator, exc, stage.project_dir), parent, trials) from exc
-    check_champion_metric(stage, evaluation["metrics"], parent=parent, trials=trials)
-    stages.lap("evaluate_s")
-    try:
-        registration = _register(stage, best, tracker, evaluation, runs, client)
-    except _SERVICE_ERRORS:
-        raise
-    except Exception as exc:  # re-raised as the run's one sentence; the cause (and traceback) chained
-        builder = f"training.model_fn={stage.model_fn!r}" if stage.model_fn else "the built-in model"
-        raise AfterSweepFailed(
-            "the registration", _failure(builder, exc, stage.project_dir), parent, trials
-        ) from exc
-    stages.lap("register_s")
-    return evaluation, registration
 
 
 def _register(
     stage: Finalize,
     best: TrialResult,
+    checkpoint: str,
     tracker: RunTracker,
     evaluation: dict[str, Any],
     runs: list[str],
     client: Any,
 ) -> dict[str, Any]:
     """The best trial's model registered on a worker while this process draws the evaluation's confusion
-    matrix; the registration's outcome."""
-    registering = register_best.submit(
-        best.best_checkpoint,
-        stage.data_path,
-        client=client,
-        tracking_uri=tracker.tracking_uri,
-        run_id=best.run_id,  # the version's source run is the trial that trained it
-        registered_model_name=stage.registered_model_name,
-        metric_name=stage.champion_metric,
-        metric_value=evaluation["metrics"][stage.champion_metric],
-        higher_is_better=stage.champion_mode == "max",
-        tags={"sweepflow.best_trial": best.trial_id, "sweepflow.data_checksum": stage.data_checksum},
-        model_fn=stage.model_fn,
-        project_dir=stage.project_dir,
-    )
+    matrix; the registration's outcome. No client: in this process, then the matrix."""
+    tags = {"sweepflow.best_trial": best.trial_id}
+    if stage.data_checksum:
+        tags["sweepflow.data_checksum"] = stage.data_checksum
+    arguments: dict[str, Any] = {
+        "client": client,
+        "tracking_uri": tracker.tracking_uri,
+        "run_id": best.run_id,  # the version's source run is the trial that trained it
+        "registered_model_name": stage.registered_model_name,
+        "metric_name": stage.champion_metric,
+        "metric_value": evaluation["metrics"][stage.champion_metric],
+        "higher_is_better": stage.champion_mode == "max",
+        "tags": tags,
+        "model_fn": stage.model_fn,
+        "project_dir": stage.project_dir,
+    }
+    if client is None:
+        registration = register_best.fn(checkpoint, stage.data_path, **arguments)
+        log_confusion_matrix(evaluation, tracker, runs)
+        return registration
+    registering = register_best.submit(checkpoint, stage.data_path, **arguments)
     try:
         log_confusion_matrix(evaluation, tracker, runs)
     finally:  # a registration is never left running behind a failed flow
@@ -398,13 +431,14 @@ def _register(
 
 
 def check_champion_metric(stage: Finalize, metrics: dict[str, float], *, parent: str = "", trials: int = 0) -> None:
-    """Before registering: the champion metric is one the evaluation reported."""
+    """Before registering: the champion metric is one the evaluation (or, with none, the trial) reported."""
     if stage.champion_metric not in metrics:
+        reported = "the evaluation's metrics" if stage.evaluate else "the best trial's reported metrics"
+        fix = "what evaluate_fn returns, prefixed test_" if stage.evaluate else "one the trial reports"
         raise EvaluationMismatch(
-            "the evaluation",
-            f"selection.champion_metric={stage.champion_metric!r} is not among the evaluation's metrics "
-            f"{sorted(metrics)}: name one of them (what evaluate_fn returns, prefixed test_); nothing was "
-            "registered",
+            "the evaluation" if stage.evaluate else "the registration",
+            f"{stage.champion_setting}={stage.champion_metric!r} is not among {reported} "
+            f"{sorted(metrics)}: name one of them ({fix}); nothing was registered",
             parent,
             trials,
         )

@@ -28,7 +28,7 @@ from sweepflow.tasks.download import download_dataset
 from sweepflow.tasks.recording import prefect_flow_run_url
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement, Recording, Resume
 from sweepflow.tasks.sweep.results import TrialResult
-from sweepflow.tasks.sweep.resume import find_interrupted_parent, resume_key
+from sweepflow.tasks.sweep.resume import find_parent, resume_key
 from sweepflow.tasks.sweep.samplers import make_sampler
 from sweepflow.tasks.sweep.space import parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
@@ -99,7 +99,8 @@ def _interrupted_attempt(cfg: PipelineConfig, flow_run_id: str) -> str | None:
 
     client = MlflowClient(cfg.mlflow.tracking_uri)
     experiment = client.get_experiment_by_name(cfg.mlflow.experiment_name)  # None: no earlier attempt ran
-    return find_interrupted_parent(client, experiment.experiment_id, flow_run_id) if experiment else None
+    key = resume_key(cfg.model_dump())  # what its parent run recorded: the retry has the same parameters
+    return find_parent(client, experiment and experiment.experiment_id, key, flow_run_id=flow_run_id)
 
 
 def _run_pipeline(cfg: PipelineConfig, resume_from: str | None) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Client
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from sweepflow.tasks.finalize_on_worker import (
@@ -61,9 +61,9 @@ def evaluate_best(
     data_path: str,
     tracker: RunTracker,
     run_ids: Sequence[str],
-    client: Client,
+    client: Client | None,
     storage_options: dict[str, Any] | None = None,
-    evaluate_fn: str | None = None,
+    evaluate_fn: str | Callable[..., Any] | None = None,
     project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Test-set loss, accuracy and per-class accuracy, logged to each of ``run_ids`` (the pipeline's parent run,
@@ -102,9 +102,9 @@ def log_confusion_matrix(evaluation: dict[str, Any], tracker: RunTracker, run_id
 @task(name="register-model", cache_policy=NO_CACHE)
 def register_best(
     checkpoint_path: str,
-    data_path: str,
+    data_path: str | None,
     *,
-    client: Client,
+    client: Client | None,
     tracking_uri: str,
     run_id: str,
     registered_model_name: str,
@@ -113,7 +113,7 @@ def register_best(
     higher_is_better: bool,
     tags: dict[str, str],
     storage_options: dict[str, Any] | None = None,
-    model_fn: str | None = None,
+    model_fn: str | Callable[..., Any] | None = None,
     project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Log the model with mlflow.pytorch (signature + input example) in run ``run_id`` (the trial that trained
@@ -145,8 +145,7 @@ def register_best(
             registration_args,
             tracking_auth_env(),
         )
-        get_run_logger().info("registered model's input example: %s", outcome["input_example"])
-        return outcome
+        return outcome  # its ``input_example`` says where the example came from: the caller logs it
     return _on_finalizing_worker(
         client,
         register_on_worker,
@@ -158,8 +157,11 @@ def register_best(
     )
 
 
-def _on_finalizing_worker(client: Client, function: Any, *args: Any) -> Any:
-    """``function(*args)`` on the worker evaluation and registration go to (``finalizing_worker``); its result."""
+def _on_finalizing_worker(client: Client | None, function: Any, *args: Any) -> Any:
+    """``function(*args)`` on the worker evaluation and registration go to (``finalizing_worker``); its result.
+    No client: in this process (``tune.register_best``, called by a Tune script after its cluster is gone)."""
+    if client is None:
+        return function(*args)
     return client.submit(function, *args, pure=False, **finalizing_worker(client)).result()
 
 

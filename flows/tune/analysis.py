@@ -351,6 +351,10 @@ class ResultGrid(_Experiment):
             raise RuntimeError(f"no trial reported a finite {metric!r}; see ResultGrid.errors")
         return self._results[self._trials.index(best)]
 
+    def trial_result(self, result: Result) -> TrialResult:
+        """The sweep's own record of one of the grid's ``Result``s (what the lifecycle's stages take)."""
+        return next(t for r, t in zip(self._results, self._trials, strict=True) if r is result)
+
     def pareto_front(self, metric: Sequence[str] | None = None, mode: Sequence[str] | None = None) -> list[Result]:
         """The ``Result`` of each trial on the Pareto front of ``metric`` (not in Ray: a sweepflow extra, for a
         multi-objective ``OptunaSearch``): those no other trial beats on every objective, by each trial's last

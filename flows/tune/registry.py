@@ -23,13 +23,16 @@ Both run in this process (the driver's), as Ray users expect of code after ``fit
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from sweepflow.tasks.finalize_on_worker import evaluate_own_model, register_own_model
-from sweepflow.tasks.tracking.credentials import tracking_auth_env
+from sweepflow.flows.experiment import AfterSweepFailed, EvaluationMismatch, StageTimer, finalize
+from sweepflow.tasks.sweep.experiment import Finalize
 from sweepflow.tasks.tracking.runs import RunTracker
 from sweepflow.tune.analysis import ResultGrid
+
+_log = logging.getLogger("sweepflow.tune")
 
 
 def register_best(
@@ -45,7 +48,10 @@ def register_best(
     champion_mode: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate and register the grid's best trial (see the module doc); returns the registration (name,
-    version, model_uri, became_champion, champion_version) and the test metrics (``metrics``)."""
+    version, model_uri, became_champion, champion_version) and the test metrics (``metrics``).
+
+    The arguments are checked and lowered to the lifecycle's ``Finalize``; the pipeline's own ``finalize`` runs
+    it here, in the script's process."""
     if evaluate_fn is not None and data_path is None:
         raise ValueError("register_best: evaluate_fn(checkpoint, data_path) needs data_path=...")
     best = results.get_best_result(metric, mode)
@@ -56,43 +62,31 @@ def register_best(
         )
     if results.record is None:
         raise ValueError("register_best needs the ResultGrid a Tuner.fit() or tune.run returned (it says where it is recorded)")
-    tracking_uri = results.record.tracking_uri
     metric = metric or results.default_metric
     mode = mode or results.default_mode
-    if evaluate_fn is not None:
-        metrics = evaluate_own_model(evaluate_fn, None, best.checkpoint.path, data_path or "", None)
-        tracker = RunTracker(tracking_uri, _experiment_name(tracking_uri, best.mlflow_run_id))
-        for run_id in filter(None, (best.mlflow_run_id, results.record.parent_run_id)):
-            tracker.log_metrics(run_id, metrics, step=0)
-        champion_metric = champion_metric or "test_" + str(metric or "")
-        champion_mode = champion_mode or mode or "max"
-    else:
-        metrics = {k: float(v) for k, v in best.metrics.items() if isinstance(v, int | float)}
-        champion_metric = champion_metric or metric
-        champion_mode = champion_mode or mode or "max"
-    if champion_metric not in metrics:
-        raise ValueError(
-            f"register_best: champion_metric={champion_metric!r} is not among the best trial's "
-            f"{'test' if evaluate_fn else 'reported'} metrics {sorted(metrics)}; name one of them"
-        )
-    registration = register_own_model(
-        model_fn,
-        None,
-        best.checkpoint.path,
-        data_path,
-        None,
-        {
-            "registered_model_name": registered_model_name,
-            "run_id": best.mlflow_run_id,
-            "metric_name": champion_metric,
-            "metric_value": metrics[champion_metric],
-            "higher_is_better": champion_mode == "max",
-            "tracking_uri": tracking_uri,
-            "extra_tags": {"sweepflow.best_trial": str(best.metrics.get("trial_id", ""))},
-        },
-        tracking_auth_env(),
+    default = "test_" + str(metric or "") if evaluate_fn is not None else metric
+    stage = Finalize(
+        data_path=data_path,
+        registered_model_name=registered_model_name,
+        champion_metric=champion_metric or default or "",
+        champion_mode=champion_mode or mode or "max",
+        evaluate_fn=evaluate_fn,
+        model_fn=model_fn,
+        evaluate=evaluate_fn is not None,
+        champion_setting="register_best: champion_metric",
     )
-    return {**registration, "metrics": metrics}
+    trial = results.trial_result(best)
+    record = results.record
+    tracker = RunTracker(record.tracking_uri, _experiment_name(record.tracking_uri, trial.run_id))
+    try:
+        evaluation, registration = finalize(
+            stage, trial, tracker, record.parent_run_id, None, StageTimer(), trials=len(results), log=_log.info
+        )
+    except EvaluationMismatch as exc:
+        raise ValueError(exc.problem) from None
+    except AfterSweepFailed as exc:
+        raise RuntimeError(f"register_best: {exc.stage} failed: {exc.problem}") from exc
+    return {**registration, "metrics": evaluation["metrics"]}
 
 
 def _experiment_name(tracking_uri: str, run_id: str) -> str:

@@ -236,7 +236,7 @@ def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRe
     running or changing anything (``Tuner.get_results``), and where it is recorded."""
     from mlflow.tracking import MlflowClient
 
-    from sweepflow.tasks.sweep.resume import newest_run, read_trials
+    from sweepflow.tasks.sweep.resume import find_parent, read_trials
 
     settings = experiment.settings
     chosen = use_run_services(
@@ -245,7 +245,7 @@ def results_of(experiment: TuneRequest) -> tuple[list[TrialResult], ExperimentRe
     client = MlflowClient(chosen.tracking_uri)
     mlflow_experiment = client.get_experiment_by_name(experiment.mlflow_experiment_name)
     experiment_id = mlflow_experiment and mlflow_experiment.experiment_id
-    parent = newest_run(client, experiment_id, _experiment_key(experiment))
+    parent = find_parent(client, experiment_id, _experiment_key(experiment), ended="yes")
     if parent is None:
         raise ValueError(
             f"Tuner.get_results: experiment {experiment.name!r} has no run with these settings in the MLflow "
@@ -324,15 +324,15 @@ def _interrupted_run(tracking_uri: str, exp: TuneRequest) -> str | None:
     """The interrupted run of this experiment (same name, same settings) to resume; checked before any work."""
     from mlflow.tracking import MlflowClient
 
-    from sweepflow.tasks.sweep.resume import latest_interrupted
+    from sweepflow.tasks.sweep.resume import find_parent
 
     client = MlflowClient(tracking_uri)
     mlflow_experiment = client.get_experiment_by_name(exp.mlflow_experiment_name)
-    found = latest_interrupted(
+    found = find_parent(
         client,
         mlflow_experiment and mlflow_experiment.experiment_id,
         _experiment_key(exp),
-        finished_too=exp.resume == "restore",
+        ended="fallback" if exp.resume == "restore" else "no",
     )
     if found is None and exp.resume == "required":
         raise ValueError(

@@ -70,17 +70,23 @@ class Resume:
 
 @dataclass(frozen=True)
 class Finalize:
-    """The stages after the sweep, when asked (the pipeline): the best trial's best checkpoint evaluated on the
-    test split, then registered (a new champion only if it beats the current one by ``champion_metric``)."""
+    """The stages after the sweep, when asked: the best trial's best checkpoint evaluated on the test split, then
+    registered (a new champion only if it beats the current one by ``champion_metric``). Both faces ask for them
+    the same way: the pipeline's ``evaluation``/``selection`` sections, and ``tune.register_best`` on a grid."""
 
-    data_path: str
-    data_checksum: str
+    data_path: str | None  # the prepared data (None: no evaluation, no input example from it)
     registered_model_name: str
-    champion_metric: str  # test_<metric>: decides the champion
+    champion_metric: str  # test_<metric> (or, with no evaluation, a reported metric): decides the champion
     champion_mode: Literal["min", "max"]
-    evaluate_fn: str | None = None  # "pkg.mod:fn"; None: the built-in classifier's
-    model_fn: str | None = None  # "pkg.mod:fn"; None: the built-in classifier's
+    data_checksum: str = ""  # tagged on the version when known
+    # "pkg.mod:fn", or the function itself (a Tune script's, called in its process); None: the built-in ones
+    evaluate_fn: str | Callable[..., Any] | None = None
+    model_fn: str | Callable[..., Any] | None = None
     project_dir: str | None = None  # on the import path while the project's functions run
+    # False: no test-set evaluation; the best trial's last reported metrics decide the champion
+    # (``tune.register_best`` without ``evaluate_fn``)
+    evaluate: bool = True
+    champion_setting: str = "selection.champion_metric"  # the setting a refusal names
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sweepflow.tasks.compat import read_run_artifact
 from sweepflow.tasks.sweep.results import (
@@ -159,54 +159,44 @@ def _differences(client: Any, parent_run_id: str, key: Mapping[str, Any]) -> str
     return "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
 
 
-def _parent_runs(client: Any, experiment_id: str, key: Mapping[str, Any]) -> list[Any]:
-    """The experiment's sweep parent runs with these settings (``key``), newest first (at most 20)."""
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=20,
-    )
-    return [r for r in runs if PARENT_TAG not in r.data.tags]
-
-
-def latest_interrupted(
-    client: Any, experiment_id: str | None, key: Mapping[str, Any], *, finished_too: bool = False
+def find_parent(
+    client: Any,
+    experiment_id: str | None,
+    key: Mapping[str, Any],
+    *,
+    flow_run_id: str | None = None,
+    ended: Literal["no", "fallback", "yes"] = "no",
 ) -> str | None:
-    """The newest unfinished sweep parent run of the experiment with these settings (``key``), or None: what a
-    Tune experiment run again with ``resume`` picks up. ``finished_too``: the newest one even if it finished
-    (``Tuner.restore`` of an experiment that ended reads its trials back). ``client``: an MlflowClient."""
+    """The one resume lookup, for either face: the newest sweep parent run of the experiment (``experiment_id``;
+    None: it does not exist) recorded with these settings (``key``, the resume key both faces record), or None.
+    ``flow_run_id``: only a parent that this Prefect flow run's earlier attempt left (a retry resumes it).
+    ``ended``: "no", an unfinished one only (a Prefect retry of the pipeline's flow run, a Tune run with
+    ``resume``); "fallback", that, else the newest that ended (``Tuner.restore`` of an experiment that ended
+    reads its trials back); "yes", the newest whether it ended or not (``Tuner.get_results``). A run id given by
+    the user is checked instead (``check_resumable``). ``client``: an MlflowClient."""
     if experiment_id is None:
         return None
-    parents = _parent_runs(client, experiment_id, key)
-    unfinished = [r for r in parents if r.info.status != "FINISHED"]
-    if unfinished:
-        return unfinished[0].info.run_id
-    return parents[0].info.run_id if finished_too and parents else None
-
-
-def find_interrupted_parent(client: Any, experiment_id: str, flow_run_id: str) -> str | None:
-    """The unfinished parent run a previous attempt of this Prefect flow run left (a retry resumes it).
-    ``client``: an MlflowClient."""
+    query = f"tags.`{TAG_RESUME_KEY}` = '{digest(key)}'"
+    if flow_run_id is not None:
+        query += f" and tags.`prefect.flow_run_id` = '{flow_run_id}'"
     runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}'",
-        max_results=10,
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=20
     )
-    unfinished = [r for r in runs if r.info.status != "FINISHED" and TAG_RESUME_KEY in r.data.tags]
-    return max(unfinished, key=lambda r: r.info.start_time).info.run_id if unfinished else None
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]  # a trial's run is no sweep's parent
+    unfinished = [r for r in parents if r.info.status != "FINISHED"]
+    if ended == "yes":
+        chosen = parents
+    elif ended == "fallback":
+        chosen = unfinished or parents
+    else:
+        chosen = unfinished
+    return chosen[0].info.run_id if chosen else None
 
 
 #: What a resumed sweep does with its failed trials: read them back as failed, continue them from their latest
 #: checkpoint in the same run, or start them over in a new run (``Tuner.restore``'s resume_/restart_errored).
 ERRORED_KEEP, ERRORED_RESUME, ERRORED_RESTART = "keep", "resume", "restart"
 TAG_RESTARTED = "sweepflow.restarted"  # on a failed trial's run that a restore started over in a new run
-
-
-def newest_run(client: Any, experiment_id: str | None, key: Mapping[str, Any]) -> str | None:
-    """The newest sweep parent run of the experiment with these settings (``key``), ended or not; None if none."""
-    parents = _parent_runs(client, experiment_id, key) if experiment_id is not None else []
-    return parents[0].info.run_id if parents else None
 
 
 def read_trials(client: Any, experiment_id: str, parent_run_id: str, *, metric: str, mode: str) -> list[TrialResult]:

@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from sweepflow.flows.config import PipelineConfig, resolve_settings
 from sweepflow.flows.pipeline import _interrupted_attempt
-from sweepflow.tasks.sweep.resume import TAG_RESUME_KEY
+from sweepflow.tasks.sweep.resume import TAG_RESUME_KEY, digest, resume_key
 
 
 def test_a_retry_finds_the_unfinished_parent_run_of_its_own_flow_run_only(tmp_path):
@@ -22,8 +22,10 @@ def test_a_retry_finds_the_unfinished_parent_run_of_its_own_flow_run_only(tmp_pa
     client = MlflowClient(uri)
     experiment_id = client.create_experiment("retried", artifact_location=str(tmp_path / "artifacts"))
 
-    def parent(flow_run_id: str, *, ended: bool = False, sweep: bool = True) -> str:
-        tags = {"prefect.flow_run_id": flow_run_id, **({TAG_RESUME_KEY: "k"} if sweep else {})}
+    ours = digest(resume_key(cfg.model_dump()))  # what the attempt's parent run recorded
+
+    def parent(flow_run_id: str, *, ended: bool = False, sweep: bool = True, key: str = ours) -> str:
+        tags = {"prefect.flow_run_id": flow_run_id, **({TAG_RESUME_KEY: key} if sweep else {})}
         run = client.create_run(experiment_id, tags=tags)
         if ended:
             client.set_terminated(run.info.run_id, "FINISHED")
@@ -32,6 +34,7 @@ def test_a_retry_finds_the_unfinished_parent_run_of_its_own_flow_run_only(tmp_pa
     parent("flow-run-1", ended=True)  # an attempt that finished is not resumed
     parent("flow-run-1", sweep=False)  # a run of that flow run that is no sweep's parent
     parent("flow-run-2")  # another flow run's
+    parent("flow-run-1", key="other-settings")  # not with these settings (the one key both faces look up by)
     assert _interrupted_attempt(cfg, "flow-run-1") is None
     interrupted = parent("flow-run-1")
     assert _interrupted_attempt(cfg, "flow-run-1") == interrupted
