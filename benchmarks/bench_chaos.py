@@ -147,7 +147,7 @@ class World:
     up_notes: list[str] = dataclasses.field(default_factory=list)  # why, as `stack up` said it
 
     def pids(self) -> dict[str, int]:
-        from sweepflow.services import supervisor
+        from sweepflow.infra.services import supervisor
 
         records = {n: supervisor.read_record(self.stack_dir, n) for n in supervisor.recorded(self.stack_dir)}
         return {n: int(r["pid"]) for n, r in records.items() if r}
@@ -170,7 +170,7 @@ class World:
         return time.monotonic() - t0
 
     def record(self, name: str) -> dict[str, Any]:
-        from sweepflow.services import supervisor
+        from sweepflow.infra.services import supervisor
 
         record = supervisor.read_record(self.stack_dir, name)
         if record is None:
@@ -277,7 +277,7 @@ class ChaosDriver(threading.Thread):
 
 def start_remote_worker(world: World, state_dir: str) -> subprocess.Popen:
     """A Dask worker on the other host, started as the stack's are (same preloads and settings)."""
-    from sweepflow.services.stack import Exposure, dask_worker_spec
+    from sweepflow.infra.services.stack import Exposure, dask_worker_spec
     from sweepflow.tasks import WORKER_PRELOAD
 
     spec = dask_worker_spec(
@@ -497,7 +497,7 @@ def leftovers(stack_dir: str, state_dir: str, before: set[int]) -> list[str]:
     left.)"""
     import psutil
 
-    from sweepflow.services import supervisor
+    from sweepflow.infra.services import supervisor
 
     out = [f"stack service {name} still recorded" for name in supervisor.recorded(stack_dir)]
     out += [
@@ -584,7 +584,7 @@ def soak(
             subprocess.run(stop, env=env, check=False, capture_output=True)
             phase("sweepflow server stop (the resume's local services)")
 
-        from sweepflow.services.stack import read_env
+        from sweepflow.infra.services.stack import read_env
 
         world = World(stack_dir, env, {}, up_args, pg, net)
         phase("PostgreSQL and the other host up")

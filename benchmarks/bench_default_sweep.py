@@ -109,7 +109,7 @@ def service_cpu_seconds(state_dir: str) -> dict[str, float]:
     launcher's forked flow processes). The Dask service is split into its scheduler and its workers."""
     import psutil
 
-    from sweepflow.services import supervisor as services
+    from sweepflow.infra.services import supervisor as services
 
     def total(process: psutil.Process, *, reaped: bool) -> float:
         t = process.cpu_times()
@@ -153,7 +153,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="sweepflow-seed-sweep-")
-    from sweepflow.services.local import stop_server
+    from sweepflow.infra.services.local import stop_server
 
     summary_path = os.path.join(state_dir, "summary.json")
     with ProcessPoolExecutor(max_workers=2) as pool:

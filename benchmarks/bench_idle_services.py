@@ -18,11 +18,11 @@ lists each process's N busiest threads (Linux thread ids and names): where the i
 
 ``--idle-minutes M`` starts the services with ``SWEEPFLOW_SERVICES_IDLE_MINUTES=M`` (default: the setting's
 default, an hour, longer than the window) and, after the window, waits for them to stop themselves
-(``sweepflow.services.idle``): prints when they did, counted from the end of the last use, and what is left of
+(``sweepflow.infra.services.idle``): prints when they did, counted from the end of the last use, and what is left of
 them (nothing, so 0 CPU-seconds a minute from then on). M must leave room for the settling and the window.
 The exit code is 0 when the services were within the target while up, or stopped themselves.
 
-Stops everything it started through ``sweepflow.services.local.stop_server`` (by the recorded pids), unless
+Stops everything it started through ``sweepflow.infra.services.local.stop_server`` (by the recorded pids), unless
 ``--keep-services``.
 """
 
@@ -98,7 +98,7 @@ def _label(service: str, process: psutil.Process, root_pid: int) -> str:
 
 def snapshot(state_dir: str) -> dict[tuple[int, float], ProcessCpu]:
     """Every live process of every recorded local service, by (pid, start time)."""
-    from sweepflow.services import supervisor
+    from sweepflow.infra.services import supervisor
 
     out: dict[tuple[int, float], ProcessCpu] = {}
     for service in supervisor.recorded(state_dir):
@@ -178,7 +178,7 @@ def report(before: dict, after: dict, window: float, threads: int) -> float:
 
 def wait_for_self_stop(state_dir: str, idle_minutes: float, since: float) -> bool:
     """After the window: wait until the watchdog has stopped the services (bounded); print what it did."""
-    from sweepflow.services import supervisor
+    from sweepflow.infra.services import supervisor
 
     deadline = (
         since + idle_minutes * 60 + 180
@@ -216,7 +216,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows as it goes, also into a file
     state_dir = os.path.abspath(args.state_dir or tempfile.mkdtemp(prefix="sweepflow-idle-"))
-    from sweepflow.services.local import stop_server
+    from sweepflow.infra.services.local import stop_server
 
     print(
         f"state dir {state_dir}; window {args.window:.0f} s after {args.settle:.0f} s of settling; "

@@ -124,7 +124,7 @@ def metric_step_problems(tracking_uri: str, runs: list) -> list[str]:
 
 def prefect_task_runs(state_dir: str, flow_run_id: str, api_url: str | None = None) -> list:
     """Every task run of the flow run, read from the state dir's Prefect server (or the one at ``api_url``)."""
-    from sweepflow.services.local import server_env
+    from sweepflow.infra.services.local import server_env
 
     os.environ.update(server_env(state_dir))
     os.environ["PREFECT_API_URL"] = api_url or read_record(state_dir, "prefect")["address"]
@@ -360,7 +360,7 @@ def main() -> int:
     state_dir = os.path.abspath(args.state_dir or tempfile.mkdtemp(prefix="sweepflow-load-"))
     env = bench_env()
     check = Checks()
-    from sweepflow.services.local import stop_server
+    from sweepflow.infra.services.local import stop_server
 
     print(
         f"state dir {state_dir}; {n} one-epoch trials, 1 rank, FIFO, 2 at a time; machine load "
@@ -394,7 +394,7 @@ def main() -> int:
 def start_stack(stack_dir: str, env: dict[str, str], cleanup: contextlib.ExitStack) -> dict[str, str]:
     """``sweepflow stack up`` (``cleanup`` stops it, --keep-services or not: it may run on a PostgreSQL that
     ``cleanup`` stops too); returns the environment of runs on it."""
-    from sweepflow.services.stack import read_env
+    from sweepflow.infra.services.stack import read_env
 
     down = [sweepflow_exe(), "stack", "down", "--state-dir", stack_dir]
     cleanup.callback(lambda: subprocess.run(down, env=env, check=False))

@@ -216,7 +216,7 @@ def main() -> int:
     env = bench_env()
     if args.glibc_malloc_in_workers:  # Dask's documented way to unset one of its pre-spawn variables: None
         env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = "{'MALLOC_TRIM_THRESHOLD_': None}"
-    from sweepflow.services.local import stop_server
+    from sweepflow.infra.services.local import stop_server
 
     began = time.perf_counter()
     print(

@@ -76,7 +76,7 @@ def _use_local_services(config, settings, state_dir: str, *, launcher: bool):
     """Point this run at its services (``sweepflow.flows.run_services``: what is not configured is the state
     dir's background service), and (``launcher``) the warm launcher."""
     from sweepflow.flows.run_services import use_run_services
-    from sweepflow.services import launcher as warm_launcher
+    from sweepflow.infra.services import launcher as warm_launcher
 
     extra = {}
     if launcher:  # reads the environment once the Prefect settings are in it
@@ -202,7 +202,7 @@ def _hand_to_launcher(
     args: argparse.Namespace, state_dir: str, overrides: list[str], *, started_at: float
 ) -> int:
     """The same command, run in a warm child of the launcher; its exit status."""
-    from sweepflow.services import launcher
+    from sweepflow.infra.services import launcher
 
     # The launcher logs the commands it runs and --set values may hold credentials, so they travel in the
     # handover it gives the child's main() (never logged), not in its arguments.
@@ -266,8 +266,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from sweepflow.flows.config import PipelineConfig, Settings
-    from sweepflow.services import supervisor
-    from sweepflow.services.local import (
+    from sweepflow.infra.services import supervisor
+    from sweepflow.infra.services.local import (
         IDLE_STOP,
         LOCAL_SERVICES,
         ensure_dask,
@@ -291,7 +291,7 @@ def cmd_server(args: argparse.Namespace) -> int:
             "dask": lambda state_dir: ensure_dask(state_dir, worker_preload=[WORKER_PRELOAD]),
         }
         idle_stop = use_idle_stop(state_dir, settings.services_idle_minutes * 60)
-        if idle_stop:  # they stop themselves once unused for that long (sweepflow.services.idle)
+        if idle_stop:  # they stop themselves once unused for that long (sweepflow.infra.services.idle)
             starts[IDLE_STOP] = lambda _: idle_stop()
         with ThreadPoolExecutor(max_workers=len(starts)) as pool:
             futures = {name: pool.submit(start, state_dir) for name, start in starts.items()}
@@ -325,7 +325,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_stack(args: argparse.Namespace) -> int:
     from sweepflow.flows import cli_stack
     from sweepflow.flows.config import Settings
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     settings = Settings.from_env()
     state_dir = os.path.abspath(args.state_dir or stack.default_state_dir(settings.home, settings.stack_dir))
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None, handover: dict[str, Any] | None = None) 
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.handover = dict(handover or {})
     # Before MLflow is imported here or in a service started from here: it starts its telemetry at import.
-    from sweepflow.services.local import MLFLOW_SETTINGS
+    from sweepflow.infra.services.local import MLFLOW_SETTINGS
 
     os.environ.update(MLFLOW_SETTINGS)
     return args.func(args)

@@ -1,5 +1,5 @@
 """The actions of ``sweepflow stack`` (``cmd_stack`` in ``flows/cli.py`` picks one): up, down, env and
-status of the full stack on this machine (``sweepflow.services.stack``), each printing what it did and
+status of the full stack on this machine (``sweepflow.infra.services.stack``), each printing what it did and
 returning the command's exit status; and the secrets ``up`` reads from files."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sweepflow.flows.config import Settings
-    from sweepflow.services.database import PostgresServer
+    from sweepflow.infra.services.database import PostgresServer
 
 
 def up(args: argparse.Namespace, settings: Settings, state_dir: str) -> int:
     """Start what is not running (and restart what is DOWN), then print where each service is."""
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
     from sweepflow.tasks import WORKER_PRELOAD
 
     try:
@@ -56,7 +56,7 @@ def up(args: argparse.Namespace, settings: Settings, state_dir: str) -> int:
 
 def _print_started(state_dir: str, env: dict[str, str], database: PostgresServer | None) -> None:
     """Each service's address, the UIs, the databases and where the clients' settings are."""
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     for name, address in stack.status(state_dir).items():
         print(f"{name:16s} {address}")
@@ -64,7 +64,7 @@ def _print_started(state_dir: str, env: dict[str, str], database: PostgresServer
     print(f"MLflow UI:   {env['MLFLOW_TRACKING_URI']}")
     print(f"Dask dashboard: {stack.dashboard_url(state_dir)}")
     if database is not None:
-        from sweepflow.services.database import MLFLOW_DATABASE, PREFECT_DATABASE
+        from sweepflow.infra.services.database import MLFLOW_DATABASE, PREFECT_DATABASE
 
         print(f"Databases:   {PREFECT_DATABASE}, {MLFLOW_DATABASE} on {database.shown}")
     print(f"Settings:    source {os.path.join(state_dir, 'stack.env')}")
@@ -72,7 +72,7 @@ def _print_started(state_dir: str, env: dict[str, str], database: PostgresServer
 
 def down(state_dir: str) -> int:
     """Stop every process of every service."""
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     try:
         stopped = stack.down(state_dir)
@@ -85,7 +85,7 @@ def down(state_dir: str) -> int:
 
 def env(state_dir: str) -> int:
     """Print stack.env, the clients' settings."""
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     if not stack.read_env(state_dir):
         print(
@@ -100,7 +100,7 @@ def env(state_dir: str) -> int:
 
 def status(state_dir: str) -> int:
     """Each service's address, or why it is DOWN; exit 1 unless every one is up."""
-    from sweepflow.services import stack, supervisor
+    from sweepflow.infra.services import stack, supervisor
 
     states = {name: supervisor.describe(state_dir, name) for name in stack.service_names(state_dir)}
     if not states:
@@ -113,9 +113,9 @@ def status(state_dir: str) -> int:
 
 
 def _stack_database(url_file: str | None, env_url: str | None) -> PostgresServer | None:
-    """The stack's PostgreSQL server (``sweepflow.services.database.PostgresServer``) from ``--database-url-file``
+    """The stack's PostgreSQL server (``sweepflow.infra.services.database.PostgresServer``) from ``--database-url-file``
     or $SWEEPFLOW_STACK_DATABASE_URL (the file wins), or None: SQLite. ValueError if the URL is not one."""
-    from sweepflow.services.database import DATABASE_URL_ENV, PostgresServer
+    from sweepflow.infra.services.database import DATABASE_URL_ENV, PostgresServer
 
     # The services `up` starts inherit this process's environment: only the two servers that need the password
     # get it (through their own environment), not the Dask workers, the Prefect worker or its flow runs.

@@ -306,13 +306,13 @@ class Settings:
     prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
     stack_dir: str | None = None  # $SWEEPFLOW_STACK_DIR: the stack `infra/stack` manages (set by stack.env)
     # $SWEEPFLOW_STACK_DATABASE_URL: the PostgreSQL server of the stack's Prefect and MLflow databases (it holds
-    # a password: never shown, see sweepflow.services.database)
+    # a password: never shown, see sweepflow.infra.services.database)
     stack_database_url: str | None = field(default=None, repr=False)
     # $PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, as given (checked where it is used): how long
     # `sweepflow run --no-server` waits for Prefect's temporary server (sweepflow.flows.run_services)
     prefect_startup_timeout: str | None = None
     # $SWEEPFLOW_SERVICES_IDLE_MINUTES: the local services stop themselves once unused for this long (0: never);
-    # see sweepflow.services.idle
+    # see sweepflow.infra.services.idle
     services_idle_minutes: float = DEFAULT_SERVICES_IDLE_MINUTES
 
     @classmethod

@@ -54,7 +54,7 @@ def use_run_services(
     environment's), the state dir's background services for the rest (see the module's docstring), plus the
     ``extra`` services asked for (the CLI's warm launcher). Points this process's Prefect client at the Prefect
     server it starts."""
-    from sweepflow.services.local import use_local_services
+    from sweepflow.infra.services.local import use_local_services
     from sweepflow.tasks import WORKER_PRELOAD
 
     tracking_uri = tracking_uri or settings.tracking_uri
@@ -88,7 +88,7 @@ def use_run_services(
 #: How long ``sweepflow run --no-server`` waits for Prefect's temporary server when
 #: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is not set. Prefect's own default (20 s) is shorter than its
 #: start-up (imports, database migrations) takes on a loaded machine; the background services get 120 s too
-#: (``sweepflow.services.supervisor.START_TIMEOUT_S``).
+#: (``sweepflow.infra.services.supervisor.START_TIMEOUT_S``).
 TEMPORARY_SERVER_TIMEOUT_S = 120
 
 
@@ -122,7 +122,7 @@ def use_temporary_prefect(settings: Settings) -> None:
     Raises ``TemporaryServerError`` if it does not answer in time or exits, ``ValueError`` for a bad bound."""
     if prefect_configured(settings):
         return  # PREFECT_API_URL (or a harness): that server is used, nothing is started
-    from sweepflow.services.local import PREFECT_SERVER_SETTINGS
+    from sweepflow.infra.services.local import PREFECT_SERVER_SETTINGS
     from sweepflow.tasks.compat import start_temporary_prefect_server
 
     bound = temporary_server_timeout(settings)
@@ -131,7 +131,7 @@ def use_temporary_prefect(settings: Settings) -> None:
 
     if not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return  # Prefect itself says that it needs PREFECT_API_URL, at the flow's start
-    from sweepflow.services.prefect_server import copy_prefect_template, skip_block_registration
+    from sweepflow.infra.services.prefect_server import copy_prefect_template, skip_block_registration
 
     started = time.monotonic()
     # A new database starts as a copy of the migrated template a local server made (when there is one): the

@@ -1,6 +1,6 @@
 """Every place sweepflow's tasks and flows (``sweepflow.tasks``, ``.flows``) rely on another library's internals,
 or on behaviour it does not document: MLflow, Prefect. (The services' own, for Dask's HTTP routes and CPython,
-are in ``sweepflow.services.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
+are in ``sweepflow.infra.services.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
 to do when it breaks; ``tests/repo/test_compat.py`` has a test per function that fails when the library changes

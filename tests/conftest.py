@@ -41,7 +41,7 @@ for folder in reversed(TEST_DIRS):
 # the same 2 cores. A nanny hands the settings of the moment to the worker process it starts.
 import dask  # noqa: E402
 
-from sweepflow.services.local import local_dask_config  # noqa: E402
+from sweepflow.infra.services.local import local_dask_config  # noqa: E402
 
 dask.config.set(local_dask_config())
 
@@ -160,9 +160,9 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     )
     from prefect.testing.utilities import prefect_test_harness
 
-    from sweepflow.services import sqlite_templates
-    from sweepflow.services.local import LOCAL_PREFECT_SERVER_SETTINGS, PREFECT_SERVER_SETTINGS
-    from sweepflow.services.prefect_server import prefect_template_version
+    from sweepflow.infra.services import sqlite_templates
+    from sweepflow.infra.services.local import LOCAL_PREFECT_SERVER_SETTINGS, PREFECT_SERVER_SETTINGS
+    from sweepflow.infra.services.prefect_server import prefect_template_version
 
     settings = {
         PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("prefect-results"),  # not ~/.prefect/storage
@@ -189,11 +189,11 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
 def _seeded_harness_dir() -> str:
     """The harness's temporary directory, its database already migrated when this Prefect version's template
-    exists (``sweepflow.services.sqlite_templates``; any new local server makes it): the harness's server then
+    exists (``sweepflow.infra.services.sqlite_templates``; any new local server makes it): the harness's server then
     skips ~100 migrations. Without the template, or should the harness name its file otherwise, the server
     migrates its own as before."""
-    from sweepflow.services import sqlite_templates
-    from sweepflow.services.prefect_server import prefect_template_version
+    from sweepflow.infra.services import sqlite_templates
+    from sweepflow.infra.services.prefect_server import prefect_template_version
 
     directory = tempfile.mkdtemp()
     template = sqlite_templates.template_path("prefect", prefect_template_version())

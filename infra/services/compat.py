@@ -1,4 +1,4 @@
-"""Every place the services package (``sweepflow.services``) relies on another library's internals, or on
+"""Every place the services package (``sweepflow.infra.services``) relies on another library's internals, or on
 behaviour it does not document: Dask's HTTP routes, Prefect's server, CPython. (The tasks' and flows' own, for
 MLflow and Prefect's client side, are in ``sweepflow.tasks.compat``; ddp_runtime's, for torch and Dask, in
 ``ddp_runtime._compat``.)
@@ -98,7 +98,7 @@ def register_prefect_block_types() -> None:
     """Register, in the database of this process's Prefect settings, the block types a Prefect server
     registers at start-up, as its start-up would (the collections loaded first). Run on a new, migrated
     database before its server starts, which may then skip its own registration (a new server answered after
-    8.3–8.5 CPU-s here instead of 10.1–11.1: ``sweepflow.services.prefect_server``).
+    8.3–8.5 CPU-s here instead of 10.1–11.1: ``sweepflow.infra.services.prefect_server``).
 
     Relies on (internal): ``prefect.server.models.block_registration.run_block_auto_registration(session=)``,
     which the server's start-up calls, and ``prefect.plugins.load_prefect_collections``, which its start-up

@@ -16,7 +16,7 @@ import importlib.util
 import ipaddress
 import os
 
-from sweepflow.services import supervisor as services
+from sweepflow.infra.services import supervisor as services
 
 HOST = services.LOOPBACK  # the default bind address of every service
 # Internal endpoints (health checks, Dask dashboards, the Prefect worker's health server) stay here always.

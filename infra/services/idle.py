@@ -1,6 +1,6 @@
 """Local services that stop themselves after an idle period: a watchdog beside them, per state directory.
 
-Tuned as they are (``LOCAL_PREFECT_SERVER_SETTINGS``, ``local_dask_config()`` in ``sweepflow.services.local``),
+Tuned as they are (``LOCAL_PREFECT_SERVER_SETTINGS``, ``local_dask_config()`` in ``sweepflow.infra.services.local``),
 ``sweepflow run``'s background services still cost more than 1 CPU-second a minute while nothing runs: the
 Prefect server alone polls its in-memory task queue 4 times a second (Prefect does not expose that interval),
 the Dask workers heartbeat twice a second (set by the scheduler), and the uvicorn behind the Prefect server wakes
@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from sweepflow.services import supervisor as services
+from sweepflow.infra.services import supervisor as services
 
 NAME = "idle-stop"
 
@@ -122,7 +122,7 @@ def watch(state_dir: str, *, idle_s: float, stop: Sequence[str], ready_file: str
 
 def watchdog_spec(state_dir: str, *, idle_s: float, stop: Sequence[str]) -> services.ServiceSpec:
     ready = os.path.join(state_dir, "services", f"{NAME}.ready")
-    argv = [sys.executable, "-m", "sweepflow.services.idle", "--state-dir", state_dir, "--ready-file", ready]
+    argv = [sys.executable, "-m", "sweepflow.infra.services.idle", "--state-dir", state_dir, "--ready-file", ready]
     argv += ["--idle-seconds", f"{idle_s:g}", *[f"--stop={name}" for name in stop]]
     return services.ServiceSpec(
         name=NAME,

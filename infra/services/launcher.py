@@ -1,7 +1,7 @@
 """A warm launcher for ``sweepflow run``: the flow process starts with Prefect, MLflow and Dask already imported.
 
 Importing the orchestration stack costs ~7 s of CPU here on every run, more than the whole sweep of a small
-search. Like the local Prefect server and Dask cluster (``sweepflow.services.local``), one launcher per state dir
+search. Like the local Prefect server and Dask cluster (``sweepflow.infra.services.local``), one launcher per state dir
 stays in the background with those modules imported (the caller's ``preload``), and imports more once it is
 idle (``preload_when_idle``: ``sweepflow run``'s is the built-in training module, and so torch, which the
 pre-flight of a training function of one's own imports, though the flow runs no torch op; it is not on a cold
@@ -33,8 +33,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sweepflow.services import supervisor as services
-from sweepflow.services.compat import run_atexit_handlers
+from sweepflow.infra.services import supervisor as services
+from sweepflow.infra.services.compat import run_atexit_handlers
 
 NAME = "launcher"
 _MAX_REQUEST = 4 << 20
@@ -69,7 +69,7 @@ def launcher_spec(
     path = socket_path(state_dir)
     ready = os.path.join(state_dir, "services", f"{NAME}.ready")
     key = fingerprint(env)
-    argv = [sys.executable, "-m", "sweepflow.services.launcher", "--socket", path, "--ready-file", ready]
+    argv = [sys.executable, "-m", "sweepflow.infra.services.launcher", "--socket", path, "--ready-file", ready]
     argv += ["--key", key, "--entry", entry, *[f"--preload={module}" for module in preload]]
     argv += [f"--preload-when-idle={module}" for module in preload_when_idle]
     return services.ServiceSpec(

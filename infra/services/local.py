@@ -3,7 +3,7 @@
 Prefect's ephemeral mode starts a temporary server for every flow run (9-13 s here), MLflow's SQLAlchemy store
 creates/migrates its SQLite database in every process that opens it (~8 s), and a fresh Dask cluster pays its
 workers' torch imports on every run. Instead the CLI keeps one of each per state directory running in the
-background (see ``sweepflow.services.supervisor``), checks their health and points the run at them, so every run is still a
+background (see ``sweepflow.infra.services.supervisor``), checks their health and points the run at them, so every run is still a
 real, recorded Prefect flow run, tracked by a real MLflow server, on a real Dask cluster.
 ``sweepflow server stop`` ends them. All listen on free ports on 127.0.0.1.
 """
@@ -18,12 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sweepflow.services import idle
-from sweepflow.services import supervisor as services
-from sweepflow.services.prefect_server import SQLITE_PAGE_CACHE_KIB
+from sweepflow.infra.services import idle
+from sweepflow.infra.services import supervisor as services
+from sweepflow.infra.services.prefect_server import SQLITE_PAGE_CACHE_KIB
 
 PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP = "prefect", "mlflow", "dask", "launcher", idle.NAME
-# the launcher: see sweepflow.services.launcher; the watchdog that stops the others once idle: sweepflow.services.idle
+# the launcher: see sweepflow.infra.services.launcher; the watchdog that stops the others once idle: sweepflow.infra.services.idle
 LOCAL_SERVICES = (PREFECT, MLFLOW, DASK, LAUNCHER, IDLE_STOP)
 
 
@@ -76,7 +76,7 @@ def prefect_env(prefect_home: str) -> dict[str, str]:
 #: flow directly (no deployment, no work pool, no schedule: the late-run, foreman and scheduler services find
 #: nothing), pauses nothing, and a run cancelled from the UI is cleaned up a minute later. Scheduled
 #: deployments (prefect.yaml's nightly-retrain) live on the stack, whose server keeps Prefect's defaults
-#: (sweepflow.services.stack). The task-run recorder and event persister, which write what the UI shows of a
+#: (sweepflow.infra.services.stack). The task-run recorder and event persister, which write what the UI shows of a
 #: run, keep their flush intervals (the recorder's batching, above, is every server's). Not settable here: the
 #: docket worker behind these services polls its in-memory queue 4 times a second (``docket.Worker``'s
 #: defaults, which Prefect does not expose).
@@ -132,7 +132,7 @@ def prefect_server_spec(
     settings: Mapping[str, str] = LOCAL_PREFECT_SERVER_SETTINGS,
     port: int | None = None,
 ) -> services.ServiceSpec:
-    """``prefect server start``, through ``sweepflow.services.prefect_server`` (its SQLite page cache bounded).
+    """``prefect server start``, through ``sweepflow.infra.services.prefect_server`` (its SQLite page cache bounded).
     ``settings``: Prefect settings for it besides the shared ones (default: the background server's,
     ``LOCAL_PREFECT_SERVER_SETTINGS``; the stack passes none). ``port``: default, a free one (a restart passes
     the one it had: ``supervisor.previous_port``)."""
@@ -141,7 +141,7 @@ def prefect_server_spec(
     os.makedirs(os.path.join(state_dir, "prefect"), exist_ok=True)
     return services.ServiceSpec(
         name=name,
-        argv=[sys.executable, "-m", "sweepflow.services.prefect_server", "--host", host, "--port", str(port)],
+        argv=[sys.executable, "-m", "sweepflow.infra.services.prefect_server", "--host", host, "--port", str(port)],
         health={"kind": "http", "url": f"{api_url}/health"},
         address=api_url,
         # The UI's API is where the page came from: Prefect's default is port 4200 whatever --port says (its UI
@@ -195,7 +195,7 @@ def mlflow_server_spec(
         argv=[
             sys.executable,
             "-m",
-            "sweepflow.services.mlflow_server",  # `mlflow server`, a new SQLite store copied from a migrated one
+            "sweepflow.infra.services.mlflow_server",  # `mlflow server`, a new SQLite store copied from a migrated one
             *(["--backend-store-uri", backend_store_uri] if backend_store_uri is not None else []),
             *artifact_args,
             "--host",
@@ -227,7 +227,7 @@ def local_dask_spec(
     ``worker_preload``: modules its workers import when they start (Dask preloads; the caller's, e.g.
     ``sweepflow.tasks.WORKER_PRELOAD``), besides ddp_runtime's own."""
     ready = os.path.join(state_dir, "services", "dask.ready")
-    argv = [sys.executable, "-m", "sweepflow.services.local", "dask", "--ready-file", ready]
+    argv = [sys.executable, "-m", "sweepflow.infra.services.local", "dask", "--ready-file", ready]
     if n_workers:
         argv += ["--n-workers", str(n_workers)]
     for module in worker_preload:
@@ -259,7 +259,7 @@ def use_local_services(
     Prefect client at the Prefect server (its settings go into ``os.environ``, read when prefect is imported).
     Returns their addresses by name ("prefect", "mlflow", "dask", and each of ``extra``'s). ``worker_preload``:
     see ``local_dask_spec`` (the one cluster is shared by every caller: pass the same). ``idle_stop_s``: stop
-    them all once unused for that long (``sweepflow.services.idle``; this process uses them while it lives);
+    them all once unused for that long (``sweepflow.infra.services.idle``; this process uses them while it lives);
     0: they stay up until ``sweepflow server stop``."""
     starts: dict[str, Callable[[], str]] = {}
     idle_stop = use_idle_stop(state_dir, idle_stop_s) if prefect or mlflow or dask or extra else None

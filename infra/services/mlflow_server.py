@@ -1,12 +1,12 @@
 """``mlflow server`` as sweepflow runs it: MLflow's own command, in this process, a new SQLite database first
 copied from a migrated one.
 
-    python -m sweepflow.services.mlflow_server [mlflow server's options]
+    python -m sweepflow.infra.services.mlflow_server [mlflow server's options]
 
 ``mlflow server`` on a SQLite file that does not exist yet runs all of MLflow's migrations (~60, 2.4 CPU-s here)
 before it serves: every new state directory (`sweepflow run`'s first run) and every ``stack up`` paid them. Here
 the first new database of each MLflow version is migrated by MLflow's own code and kept as that version's
-template; later ones start as a copy (``sweepflow.services.sqlite_templates``). MLflow's start-up then finds
+template; later ones start as a copy (``sweepflow.infra.services.sqlite_templates``). MLflow's start-up then finds
 every table and only checks the schema's revision. The template holds tables only: the server makes its
 Default experiment itself, with its artifact location under the state directory it serves. A store on
 PostgreSQL, or one that exists, is left alone.
@@ -18,8 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sweepflow.services.compat import fork_mlflow_gunicorn
-from sweepflow.services.sqlite_templates import seed_database, sqlite_file
+from sweepflow.infra.services.compat import fork_mlflow_gunicorn
+from sweepflow.infra.services.sqlite_templates import seed_database, sqlite_file
 
 
 def backend_store_uri(args: Sequence[str]) -> str | None:

@@ -1,22 +1,22 @@
 """``prefect server start`` as sweepflow runs it: Prefect's own command, in this process, with its SQLite page
 cache bounded.
 
-    python -m sweepflow.services.prefect_server [prefect server start's options]
+    python -m sweepflow.infra.services.prefect_server [prefect server start's options]
 
 Prefect gives every connection to its SQLite database a page cache of up to ~78 MiB (not a setting; see
-``sweepflow.services.compat.bound_prefect_sqlite_page_cache``), which fills as the database grows: the
+``sweepflow.infra.services.compat.bound_prefect_sqlite_page_cache``), which fills as the database grows: the
 background server's memory grew all through a long sweep. Here each connection keeps at most
 ``SQLITE_PAGE_CACHE_KIB``; the database file stays in the operating system's file cache, so a page read again
 costs a system call, not a disk read (the server's CPU per trial, benchmarks/bench_load.py: unchanged within
 the machine's noise). A server on PostgreSQL (the stack's ``--database-url-file``) is not affected.
 
-A new SQLite database is not migrated from nothing each time: see ``sweepflow.services.sqlite_templates``. Its
+A new SQLite database is not migrated from nothing each time: see ``sweepflow.infra.services.sqlite_templates``. Its
 template also holds the block types a server registers at start-up (registered once, when the template is made;
 ``prefect_block_types_key`` names the template after what decides them), so a server on a new database skips
 that registration: a new server answered after 8.3–8.5 CPU-seconds here instead of 10.1–11.1. A server on an
 existing database registers them as Prefect always does (it skips them itself when nothing changed).
 A database that refuses connections for a moment (PostgreSQL restarting) is answered 503, which Prefect's clients
-retry, not 500: ``sweepflow.services.compat.retry_database_connection_errors``.
+retry, not 500: ``sweepflow.infra.services.compat.retry_database_connection_errors``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
-from sweepflow.services.compat import (
+from sweepflow.infra.services.compat import (
     bound_prefect_sqlite_page_cache,
     prefect_block_types_key,
     register_prefect_block_types,
     retry_database_connection_errors,
 )
-from sweepflow.services.sqlite_templates import copy_template, seed_database
+from sweepflow.infra.services.sqlite_templates import copy_template, seed_database
 
 #: Page cache per SQLite connection, in KiB: SQLite's own default is 2,000 KiB.
 SQLITE_PAGE_CACHE_KIB = 2048

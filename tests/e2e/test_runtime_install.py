@@ -102,7 +102,7 @@ def _blocked_top_level_modules(runtime: set[str]) -> list[str]:
 
 def _our_modules() -> list[str]:
     """Every module of the runtime packages, by its installed name."""
-    mapping = {"flows": "sweepflow.flows", "tasks": "sweepflow.tasks", "infra/services": "sweepflow.services"}
+    mapping = {"flows": "sweepflow.flows", "tasks": "sweepflow.tasks", "infra/services": "sweepflow.infra.services"}
     names = []
     for folder in SOURCE_DIRS:
         for path in sorted((ROOT / folder).rglob("*.py")):

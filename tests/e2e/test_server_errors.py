@@ -19,7 +19,7 @@ from test_pipeline import _config
 
 from sweepflow.flows.config import resolve_settings
 from sweepflow.flows.pipeline import training_pipeline
-from sweepflow.services.local import mlflow_app_args
+from sweepflow.infra.services.local import mlflow_app_args
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError
 from sweepflow.tasks.tracking.writers import RunWriter
 

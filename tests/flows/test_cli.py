@@ -108,7 +108,7 @@ def _interrupt_a_run(state: str) -> None:
 
 
 def test_launcher_fingerprint_follows_prefect_settings_and_code():
-    from sweepflow.services.launcher import fingerprint
+    from sweepflow.infra.services.launcher import fingerprint
 
     base = {"PREFECT_API_URL": "http://127.0.0.1:1/api", "HOME": "/x"}
     assert fingerprint(base) == fingerprint({**base, "HOME": "/y"})  # other variables don't matter
@@ -187,11 +187,11 @@ def _temporary_server_env(tmp_path, **extra: str) -> dict[str, str]:
 
 
 def _prefect_template_in(env: dict[str, str]) -> str:
-    """The Prefect database template (sweepflow.services.sqlite_templates) in env's XDG_CACHE_HOME: a copy of
+    """The Prefect database template (sweepflow.infra.services.sqlite_templates) in env's XDG_CACHE_HOME: a copy of
     this machine's when there is one (any local server made it), else made there by the code that makes it.
     Returns its path."""
-    from sweepflow.services import sqlite_templates
-    from sweepflow.services.prefect_server import prefect_template_version
+    from sweepflow.infra.services import sqlite_templates
+    from sweepflow.infra.services.prefect_server import prefect_template_version
 
     version = prefect_template_version()
     mine = sqlite_templates.template_path("prefect", version)
@@ -200,7 +200,7 @@ def _prefect_template_in(env: dict[str, str]) -> str:
         os.makedirs(os.path.dirname(theirs))
         sqlite_templates.copy_database(mine, theirs)
         return theirs
-    script = "from sweepflow.services.prefect_server import prefect_seed; print(prefect_seed())"
+    script = "from sweepflow.infra.services.prefect_server import prefect_seed; print(prefect_seed())"
     home = os.path.join(env["XDG_CACHE_HOME"], "prefect-home")
     made = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env, "PREFECT_HOME": home}
@@ -259,7 +259,7 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
     telemetry", or the telemetry task's own failure). `--no-server`'s temporary server runs with it off: its
     settings say so, and nothing about telemetry is printed in the seconds after its start, when the telemetry
     task runs first. The flow's client uses that server (the one started for it, not a second). Its new database
-    is a copy of the template a local server makes (sweepflow.services.sqlite_templates), block types included:
+    is a copy of the template a local server makes (sweepflow.infra.services.sqlite_templates), block types included:
     it starts with registration off and lists them."""
     script = "\n".join(
         [

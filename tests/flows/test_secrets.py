@@ -372,7 +372,7 @@ def test_credentials_with_no_safe_place_are_refused_before_anything_starts(tmp_p
 
 def test_the_warm_launcher_gets_set_values_in_its_handover_not_its_logged_command(tmp_path, monkeypatch):
     from sweepflow.flows import preflight
-    from sweepflow.services import launcher
+    from sweepflow.infra.services import launcher
 
     handed = {}
 

@@ -482,9 +482,19 @@ def test_dockerfile_copies_every_package_and_the_deployments():
                 assert (ROOT / source).exists(), f"Dockerfile: COPY {source}: no such path in the repo"
             copied.add(source.rstrip("/"))
     setuptools = pyproject()["tool"]["setuptools"]
-    folders = {setuptools["package-dir"][package] for package in setuptools["packages"]}
-    missing = {f for f in folders if not any(f == c or f.startswith(c + "/") for c in copied)}
-    assert not missing, f"Dockerfile: COPY the folders of the packages pyproject installs: {sorted(missing)}"
+    roots = setuptools["package-dir"]  # one line per import root: a subpackage is under its root's folder
+
+    def folder(package: str) -> str:
+        root = max((r for r in roots if package == r or package.startswith(r + ".")), key=len, default="")
+        rest = package[len(root) :].lstrip(".").replace(".", "/")
+        return "/".join(p for p in (roots.get(root, ""), rest) if p)
+
+    modules = {
+        str(path.relative_to(ROOT)) for package in setuptools["packages"] for path in (ROOT / folder(package)).glob("*.py")
+    }
+    assert "infra/__init__.py" in modules and "flows/tune/schedulers/__init__.py" in modules  # the packages were found
+    missing = {m for m in modules if not any(m == c or m.startswith(c + "/") for c in copied)}
+    assert not missing, f"Dockerfile: COPY the modules of the packages pyproject installs: {sorted(missing)}"
     if PREFECT_YAML.exists():
         assert any(fnmatch.fnmatch("prefect.yaml", c) for c in copied), "Dockerfile: COPY prefect.yaml"
         for deployment in yaml.safe_load(PREFECT_YAML.read_text()).get("deployments") or []:

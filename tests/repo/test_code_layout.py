@@ -119,3 +119,40 @@ def test_no_two_ddp_runtime_modules_import_each_other(tmp_path):
     (tmp_path / "pkg" / "c.py").write_text("from pkg import a\n")
     (tmp_path / "pkg" / "d.py").write_text("def f():\n    from pkg import c\n")
     assert _import_cycles(tmp_path, "pkg") == [["pkg.a", "pkg.b"]]
+
+
+#: Ray's faces keep Ray's names: their folder is under flows/, their import path is not (docs/internals.md).
+FACES = {"flows/tune": "sweepflow.tune", "flows/air": "sweepflow.air", "flows/sgd": "sweepflow.sgd"}
+
+
+def _import_path(folder: str) -> str:
+    """A product folder's import path: ``sweepflow.`` + its path, ``ddp_runtime`` as it is, a face by Ray's name."""
+    for face, name in FACES.items():
+        if folder == face or folder.startswith(face + "/"):
+            return name + folder[len(face) :].replace("/", ".")
+    dotted = folder.replace("/", ".")
+    return dotted if folder.split("/")[0] == "ddp_runtime" else f"sweepflow.{dotted}"
+
+
+def test_a_module_is_found_from_its_import_path_in_one_step():
+    """Every package folder of the product is a package of the wheel under its folder's import path, and
+    pyproject maps each import root to its folder in one line (no nested remaps): a newcomer reading
+    ``sweepflow.infra.services.stack`` opens infra/services/stack.py. A subpackage left out of the list would be
+    missing from the wheel while the checkout's editable install still imports it."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {
+        "sweepflow.flows": "flows",
+        "sweepflow.tasks": "tasks",
+        "sweepflow.infra": "infra",
+        **{name: folder for folder, name in FACES.items()},
+    }
+    folders = sorted(
+        str(init.parent.relative_to(ROOT))
+        for top in PRODUCT
+        for init in (ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    )
+    assert "infra/services" in folders and "flows/tune/schedulers" in folders  # the tree was found
+    assert sorted(setuptools["packages"]) == sorted(_import_path(folder) for folder in folders)

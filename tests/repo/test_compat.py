@@ -1,4 +1,4 @@
-"""What we rely on in other libraries' internals (sweepflow.tasks.compat, sweepflow.services.compat,
+"""What we rely on in other libraries' internals (sweepflow.tasks.compat, sweepflow.infra.services.compat,
 ddp_runtime._compat): each test fails when the library stops behaving as the workaround assumes. Run this file
 first after upgrading MLflow, Prefect, Dask or torch; the failing test names the function, whose docstring says
 what to do."""
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ddp_runtime import _compat as ddp_compat
-from sweepflow.services import compat as services_compat
+from sweepflow.infra.services import compat as services_compat
 from sweepflow.tasks import compat
 
 # ------------------------------------------------------------------------------------------------------ MLflow
@@ -539,12 +539,12 @@ def test_an_outage_error_escaping_the_handlers_is_answered_503(monkeypatch):
 
 @pytest.mark.dask
 def test_the_worker_names_route_lists_the_workers_while_a_heartbeat_carries_task_metrics():
-    """``serve_dask_worker_names`` (through the scheduler preload ``sweepflow.services.dask_worker_names``): the
+    """``serve_dask_worker_names`` (through the scheduler preload ``sweepflow.infra.services.dask_worker_names``): the
     route the stack's probe of each `dask worker` service reads lists the workers by name, also while a worker's
     metrics hold tuple-keyed digests, as a heartbeat after a task leaves them (Dask's identity document cannot
     be encoded then)."""
-    from sweepflow.services import dask_worker_names
-    from sweepflow.services.supervisor import dask_worker_registered
+    from sweepflow.infra.services import dask_worker_names
+    from sweepflow.infra.services.supervisor import dask_worker_registered
 
     async def body(scheduler, workers, client) -> None:
         dask_worker_names.dask_setup(scheduler)
@@ -802,7 +802,7 @@ def test_queued_items_shows_the_queue_without_consuming_it():
 def test_run_atexit_handlers_runs_them_before_os_exit():
     script = (
         "import atexit, os\n"
-        "from sweepflow.services.compat import run_atexit_handlers\n"
+        "from sweepflow.infra.services.compat import run_atexit_handlers\n"
         "atexit.register(print, 'flushed', flush=True)\n"
         "run_atexit_handlers()\n"
         "os._exit(0)\n"
@@ -850,7 +850,7 @@ def test_bound_prefect_sqlite_page_cache_sets_the_cache_of_every_connection_pref
         [
             "import asyncio, sys",
             "from prefect.server.database.configurations import AioSqliteConfiguration",
-            "from sweepflow.services.compat import bound_prefect_sqlite_page_cache",
+            "from sweepflow.infra.services.compat import bound_prefect_sqlite_page_cache",
             "async def cache_size(url):",
             "    engine = await AioSqliteConfiguration(connection_url=url).engine()",
             "    async with engine.connect() as conn:",
@@ -879,7 +879,7 @@ def test_prefect_block_types_key_names_prefects_version_and_its_installed_collec
     temporary server in test_cli's ``test_no_servers_temporary_server_sends_no_telemetry``.)"""
     import importlib.metadata as metadata
 
-    from sweepflow.services.compat import prefect_block_types_key
+    from sweepflow.infra.services.compat import prefect_block_types_key
 
     assert prefect_block_types_key() == metadata.version("prefect")  # no Prefect collection installed here
 
@@ -898,7 +898,7 @@ def test_prefect_block_types_key_names_prefects_version_and_its_installed_collec
 
 @pytest.mark.mlflow_server
 def test_fork_mlflow_gunicorn_serves_from_a_fork_of_the_command_and_stops_with_it(tmp_path):
-    """``sweepflow.services.compat.fork_mlflow_gunicorn`` (through ``python -m sweepflow.services.mlflow_server``):
+    """``sweepflow.infra.services.compat.fork_mlflow_gunicorn`` (through ``python -m sweepflow.infra.services.mlflow_server``):
     the gunicorn master and its worker are forks of MLflow's command (same command line, no ``-m gunicorn``
     process), the worker opens its own store and serves writes and reads, and SIGTERM to the command stops them
     all. Fails if MLflow starts its gunicorn otherwise (a ``-m gunicorn`` child appears)."""
@@ -916,7 +916,7 @@ def test_fork_mlflow_gunicorn_serves_from_a_fork_of_the_command_and_stops_with_i
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [
-        sys.executable, "-m", "sweepflow.services.mlflow_server",
+        sys.executable, "-m", "sweepflow.infra.services.mlflow_server",
         "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db", "--no-serve-artifacts",
         "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
         "--workers", "1", "--gunicorn-opts", "--worker-class gthread --threads 2 --graceful-timeout 3",

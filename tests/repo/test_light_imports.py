@@ -29,7 +29,7 @@ def test_ddp_runtime_driver_side_does_not_import_torch():
 @pytest.mark.subprocess
 def test_the_flow_process_does_not_import_torch():
     assert not _imports_torch(
-        "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.services.stack\nfrom sweepflow.tasks.training.function import TrainFunction"
+        "import sweepflow.flows.cli, sweepflow.flows.pipeline, sweepflow.infra.services.stack\nfrom sweepflow.tasks.training.function import TrainFunction"
     )
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from sweepflow.services.local import mlflow_app_args
+from sweepflow.infra.services.local import mlflow_app_args
 
 __all__ = ["MlflowServerError", "mlflow_server", "run_mlflow_server", "sqlite_store"]
 

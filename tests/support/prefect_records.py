@@ -1,7 +1,7 @@
 """Reading what a Prefect server recorded of a flow run, in tests.
 
 The server's task-run recorder writes task runs and their states in batches, up to a second after the flow sent
-them (``sweepflow.services.local.PREFECT_SERVER_SETTINGS``): a test that reads them right after its run waits
+them (``sweepflow.infra.services.local.PREFECT_SERVER_SETTINGS``): a test that reads them right after its run waits
 for them here, bounded, as a user refreshing the UI would."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sweepflow.services import idle
-from sweepflow.services import supervisor as services
+from sweepflow.infra.services import idle
+from sweepflow.infra.services import supervisor as services
 
 
 def _stand_in(state_dir: str, name: str = "stand-in") -> int:
@@ -71,7 +71,7 @@ def test_a_process_that_uses_the_services_keeps_them_up_while_it_lives(tmp_path)
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from sweepflow.services import idle\n"
+            "from sweepflow.infra.services import idle\n"
             f"idle.mark_used({state!r})\n"
             "print('marked', flush=True)\n"
             "time.sleep(600)\n",
@@ -126,7 +126,7 @@ def test_the_local_prefect_servers_settings_are_prefects_own_and_valid(monkeypat
     value of the wrong form would stop the server at its start."""
     from prefect.settings import Settings
 
-    from sweepflow.services.local import (
+    from sweepflow.infra.services.local import (
         LOCAL_PREFECT_SERVER_SETTINGS,
         PREFECT_SERVER_SETTINGS,
         prefect_server_spec,
@@ -151,7 +151,7 @@ def test_the_local_dask_config_names_dasks_own_settings():
     import dask
     import distributed  # noqa: F401 - loads the distributed.* defaults
 
-    from sweepflow.services.local import local_dask_config
+    from sweepflow.infra.services.local import local_dask_config
 
     for key in local_dask_config():
         dask.config.get(key)  # KeyError for a name Dask does not have

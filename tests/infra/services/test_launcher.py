@@ -1,4 +1,4 @@
-"""The warm launcher (``sweepflow.services.launcher``): what it imports before it is ready and what once idle.
+"""The warm launcher (``sweepflow.infra.services.launcher``): what it imports before it is ready and what once idle.
 
 A real launcher process with a test program (``launcher_entry.main``) and a late module (``launcher_late``),
 driven through the client ``sweepflow run`` uses (``launcher.run``)."""
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from sweepflow.services import launcher
+from sweepflow.infra.services import launcher
 
 pytestmark = pytest.mark.subprocess
 
@@ -28,7 +28,7 @@ def serving(state_dir: str, *, idle_seconds: float) -> Iterator[tuple[psutil.Pro
     ready = os.path.join(state_dir, "services", "launcher.ready")
     log = os.path.join(state_dir, "launcher.log")
     code = (
-        "import sys\nfrom sweepflow.services.launcher import serve\n"
+        "import sys\nfrom sweepflow.infra.services.launcher import serve\n"
         "serve(sys.argv[1], sys.argv[2], entry='launcher_entry:main', preload_when_idle=['launcher_late'], "
         "idle_seconds=float(sys.argv[3]))\n"
     )

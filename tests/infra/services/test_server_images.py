@@ -24,7 +24,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from sweepflow.services.local import mlflow_app_args, mlflow_server_spec
+from sweepflow.infra.services.local import mlflow_app_args, mlflow_server_spec
 
 ROOT = paths.ROOT
 DOCKERFILE = ROOT / "infra" / "docker" / "Dockerfile"

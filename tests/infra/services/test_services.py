@@ -1,4 +1,4 @@
-"""The background-service supervisor (sweepflow.services.supervisor) with a real process: reuse, and replacement when the
+"""The background-service supervisor (sweepflow.infra.services.supervisor) with a real process: reuse, and replacement when the
 code it runs changed."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import psutil
 
-from sweepflow.services import exposure
-from sweepflow.services import supervisor as services
+from sweepflow.infra.services import exposure
+from sweepflow.infra.services import supervisor as services
 
 
 def _http_service(port: int, code_key: str) -> services.ServiceSpec:
@@ -73,7 +73,7 @@ def test_the_code_fingerprint_follows_a_training_modules_file(tmp_path):
 
 def test_the_stack_keeps_its_s3_secret_off_the_command_line_and_is_found_after_sourcing_stack_env(tmp_path):
     from sweepflow.flows.config import Settings
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     spec = stack.s3_spec(str(tmp_path), "KEYID", "SECRETVALUE")
     assert not any("SECRETVALUE" in arg for arg in spec.argv)  # argv is readable by every user through `ps`
@@ -88,7 +88,7 @@ def test_the_stack_keeps_its_s3_secret_off_the_command_line_and_is_found_after_s
 
 
 def _exposed(tmp_path, **overrides):
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     ca = tmp_path / "ca.pem"
     ca.write_text("not checked here")
@@ -104,7 +104,7 @@ def _exposed(tmp_path, **overrides):
 
 
 def test_the_stack_binds_loopback_by_default_and_its_internal_endpoints_always(tmp_path, monkeypatch):
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     monkeypatch.setattr(services, "free_port", lambda host="127.0.0.1": 4242)  # 198.51.100.7 is not ours
 
@@ -148,7 +148,7 @@ def test_the_stack_binds_loopback_by_default_and_its_internal_endpoints_always(t
 def test_exposing_the_stack_is_refused_before_anything_starts_without_auth_and_tls(tmp_path, monkeypatch):
     import pytest
 
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     stack.Exposure().check()  # loopback: nothing needed
     with pytest.raises(ValueError, match="cannot listen there"):
@@ -186,7 +186,7 @@ def test_exposing_the_stack_is_refused_before_anything_starts_without_auth_and_t
 def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_path, monkeypatch):
     """`up` with Prefect's auth string and MLflow's admin, its services replaced by recorders: the servers' env
     has them, stack.env (mode 0600) has the clients' settings, no argv, record key or other file has them."""
-    from sweepflow.services import stack
+    from sweepflow.infra.services import stack
 
     started: list[services.ServiceSpec] = []
 
@@ -225,7 +225,7 @@ def test_the_auth_secrets_go_to_environments_never_to_a_command_line_or_log(tmp_
 
 
 def test_the_local_dask_cluster_preloads_what_its_caller_names_and_is_keyed_by_it(tmp_path):
-    from sweepflow.services.local import local_dask_spec
+    from sweepflow.infra.services.local import local_dask_spec
 
     spec = local_dask_spec(str(tmp_path), worker_preload=["my.preload", "other.preload"], n_workers=2)
     assert [a for i, a in enumerate(spec.argv) if spec.argv[i - 1] == "--preload"] == [
@@ -244,7 +244,7 @@ def test_a_new_server_database_is_migrated_once_per_kind_and_version_then_copied
     write-ahead log included); an existing database and a PostgreSQL URL are left alone."""
     import sqlite3
 
-    from sweepflow.services import sqlite_templates
+    from sweepflow.infra.services import sqlite_templates
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     migrations: list[str] = []
@@ -288,13 +288,13 @@ def test_a_new_server_database_is_migrated_once_per_kind_and_version_then_copied
 def test_a_new_mlflow_store_is_the_migrated_template_and_mlflow_opens_it_without_migrating(
     tmp_path, monkeypatch
 ):
-    """``sweepflow.services.mlflow_server``: the first new SQLite store of an MLflow version is migrated by MLflow's
+    """``sweepflow.infra.services.mlflow_server``: the first new SQLite store of an MLflow version is migrated by MLflow's
     own code; the next is a copy, which MLflow's store opens without migrating, making its Default experiment
     under its own artifact root. Fails if MLflow renames the migration function the template is made with."""
     import mlflow.store.db.utils as mlflow_db
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    from sweepflow.services.mlflow_server import backend_store_uri, mlflow_seed, use_sqlite_wal
+    from sweepflow.infra.services.mlflow_server import backend_store_uri, mlflow_seed, use_sqlite_wal
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first, second = f"sqlite:///{tmp_path}/a/mlflow.db", f"sqlite:///{tmp_path}/b/mlflow.db"

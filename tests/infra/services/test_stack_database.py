@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from sweepflow.flows.cli import main
-from sweepflow.services.database import MLFLOW_DATABASE, PREFECT_DATABASE, PostgresServer
-from sweepflow.services.local import mlflow_server_spec
-from sweepflow.services.stack import _key
+from sweepflow.infra.services.database import MLFLOW_DATABASE, PREFECT_DATABASE, PostgresServer
+from sweepflow.infra.services.local import mlflow_server_spec
+from sweepflow.infra.services.stack import _key
 
 PASSWORD = "s3cr3t@:/%x"
 URL = "postgresql://sweep:s3cr3t%40%3A%2F%25x@db.example:6543/"

@@ -34,7 +34,7 @@ import pytest
 from checkout_commands import run_from_checkout
 from http_stub import serving
 
-from sweepflow.services import supervisor as services
+from sweepflow.infra.services import supervisor as services
 
 ROOT = str(paths.ROOT)
 BIN = os.path.dirname(sys.executable)
@@ -453,7 +453,7 @@ class TestServer:
         finally:
             db.close()
         argv = psutil.Process(_record_pids(state)["prefect"]).cmdline()
-        assert argv[1:3] == ["-m", "sweepflow.services.prefect_server"], argv
+        assert argv[1:3] == ["-m", "sweepflow.infra.services.prefect_server"], argv
 
     def test_a_new_prefect_server_has_its_block_types_without_registering_them_at_start_up(self, local_services):
         """The state dir's new database is a copy of the template, which holds the block types (registered once,
@@ -641,7 +641,7 @@ def stack(tmp_path_factory, request):
         up = _sweepflow("stack", "up", "--state-dir", state, "--workers", "2", env=env, timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
         seen.snapshot()
-        from sweepflow.services.stack import read_env
+        from sweepflow.infra.services.stack import read_env
 
         yield state, env, {**env, **read_env(state)}, seen, tmp_path
     finally:

@@ -34,8 +34,8 @@ def prefect_ui(tmp_path_factory):
     it; the flow runs of this module's sweep go to it."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from sweepflow.services import supervisor
-    from sweepflow.services.local import PREFECT, prefect_server_spec
+    from sweepflow.infra.services import supervisor
+    from sweepflow.infra.services.local import PREFECT, prefect_server_spec
 
     state = str(tmp_path_factory.mktemp("prefect-ui"))
     try:

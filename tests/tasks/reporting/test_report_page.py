@@ -20,7 +20,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from mlflow_server import basic_auth_env, run_mlflow_server
 
-from sweepflow.services.local import mlflow_app_args
+from sweepflow.infra.services.local import mlflow_app_args
 from sweepflow.tasks.reporting.report_page import (
     PING_ROUTE,
     REPORT_CSP,

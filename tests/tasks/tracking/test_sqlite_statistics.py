@@ -11,7 +11,7 @@ import time
 from mlflow_server import run_mlflow_server, sqlite_store
 from sqlalchemy import event
 
-from sweepflow.services.local import mlflow_app_args
+from sweepflow.infra.services.local import mlflow_app_args
 from sweepflow.tasks.tracking.sqlite_statistics import (
     GROWTH,
     MIN_RUNS,
