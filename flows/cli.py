@@ -18,14 +18,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweepflow.flows.config import Credentials, PipelineConfig, Settings
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.credentials import Credentials
+    from sweepflow.flows.settings import Settings
 
 
 def _config_problem(exc: BaseException) -> str:
     """What is wrong with a config, on one line: each of pydantic's errors as ``field: reason``."""
     from pydantic import ValidationError
 
-    from sweepflow.flows.config import config_problem
+    from sweepflow.flows.config_file import config_problem
 
     if not isinstance(exc, ValidationError):
         return str(exc)
@@ -33,7 +35,7 @@ def _config_problem(exc: BaseException) -> str:
 
 
 def _state_dir(config, settings) -> str:
-    from sweepflow.flows.config import resolve_settings
+    from sweepflow.flows.settings import resolve_settings
 
     return resolve_settings(config, settings).state_dir
 
@@ -166,13 +168,14 @@ def _checked_run(
     any service, run or trial starts: (the config without its credentials, the settings, the credentials); or
     the exit status of a refusal, said already."""
     try:
-        from sweepflow.flows.config import load_config_file
+        from sweepflow.flows.config_file import load_config_file
 
         config = load_config_file(args.config, overrides)
     except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError: field + reason
         return _refuse(ValueError(f"invalid configuration: {_config_problem(exc)}"), args)
-    from sweepflow.flows.config import Settings, resolve_settings, split_credentials
+    from sweepflow.flows.credentials import split_credentials
     from sweepflow.flows.preflight import PreflightError, check_pipeline
+    from sweepflow.flows.settings import Settings, resolve_settings
 
     try:  # the one read of the environment's settings; passed down from here
         settings = Settings.from_env()
@@ -265,7 +268,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from sweepflow.flows.config import PipelineConfig, Settings
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.settings import Settings
     from sweepflow.infra.services import supervisor
     from sweepflow.infra.services.local import (
         IDLE_STOP,
@@ -324,7 +328,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_stack(args: argparse.Namespace) -> int:
     from sweepflow.flows import cli_stack
-    from sweepflow.flows.config import Settings
+    from sweepflow.flows.settings import Settings
     from sweepflow.infra.services import stack
 
     settings = Settings.from_env()

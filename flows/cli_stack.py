@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sweepflow.flows.config import Settings
+    from sweepflow.flows.settings import Settings
     from sweepflow.infra.services.database import PostgresServer
 
 

@@ -3,14 +3,14 @@
 ``PipelineConfig`` is also the flow's parameter schema, so the Prefect UI shows it as a form and
 ``prefect deployment run ... --param`` values are validated the same way. Everything that depends on the
 machine (state directory, tracking URI, scheduler address) is resolved once, at the entry point, by
-``resolve_settings``; the flow's tasks each receive only their own part.
+``resolve_settings`` (``sweepflow.flows.settings``); the flow's tasks each receive only their own part. The
+credentials a config may hold are taken out before it becomes a flow run's parameters
+(``sweepflow.flows.credentials``); a YAML file and ``--set`` overrides become a config in
+``sweepflow.flows.config_file``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import (
@@ -21,16 +21,12 @@ from pydantic import (
 )
 
 from sweepflow.flows.scheduler_settings import (
-    SCHEDULER_SECTIONS,
-    SCHEDULER_TYPES,
     AshaSettings,
     SchedulerSettings,
 )
 from sweepflow.flows.section import Section as _Section
-from sweepflow.tasks.datasets import DataConfig, DataCredentials
-from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tasks.datasets import DataConfig
 from sweepflow.tasks.sweep.space import parse_space
-from sweepflow.tasks.tracking.credentials import split_tracking_credentials
 
 # The Ray Tune CIFAR tutorial's search space (https://docs.ray.io/en/latest/tune/examples/tune-pytorch-cifar.html):
 # l1, l2 = 2**randint(2, 9) (4..256), lr = loguniform(1e-4, 1e-1), batch_size = choice([2, 4, 8, 16]).
@@ -47,10 +43,6 @@ DEFAULT_TRAIN_FN = "sweepflow.tasks.training.loop:train_image_classifier"
 BUILTIN_MODEL_FN = "sweepflow.tasks.training.builtin:model_fn"
 BUILTIN_EVALUATE_FN = "sweepflow.tasks.training.builtin:evaluate_fn"
 
-#: Environment variables read (once, by ``Settings.from_env``) to fill machine-dependent settings. S3
-#: credentials and endpoint come from the standard AWS chain (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...),
-#: which s3fs, boto3 and MLflow all honour.
-SETTINGS_ENV = ("SWEEPFLOW_HOME", "SWEEPFLOW_STORAGE", "MLFLOW_TRACKING_URI", "DASK_SCHEDULER_ADDRESS")
 
 
 
@@ -287,250 +279,3 @@ class PipelineConfig(_Section):
                 "trials report once per epoch; lower max_t or raise epochs"
             )
         return self
-
-
-#: How long the local services stay up unused (``Settings.services_idle_minutes``): an hour after a run, its
-#: MLflow and Prefect UIs still answer; after that the services cost nothing until the next run starts them.
-DEFAULT_SERVICES_IDLE_MINUTES = 60.0
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The machine-dependent settings, read from the environment once, at the entry point (the CLI, or the
-    flow's start under a deployment), and passed down from there: nothing below the entry point reads them."""
-
-    home: str  # $SWEEPFLOW_HOME (default ~/.sweepflow), absolute: state, data cache, local services
-    storage: str | None = None  # $SWEEPFLOW_STORAGE: shared storage root (s3://bucket/prefix)
-    tracking_uri: str | None = None  # $MLFLOW_TRACKING_URI
-    scheduler_address: str | None = None  # $DASK_SCHEDULER_ADDRESS
-    prefect_api_url: str | None = None  # $PREFECT_API_URL (Prefect reads it itself; the CLI needs to know)
-    stack_dir: str | None = None  # $SWEEPFLOW_STACK_DIR: the stack `infra/stack` manages (set by stack.env)
-    # $SWEEPFLOW_STACK_DATABASE_URL: the PostgreSQL server of the stack's Prefect and MLflow databases (it holds
-    # a password: never shown, see sweepflow.infra.services.database)
-    stack_database_url: str | None = field(default=None, repr=False)
-    # $PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, as given (checked where it is used): how long
-    # `sweepflow run --no-server` waits for Prefect's temporary server (sweepflow.flows.run_services)
-    prefect_startup_timeout: str | None = None
-    # $SWEEPFLOW_SERVICES_IDLE_MINUTES: the local services stop themselves once unused for this long (0: never);
-    # see sweepflow.infra.services.idle
-    services_idle_minutes: float = DEFAULT_SERVICES_IDLE_MINUTES
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        return cls(
-            home=os.path.abspath(
-                os.path.expanduser(env.get("SWEEPFLOW_HOME") or os.path.join("~", ".sweepflow"))
-            ),
-            storage=(env.get("SWEEPFLOW_STORAGE") or "").rstrip("/") or None,
-            tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
-            scheduler_address=env.get("DASK_SCHEDULER_ADDRESS") or None,
-            prefect_api_url=env.get("PREFECT_API_URL") or None,
-            stack_dir=env.get("SWEEPFLOW_STACK_DIR") or None,
-            stack_database_url=env.get("SWEEPFLOW_STACK_DATABASE_URL") or None,
-            prefect_startup_timeout=env.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or None,
-            services_idle_minutes=_idle_minutes(env.get("SWEEPFLOW_SERVICES_IDLE_MINUTES")),
-        )
-
-
-def _idle_minutes(value: str | None) -> float:
-    if not value:
-        return DEFAULT_SERVICES_IDLE_MINUTES
-    try:
-        minutes = float(value)
-    except ValueError:
-        minutes = -1.0
-    if not minutes >= 0 or minutes == float("inf"):
-        raise ValueError(
-            f"SWEEPFLOW_SERVICES_IDLE_MINUTES={value!r} is not a number of minutes >= 0; set e.g. 60 (the "
-            "local services stop themselves after an hour unused), 0 (they stay up), or unset it"
-        )
-    return minutes
-
-
-def resolve_settings(
-    config: PipelineConfig, settings: Settings | None = None, *, env: Mapping[str, str] | None = None
-) -> PipelineConfig:
-    """Fill the config's machine-dependent defaults from ``settings`` (default: read from ``env`` or the
-    process environment), once, at the entry point. Values set in the config win."""
-    settings = settings or Settings.from_env(env)
-    state_dir = os.path.abspath(os.path.expanduser(config.state_dir or settings.home))
-    tracking_uri = (
-        config.mlflow.tracking_uri
-        or settings.tracking_uri
-        or f"sqlite:///{os.path.join(state_dir, 'mlflow.db')}"
-    )
-    storage = (config.storage or "").rstrip("/") or settings.storage
-    cache_dir = config.data.cache_dir or (
-        f"{storage}/datasets" if storage else os.path.join(state_dir, "data")
-    )
-    artifacts_destination = config.mlflow.artifacts_destination or (f"{storage}/mlflow" if storage else None)
-    scheduler_address = config.dask.scheduler_address or settings.scheduler_address
-    return config.model_copy(
-        update={
-            "state_dir": state_dir,
-            "storage": storage,
-            "data": config.data.model_copy(
-                update={
-                    "cache_dir": cache_dir,
-                    "staging_dir": config.data.staging_dir
-                    or os.path.join(state_dir, "data", "remote-staging"),
-                }
-            ),
-            "mlflow": config.mlflow.model_copy(
-                update={"tracking_uri": tracking_uri, "artifacts_destination": artifacts_destination}
-            ),
-            "dask": config.dask.model_copy(update={"scheduler_address": scheduler_address}),
-        }
-    )
-
-
-# ------------------------------------------------------------------------------------------------ credentials
-
-#: Where a credential in a URI cannot be carried safely, and what to do instead.
-_NO_CREDENTIALS = {
-    "dask.scheduler_address": "a Dask address has no place for credentials: secure the scheduler with TLS "
-    "(distributed.comm.tls.* in the Dask config) and give the address as tls://host:8786",
-    "storage": "give S3 credentials through the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or "
-    "AWS_PROFILE) and the storage as s3://bucket/prefix",
-    "mlflow.artifacts_destination": "give S3 credentials through the environment (AWS_ACCESS_KEY_ID / "
-    "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and the destination as s3://bucket/prefix",
-}
-
-@dataclass(frozen=True, repr=False)
-class Credentials:
-    """The secrets ``split_credentials`` took out of a PipelineConfig (``repr`` shows none of them)."""
-
-    tracking_env: Mapping[str, str] = field(default_factory=dict)  # MLFLOW_TRACKING_USERNAME / _PASSWORD
-    data: DataCredentials = field(default_factory=DataCredentials)  # data.source's user:password@, options
-
-    def __repr__(self) -> str:
-        return "Credentials(<hidden>)"
-
-    def install(self) -> None:
-        """MLflow's auth variables into this process's environment, for the flow it runs: MLflow's client reads
-        them there on every request. The data credentials go to the flow explicitly (``with_credentials``)."""
-        os.environ.update(self.tracking_env)
-
-
-def _refuse_credentials(values: Mapping[str, str | None]) -> None:
-    for name, value in values.items():
-        if value and redact(value) != value:
-            fix = _NO_CREDENTIALS[name.split(" ", 1)[0]]
-            raise ValueError(
-                f"{name}={redact(value)!r} holds credentials, which it cannot carry safely; {fix}"
-            )
-
-
-def split_credentials(config: PipelineConfig, settings: Settings) -> tuple[PipelineConfig, Credentials]:
-    """``config`` with no credential left in it, and the credentials. The config becomes the flow run's
-    parameters, which Prefect stores and shows, so the CLI hands the flow this one as its parameter and the
-    credentials beside it, never a parameter (``with_credentials`` puts the data ones back in the flow). An
-    HTTP(S) tracking URI's ``user:password@`` becomes MLflow's MLFLOW_TRACKING_USERNAME / _PASSWORD; the data
-    source's and storage options stay in the process. Raises ValueError naming the field where a credential
-    has no safe place (a Dask address, the S3 storage and artifact URIs, a database tracking URI)."""
-    _refuse_credentials(
-        {
-            "dask.scheduler_address (or DASK_SCHEDULER_ADDRESS)": config.dask.scheduler_address
-            or settings.scheduler_address,
-            "storage (or SWEEPFLOW_STORAGE)": config.storage or settings.storage,
-            "mlflow.artifacts_destination": config.mlflow.artifacts_destination,
-        }
-    )
-    tracking_uri, tracking_env = config.mlflow.tracking_uri, {}
-    if tracking_uri and redact(tracking_uri) != tracking_uri:
-        tracking_uri, tracking_env = split_tracking_credentials(tracking_uri)
-        if not tracking_env:
-            raise ValueError(
-                f"mlflow.tracking_uri={redact(tracking_uri)!r} holds credentials, and the config is stored as the "
-                "Prefect flow run's parameters; set this URI in MLFLOW_TRACKING_URI instead (read by the process "
-                "that runs the flow, never stored)"
-            )
-    data, data_secrets = config.data.without_credentials()
-    public = config.model_copy(
-        update={"mlflow": config.mlflow.model_copy(update={"tracking_uri": tracking_uri}), "data": data}
-    )
-    return public, Credentials(tracking_env, data_secrets)
-
-
-def with_credentials(cfg: PipelineConfig, credentials: Credentials) -> PipelineConfig:
-    """The flow's side of ``split_credentials``, on its resolved config: the data ``credentials`` its entry point
-    took out (none for a deployment's run: ``Credentials()``) put back, and an HTTP(S) tracking URI's
-    ``user:password@`` (from a deployment's parameters or MLFLOW_TRACKING_URI) moved into MLflow's auth
-    variables, so no URI the flow uses, logs or shows holds one."""
-    _refuse_credentials(
-        {
-            "dask.scheduler_address (or DASK_SCHEDULER_ADDRESS)": cfg.dask.scheduler_address,
-            "storage (or SWEEPFLOW_STORAGE)": cfg.storage,
-            "mlflow.artifacts_destination": cfg.mlflow.artifacts_destination,
-        }
-    )
-    tracking_uri, tracking_env = split_tracking_credentials(cfg.mlflow.tracking_uri or "")
-    os.environ.update(tracking_env)
-    data = cfg.data.with_credentials(credentials.data)
-    return cfg.model_copy(
-        update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": tracking_uri or None}), "data": data}
-    )
-
-
-def config_problem(error: Mapping[str, Any]) -> str:
-    """One of pydantic's errors as ``key: reason``, the key as a user writes it: a scheduler's type is the value
-    of ``scheduler.type``, not a level of keys (pydantic puts the tagged union's tag in the location)."""
-    parts = [str(part) for part in error["loc"]]
-    reason = str(error["msg"]).removeprefix("Value error, ")
-    if len(parts) >= 2 and parts[0] == "scheduler" and parts[1] in SCHEDULER_TYPES:
-        kind = parts.pop(1)
-        if error["type"] == "extra_forbidden":
-            reason = f"not a setting of scheduler.type={kind!r} ({SCHEDULER_SECTIONS[kind].__doc__.split(':')[0]})"
-    field = ".".join(parts)
-    return f"{field}: {reason}" if field else reason
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML: numbers, bools, lists, dicts)."""
-    import yaml
-
-    result = {k: v for k, v in raw.items()}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects key=value (e.g. sweep.num_samples=4), got {item!r}")
-        node = result
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            node[part] = dict(child) if isinstance(child, dict) else {}
-            node = node[part]
-        node[parts[-1]] = yaml.safe_load(text)
-    return result
-
-
-def load_config_file(path: str | os.PathLike[str] | None, overrides: list[str] = ()) -> PipelineConfig:  # type: ignore[assignment]
-    """A ``PipelineConfig`` from a YAML file (``sweepflow run --config FILE``, a project's deployment) and
-    ``key=value`` overrides. Paths in the file are relative to the file: ``project_dir`` (default: the file's
-    directory) and a local ``data.source``. Raises ValueError saying what is wrong (pydantic's field and reason)."""
-    import yaml
-
-    raw: dict[str, Any] = {}
-    if path:
-        with open(path) as f:
-            try:
-                raw = yaml.safe_load(f) or {}
-            except yaml.YAMLError as exc:  # says where: line and column
-                raise ValueError(f"{path} is not valid YAML: {exc}; fix the file's syntax") from None
-        if not isinstance(raw, dict):
-            raise ValueError(
-                f"{path} must hold a mapping of PipelineConfig sections (data:, sweep:, ...), got a {type(raw).__name__}"
-            )
-        base = os.path.dirname(os.path.abspath(path))
-        raw = dict(raw)
-        raw["project_dir"] = os.path.join(base, os.path.expanduser(str(raw.get("project_dir") or ".")))
-        raw["project_dir"] = os.path.normpath(raw["project_dir"])
-        data = raw.get("data")
-        source = data.get("source") if isinstance(data, dict) else None
-        if isinstance(source, str) and "://" not in source and not os.path.isabs(os.path.expanduser(source)):
-            raw["data"] = {**data, "source": os.path.normpath(os.path.join(base, source))}
-    try:
-        return PipelineConfig.model_validate(apply_overrides(raw, list(overrides)))
-    except yaml.YAMLError as exc:  # a --set value that is not YAML
-        raise ValueError(f"a --set value is not valid YAML: {exc}") from None

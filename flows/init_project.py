@@ -206,7 +206,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from sweepflow.flows.config import load_config_file
+from sweepflow.flows.config_file import load_config_file
 from sweepflow.flows.pipeline import training_pipeline
 
 HERE = Path(__file__).resolve().parent

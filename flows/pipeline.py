@@ -13,13 +13,15 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from sweepflow.flows.config import Credentials, PipelineConfig, Settings, resolve_settings, with_credentials
+from sweepflow.flows.config import PipelineConfig
+from sweepflow.flows.credentials import Credentials, with_credentials
 from sweepflow.flows.experiment import (
     EvaluationMismatch,
     ExperimentRun,
     run_experiment,
 )
 from sweepflow.flows.preflight import check_pipeline
+from sweepflow.flows.settings import Settings, resolve_settings
 from sweepflow.tasks import WORKER_PRELOAD
 from sweepflow.tasks.compat import stop_flow_heartbeats_promptly
 from sweepflow.tasks.datasets import PreparedDataset

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sweepflow.flows.config import Settings
+from sweepflow.flows.settings import Settings
 
 
 @dataclass(frozen=True)

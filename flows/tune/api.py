@@ -10,7 +10,7 @@ from typing import Any
 
 import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
-from sweepflow.flows.config import Settings
+from sweepflow.flows.settings import Settings
 from sweepflow.tasks.datasets.uris import redact
 from sweepflow.tune import runner, searchers
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid

@@ -22,8 +22,8 @@ from typing import Any
 from ddp_runtime import CheckpointConfig
 from ddp_runtime.cluster import cluster_client
 from ddp_runtime.config import stop_met
-from sweepflow.flows.config import Settings
 from sweepflow.flows.run_services import use_run_services
+from sweepflow.flows.settings import Settings
 from sweepflow.tasks.sweep import experiment as sweep_experiment
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult

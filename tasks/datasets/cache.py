@@ -67,7 +67,7 @@ def open_cache(cfg: DataConfig) -> DatasetCache:
         raise DatasetConfigError(
             "DataConfig.cache_dir is not set: the data library reads no environment and picks no default "
             "location. Pass cache_dir=... (a local directory or s3://bucket/prefix); the pipeline's entry "
-            "point (flows/config.py: resolve_settings) sets it to <storage>/datasets or <state_dir>/data"
+            "point (flows/settings.py: resolve_settings) sets it to <storage>/datasets or <state_dir>/data"
         )
     return RemoteCache.for_config(cfg) if cfg.cache_is_remote else LocalCache(Path(cfg.cache_dir))
 
@@ -184,7 +184,7 @@ class RemoteCache:
             raise DatasetConfigError(
                 f"DataConfig.staging_dir is not set, but the remote cache_dir {cfg.cache_dir} needs a local "
                 "directory on this host for verified copies of its files. Pass staging_dir=... (e.g. "
-                "~/.sweepflow/data/remote-staging); the pipeline's entry point (flows/config.py: "
+                "~/.sweepflow/data/remote-staging); the pipeline's entry point (flows/settings.py: "
                 "resolve_settings) sets it under the state dir"
             )
         fs, root = fs_and_path(cfg.cache_dir, cfg.cache_storage_options)

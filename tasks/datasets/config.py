@@ -170,7 +170,7 @@ class DataConfig(BaseModel):
 
     ``cache_dir`` is a local directory (a shared mount works for multi-node) or a writable fsspec URI such
     as ``s3://bucket/prefix``; ``prepare_dataset`` requires it (the library picks no default location:
-    the pipeline's entry point, ``flows/config.py:resolve_settings``, fills it). ``cache_storage_options``
+    the pipeline's entry point, ``flows/settings.py:resolve_settings``, fills it). ``cache_storage_options``
     are fsspec options for a remote ``cache_dir`` (same shape as ``storage_options``). They are separate
     from ``storage_options`` because the source and the cache are often different stores (an HTTPS mirror
     and an S3 bucket). When both are omitted, s3fs uses the standard AWS chain (``AWS_ACCESS_KEY_ID``/

@@ -151,7 +151,8 @@ def test_hang_timeout_s_is_validated():
 
 def _fault_sweep(tmp_path, cluster, faults: list[str], **training):
     """One 2-rank trial per fault of ``faults`` (fault_fns.train_with_fault), one at a time, FIFO, 3 epochs."""
-    from sweepflow.flows.config import PipelineConfig, resolve_settings
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.settings import resolve_settings
 
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ import numpy as np
 import paths
 from test_own_project import _predict_in_fresh_process, _quick
 
-from sweepflow.flows.config import load_config_file
+from sweepflow.flows.config_file import load_config_file
 
 HERE = paths.SUPPORT  # the example project beside the helpers
 PROJECT = HERE / "fsdp_project"

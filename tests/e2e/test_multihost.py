@@ -102,8 +102,9 @@ def test_a_scheduler_without_sweepflow_is_refused_before_any_work_saying_what_to
     """The gang scheduler runs inside the Dask scheduler (``run_on_scheduler``): a scheduler started from an
     environment without sweepflow cannot place a trial. The pre-flight says so in one sentence, instead of the
     traceback of the scheduler's failed unpickling."""
-    from sweepflow.flows.config import PipelineConfig, resolve_settings
+    from sweepflow.flows.config import PipelineConfig
     from sweepflow.flows.preflight import PreflightError, check_pipeline
+    from sweepflow.flows.settings import resolve_settings
 
     preload = tmp_path / "not_installed.py"
     preload.write_text(NOT_INSTALLED)

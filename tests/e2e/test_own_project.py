@@ -26,14 +26,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweepflow.flows.cli import main
-from sweepflow.flows.config import (
-    BUILTIN_EVALUATE_FN,
-    BUILTIN_MODEL_FN,
-    PipelineConfig,
-    load_config_file,
-    resolve_settings,
-)
+from sweepflow.flows.config import BUILTIN_EVALUATE_FN, BUILTIN_MODEL_FN, PipelineConfig
+from sweepflow.flows.config_file import load_config_file
 from sweepflow.flows.init_project import package_name, write_project
+from sweepflow.flows.settings import resolve_settings
 from sweepflow.tasks.checks import PreflightError
 from sweepflow.tasks.datasets import DataConfig, DatasetConfigError, prepare_dataset
 

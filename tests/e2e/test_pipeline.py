@@ -15,8 +15,9 @@ from prefect import flow
 from prefect_records import final_task_run
 from sweep_parts import sweep_of
 
-from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import training_pipeline
+from sweepflow.flows.settings import resolve_settings
 from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus

@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 from mlflow_server import run_mlflow_server
 from test_pipeline import _config
 
-from sweepflow.flows.config import resolve_settings
 from sweepflow.flows.pipeline import training_pipeline
+from sweepflow.flows.settings import resolve_settings
 from sweepflow.infra.services.local import mlflow_app_args
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError
 from sweepflow.tasks.tracking.writers import RunWriter

@@ -15,7 +15,8 @@ from prefect import flow
 from sweep_parts import sweep_of, tracker_of
 
 from ddp_runtime.cluster import local_cluster
-from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.config import PipelineConfig
+from sweepflow.flows.settings import resolve_settings
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
 
 USER = "sweeper"

@@ -241,8 +241,8 @@ def test_no_server_gives_up_on_prefects_temporary_server_at_its_bound_in_one_sen
 
 
 def test_the_temporary_servers_bound_is_whole_seconds_of_at_least_one():
-    from sweepflow.flows.config import Settings
     from sweepflow.flows.run_services import TEMPORARY_SERVER_TIMEOUT_S, temporary_server_timeout
+    from sweepflow.flows.settings import Settings
 
     name = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
     assert temporary_server_timeout(Settings.from_env({})) == TEMPORARY_SERVER_TIMEOUT_S == 120
@@ -266,7 +266,7 @@ def test_no_servers_temporary_server_sends_no_telemetry(tmp_path):
             "import time, httpx",
             "from prefect.client.orchestration import get_client",
             "from prefect.server.api.server import SubprocessASGIServer",
-            "from sweepflow.flows.config import Settings",
+            "from sweepflow.flows.settings import Settings",
             "from sweepflow.flows.run_services import use_temporary_prefect",
             "use_temporary_prefect(Settings.from_env())",
             "server = SubprocessASGIServer()",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from sweepflow.flows.config import PipelineConfig, resolve_settings
+from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import _interrupted_attempt
+from sweepflow.flows.settings import resolve_settings
 from sweepflow.tasks.sweep.resume import TAG_RESUME_KEY, digest, resume_key
 
 

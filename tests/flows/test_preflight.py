@@ -441,7 +441,8 @@ def test_the_front_process_checks_a_local_run_without_importing_dask_or_torch(tm
     before it started (the launcher's child, which has both, checks everything again)."""
     code = (
         "import sys\n"
-        "from sweepflow.flows.config import Settings, load_config_file, resolve_settings\n"
+        "from sweepflow.flows.config_file import load_config_file\n"
+        "from sweepflow.flows.settings import Settings, resolve_settings\n"
         "from sweepflow.flows.preflight import check_pipeline\n"
         "settings = Settings.from_env()\n"
         "config = resolve_settings(load_config_file(None, ['sweep.num_samples=2']), settings)\n"

@@ -404,14 +404,9 @@ def test_the_warm_launcher_gets_set_values_in_its_handover_not_its_logged_comman
 
 
 def test_split_credentials_leaves_a_config_without_secrets_and_the_flow_gets_them_back(monkeypatch):
-    from sweepflow.flows.config import (
-        Credentials,
-        PipelineConfig,
-        Settings,
-        resolve_settings,
-        split_credentials,
-        with_credentials,
-    )
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.credentials import Credentials, split_credentials, with_credentials
+    from sweepflow.flows.settings import Settings, resolve_settings
 
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(name, "")

@@ -2,7 +2,7 @@
 
 They cannot run here (no Docker engine, no Kubernetes, no GPU), so these tests parse them and check what a
 deployment depends on, deriving the expectations from the code where it has them: the environment variables
-flows/config.py reads, the work pool prefect.yaml deploys to, the Dask preload module ddp_runtime uses, the
+flows/settings.py reads, the work pool prefect.yaml deploys to, the Dask preload module ddp_runtime uses, the
 packages and console scripts pyproject.toml installs. `docker compose config` and `kubectl kustomize` run too
 when those tools are installed.
 """
@@ -65,15 +65,8 @@ SWEEPFLOW_IMAGE_SERVICES = {"mlflow", "prefect-worker", "dask-scheduler"}
 
 def settings_env() -> tuple[str, ...]:
     """The environment variables sweepflow reads for machine-dependent settings, plus the S3 endpoint."""
-    try:
-        from sweepflow.flows.config import SETTINGS_ENV
-    except ImportError:  # before flows/config.py defines it
-        SETTINGS_ENV = (
-            "SWEEPFLOW_HOME",
-            "SWEEPFLOW_STORAGE",
-            "MLFLOW_TRACKING_URI",
-            "DASK_SCHEDULER_ADDRESS",
-        )
+    from sweepflow.flows.settings import SETTINGS_ENV
+
     return (*SETTINGS_ENV, "AWS_ENDPOINT_URL_S3")
 
 
@@ -116,8 +109,9 @@ def pyproject() -> dict[str, Any]:
 
 
 def artifacts_destination_for(env: dict[str, str]) -> str | None:
-    """Where flows/config.py says MLflow's proxied artifacts live, given a deployment's environment."""
-    from sweepflow.flows.config import PipelineConfig, resolve_settings
+    """Where flows/settings.py says MLflow's proxied artifacts live, given a deployment's environment."""
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.settings import resolve_settings
 
     mlflow = resolve_settings(PipelineConfig(), env=env).mlflow
     return getattr(mlflow, "artifacts_destination", None)
@@ -318,7 +312,7 @@ def test_prefect_worker_gets_the_settings_and_polls_the_deployments_pool():
     service = services()["prefect-worker"]
     env = environment(service)
     missing = [var for var in settings_env() if not env.get(var)]
-    assert not missing, f"prefect-worker: set {missing} (read by flows/config.py) in its environment"
+    assert not missing, f"prefect-worker: set {missing} (read by flows/settings.py) in its environment"
     args = argv(service)
     assert args[:3] == ["prefect", "worker", "start"], f"prefect-worker runs {args}"
     pool = expected_work_pool()
@@ -357,7 +351,7 @@ def test_mlflow_serves_artifacts_from_the_storage_the_code_expects():
     expected = artifacts_destination_for(environment(services()["prefect-worker"]))
     if expected is not None:
         assert destination == expected, (
-            f"mlflow --artifacts-destination {destination} != {expected}, where flows/config.py makes the ranks "
+            f"mlflow --artifacts-destination {destination} != {expected}, where flows/settings.py makes the ranks "
             "write checkpoints ($SWEEPFLOW_STORAGE/mlflow): make them agree"
         )
     tracking = urlparse(environment(services()["prefect-worker"])["MLFLOW_TRACKING_URI"]).netloc
@@ -692,7 +686,7 @@ def test_dask_scheduler_service_selects_the_scheduler_pod_by_named_ports():
 def test_configmap_covers_the_settings_and_points_at_the_services():
     data = configmap()["data"]
     missing = [var for var in (*settings_env(), "PREFECT_API_URL") if not data.get(var)]
-    assert not missing, f"configmap.yaml: add {missing} (read by flows/config.py and the Prefect worker)"
+    assert not missing, f"configmap.yaml: add {missing} (read by flows/settings.py and the Prefect worker)"
     cluster = dask_cluster()
     port = next(
         p["port"] for p in cluster["spec"]["scheduler"]["service"]["ports"] if p["name"] == "tcp-comm"

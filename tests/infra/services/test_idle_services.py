@@ -111,7 +111,7 @@ def test_the_watchdog_ends_once_what_it_watches_was_stopped_by_other_means(tmp_p
 
 
 def test_the_idle_period_setting():
-    from sweepflow.flows.config import DEFAULT_SERVICES_IDLE_MINUTES, Settings
+    from sweepflow.flows.settings import DEFAULT_SERVICES_IDLE_MINUTES, Settings
 
     assert Settings.from_env({}).services_idle_minutes == DEFAULT_SERVICES_IDLE_MINUTES == 60
     assert Settings.from_env({"SWEEPFLOW_SERVICES_IDLE_MINUTES": "0"}).services_idle_minutes == 0

@@ -72,7 +72,7 @@ def test_the_code_fingerprint_follows_a_training_modules_file(tmp_path):
 
 
 def test_the_stack_keeps_its_s3_secret_off_the_command_line_and_is_found_after_sourcing_stack_env(tmp_path):
-    from sweepflow.flows.config import Settings
+    from sweepflow.flows.settings import Settings
     from sweepflow.infra.services import stack
 
     spec = stack.s3_spec(str(tmp_path), "KEYID", "SECRETVALUE")

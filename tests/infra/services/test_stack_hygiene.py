@@ -361,7 +361,7 @@ IMPORTS_PREFECT_FIRST = """
 import sys
 import prefect  # first, as a script or a library it imports may do: prefect reads its settings now
 from prefect.settings import PREFECT_API_URL
-from sweepflow.flows.config import Settings
+from sweepflow.flows.settings import Settings
 from sweepflow.flows.run_services import use_run_services
 
 use_run_services(Settings.from_env(), sys.argv[1], tracking_uri="sqlite:///unused.db",

@@ -912,7 +912,8 @@ def test_data_config_round_trips_and_rejects_unknown_keys(tmp_path: Path) -> Non
 def test_cache_dir_follows_sweepflow_home_at_the_entry_point(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from sweepflow.flows.config import PipelineConfig, resolve_settings
+    from sweepflow.flows.config import PipelineConfig
+    from sweepflow.flows.settings import resolve_settings
 
     # The library reads no environment: without a cache_dir, prepare_dataset says what to pass.
     monkeypatch.setenv("SWEEPFLOW_HOME", str(tmp_path / "home"))
