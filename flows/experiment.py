@@ -27,12 +27,11 @@ from sweepflow.tasks.finalize import (
 )
 from sweepflow.tasks.recording import ParentRun, SweepRecord, parent_run, record_sweep
 from sweepflow.tasks.sweep.driver import Sweep
-from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement
-from sweepflow.tasks.sweep.placement import place_trials
+from sweepflow.tasks.sweep.experiment import Experiment, Finalize
+from sweepflow.tasks.sweep.placement import fit_trials
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.resume import PriorSweep, load_prior_sweep
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError, TrackingServerUnavailable
 
 #: A tracking server's own failure during the stages after the sweep: said as the service's, not the project's.
@@ -172,30 +171,6 @@ def run_experiment(exp: Experiment, *, log: Callable[[str], None]) -> Experiment
         registration=registration,
         view_key=leaderboard.view_key,
     )
-
-
-def fit_trials(
-    client: Any,
-    template: TrialTemplate,
-    placement: Placement,
-    scheduler: TrialScheduler,
-    *,
-    trials: int,
-    max_concurrent_trials: int | None,
-    log: Callable[[str], None] | None = None,
-) -> tuple[TrialTemplate, int, int]:
-    """The cluster can hold the experiment's trials, else it is refused, naming the setting: ``template`` placed
-    on ``client``'s cluster (``place_trials``: refused naming ``placement.asked_by`` when no worker can ever hold
-    a trial), and the scheduler's room check (a synchronous population needs ``trials`` at once). Returns the
-    placed template, how many trials run at once and how many the cluster fits. ``log``: told how shared cores
-    were granted. The lifecycle's ``place`` runs it; a Tune script also runs it before its flow run starts, so
-    a refusal comes before any service work."""
-    placed, fits = place_trials(
-        client, template, share_cores=placement.share_cores, asked_by=placement.asked_by, log=log
-    )
-    at_once = min(max_concurrent_trials or fits, fits)
-    scheduler.check_room(trials=trials, at_once=at_once)
-    return placed, at_once, fits
 
 
 def place(exp: Experiment, client: Any, *, log: Callable[[str], None]) -> tuple[TrialTemplate, int]:

@@ -141,45 +141,10 @@ def _check_resume(cfg: PipelineConfig, resume_from: str) -> None:
 
 
 def _check_cluster(cfg: PipelineConfig) -> None:
-    resources = cfg.resources
     if cfg.dask.scheduler_address:
-        import ddp_runtime as train
-        from ddp_runtime.cluster import groups_that_fit
-
-        client = check_dask_scheduler(cfg.dask.scheduler_address)
-        try:
-            scaling = train.ScalingConfig(
-                num_workers=resources.ranks_per_trial,
-                use_gpu=resources.use_gpu,
-                resources_per_worker=resources.resources_per_rank() or None,
-            )
-            try:
-                fits = groups_that_fit(client, scaling, what="resources")
-            except train.InsufficientResourcesError:
-                workers = client.scheduler_info(n_workers=-1).get("workers", {})
-                offered = sorted({str(w.get("resources") or {}) for w in workers.values()})
-                raise PreflightError(
-                    "resources.ranks_per_trial",
-                    resources.ranks_per_trial,
-                    f"the Dask cluster at {cfg.dask.scheduler_address} cannot hold one trial: it has {len(workers)} "
-                    f"worker(s) offering {offered or 'nothing'}, each trial needs {scaling.num_workers} with "
-                    f"{scaling.worker_resources or 'a free thread'}",
-                    "lower resources.ranks_per_trial / gpus_per_rank / cpus_per_rank, or add workers that declare "
-                    "those resources (dask worker --resources GPU=1)",
-                ) from None
-            except ModuleNotFoundError as exc:  # raised on the scheduler, where the gang scheduler places ranks
-                raise PreflightError(
-                    "dask.scheduler_address",
-                    cfg.dask.scheduler_address,
-                    f"the Dask scheduler there cannot import sweepflow's ddp_runtime ({exc}), which places each "
-                    "trial's ranks from inside the scheduler",
-                    "install sweepflow (the same version as on the workers and here) where `dask scheduler` runs",
-                ) from None
-            check_worker_imports(client, _worker_functions(cfg), cfg.project_dir)
-        finally:
-            client.close()
-        _check_room(cfg, fits)
+        _check_on_scheduler(cfg)
         return
+    resources = cfg.resources
     cores = os.cpu_count() or 1
     n_workers = cfg.dask.n_workers or cores
     gpus = 0
@@ -195,8 +160,57 @@ def _check_cluster(cfg: PipelineConfig) -> None:
         cpus_per_rank=resources.cpus_per_rank,
         cpus_per_worker=float(max(1, cores // n_workers)),
     )
+    # The local cluster is not started yet: its slots counted, the scheduler's room checked as fit_trials does.
     slots = int(gpus / resources.gpus_per_rank) if resources.gpus_per_rank else n_workers
-    _check_room(cfg, max(1, slots // resources.ranks_per_trial))
+    fits = max(1, slots // resources.ranks_per_trial)
+    _room_refused(cfg, lambda: cfg.scheduler.build().check_room(
+        trials=_trials(cfg), at_once=min(cfg.sweep.max_concurrent_trials or fits, fits)
+    ))
+
+
+def _check_on_scheduler(cfg: PipelineConfig) -> None:
+    """A running Dask cluster can hold the trials (the lifecycle's one placement check, ``fit_trials``, as the
+    flow's ``place`` runs it again) and its workers import the project's functions."""
+    import ddp_runtime as train
+    from sweepflow.flows.pipeline_lowering import placement, trial_template
+    from sweepflow.tasks.sweep.placement import fit_trials
+
+    address = cfg.dask.scheduler_address
+    client = check_dask_scheduler(address)
+    try:
+        try:
+            _room_refused(cfg, lambda: fit_trials(
+                client, trial_template(cfg, None), placement(cfg), cfg.scheduler.build(),
+                trials=_trials(cfg), max_concurrent_trials=cfg.sweep.max_concurrent_trials,
+            ))
+        except train.InsufficientResourcesError:
+            workers = client.scheduler_info(n_workers=-1).get("workers", {})
+            offered = sorted({str(w.get("resources") or {}) for w in workers.values()})
+            scaling = train.ScalingConfig(
+                num_workers=cfg.resources.ranks_per_trial,
+                use_gpu=cfg.resources.use_gpu,
+                resources_per_worker=cfg.resources.resources_per_rank() or None,
+            )
+            raise PreflightError(
+                "resources.ranks_per_trial",
+                cfg.resources.ranks_per_trial,
+                f"the Dask cluster at {address} cannot hold one trial: it has {len(workers)} worker(s) offering "
+                f"{offered or 'nothing'}, each trial needs {scaling.num_workers} with "
+                f"{scaling.worker_resources or 'a free thread'}",
+                "lower resources.ranks_per_trial / gpus_per_rank / cpus_per_rank, or add workers that declare "
+                "those resources (dask worker --resources GPU=1)",
+            ) from None
+        except ModuleNotFoundError as exc:  # raised on the scheduler, where the gang scheduler places ranks
+            raise PreflightError(
+                "dask.scheduler_address",
+                address,
+                f"the Dask scheduler there cannot import sweepflow's ddp_runtime ({exc}), which places each "
+                "trial's ranks from inside the scheduler",
+                "install sweepflow (the same version as on the workers and here) where `dask scheduler` runs",
+            ) from None
+        check_worker_imports(client, _worker_functions(cfg), cfg.project_dir)
+    finally:
+        client.close()
 
 
 def _worker_functions(cfg: PipelineConfig) -> dict[str, str]:
@@ -210,22 +224,28 @@ def _worker_functions(cfg: PipelineConfig) -> dict[str, str]:
     return {key: value for key, value in named.items() if value}
 
 
-def _check_room(cfg: PipelineConfig, fits: int) -> None:
-    """The scheduler can work with as many trials at once as the cluster holds (synchronous PBT needs them all)."""
+def _trials(cfg: PipelineConfig) -> int:
+    """How many trials the sweep runs (the sampler's total)."""
     from sweepflow.tasks.sweep.samplers import make_sampler
     from sweepflow.tasks.sweep.space import parse_space
 
     sweep = cfg.sweep
-    total = make_sampler(
+    return make_sampler(
         sweep.sampler, parse_space(sweep.search_space), num_samples=sweep.num_samples, seed=sweep.seed,
         mode=cfg.selection.mode,
     ).total
-    at_once = min(sweep.max_concurrent_trials or fits, fits)
+
+
+def _room_refused(cfg: PipelineConfig, check: Any) -> None:
+    """``check()``, its scheduler's refusal (synchronous PBT needs every trial at once) as the setting to change."""
     try:
-        cfg.scheduler.build().check_room(trials=total, at_once=at_once)
+        check()
     except ValueError as exc:
         raise PreflightError(
-            "scheduler.type", cfg.scheduler.type, str(exc), f"here: sweep.num_samples={at_once} or scheduler.synch=false"
+            "scheduler.type",
+            cfg.scheduler.type,
+            str(exc),
+            "here: lower sweep.num_samples to the trials that run at once, or set scheduler.synch=false",
         ) from None
 
 

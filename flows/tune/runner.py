@@ -213,8 +213,8 @@ def _check_on_cluster(experiment: TuneRequest, scheduler_address: str) -> None:
     """Before the flow run starts: the cluster's workers import the trainable, and it can hold a trial (and as
     many at once as the scheduler needs), else one sentence naming the setting."""
     # Imported here, as _experiment_flow imports run_experiment: `import sweepflow.tune` loads no lifecycle.
-    from sweepflow.flows.experiment import fit_trials
     from sweepflow.flows.preflight import check_script_workers
+    from sweepflow.tasks.sweep.placement import fit_trials
     from sweepflow.tasks.training.function import driver_script_dir
 
     with cluster_client(scheduler_address) as client:

@@ -6,11 +6,39 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_runtime.cluster import groups_that_fit
 from ddp_runtime.config import ScalingConfig
 from sweepflow.tasks.sweep.template import TrialTemplate
+from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
+
+if TYPE_CHECKING:
+    from sweepflow.tasks.sweep.experiment import Placement
+
+
+def fit_trials(
+    client: Any,
+    template: TrialTemplate,
+    placement: Placement,
+    scheduler: TrialScheduler,
+    *,
+    trials: int,
+    max_concurrent_trials: int | None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[TrialTemplate, int, int]:
+    """The cluster can hold the experiment's trials, else it is refused, naming the setting: ``template`` placed
+    on ``client``'s cluster (``place_trials``: refused naming ``placement.asked_by`` when no worker can ever hold
+    a trial), and the scheduler's room check (a synchronous population needs ``trials`` at once). Returns the
+    placed template, how many trials run at once and how many the cluster fits. ``log``: told how shared cores
+    were granted. The one placement check: the lifecycle's ``place`` runs it, and each face's pre-flight before
+    any service work on a cluster of the user's (the pipeline's ``check_pipeline``, a Tune script's run)."""
+    placed, fits = place_trials(
+        client, template, share_cores=placement.share_cores, asked_by=placement.asked_by, log=log
+    )
+    at_once = min(max_concurrent_trials or fits, fits)
+    scheduler.check_room(trials=trials, at_once=at_once)
+    return placed, at_once, fits
 
 
 def place_trials(

@@ -204,6 +204,20 @@ CASES: list[tuple[str, list[str], dict[str, str], list[str]]] = [
         {},
         ["cannot hold one trial", "{'GPU': 1.0}"],
     ),
+    (
+        "synch-pbt-above-cluster",
+        ["dask.scheduler_address={scheduler}", "resources.ranks_per_trial=1", "scheduler.type=pbt", "scheduler.synch=true",
+         "scheduler.hyperparam_mutations={lr: [0.01, 0.1]}", "sweep.num_samples=3"],
+        {},
+        ["scheduler.type='pbt'", "waits for all 3 trials", "only 1 can run at once", "scheduler.synch=false"],
+    ),
+    (
+        "synch-pbt-above-local-workers",
+        ["scheduler.type=pbt", "scheduler.synch=true", "scheduler.hyperparam_mutations={lr: [0.01, 0.1]}",
+         "sweep.num_samples=3", "dask.n_workers=2", "resources.ranks_per_trial=1"],
+        {},
+        ["scheduler.type='pbt'", "waits for all 3 trials", "only 2 can run at once"],
+    ),
     # --- where state goes
     (
         "state-dir-unwritable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweepflow.flows.config import PipelineConfig
-from sweepflow.flows.pipeline import experiment_for
+from sweepflow.flows.pipeline_lowering import experiment_for
 from sweepflow.tasks.datasets import PreparedDataset
 from sweepflow.tasks.sweep.experiment import Experiment
 from sweepflow.tasks.sweep.resume import resume_key

@@ -1,4 +1,4 @@
-"""The one check that the cluster can hold an experiment's trials (flows/experiment.py: ``fit_trials``), run by
+"""The one check that the cluster can hold an experiment's trials (tasks/sweep/placement.py: ``fit_trials``), run by
 the lifecycle's ``place`` and, before its flow run starts, by a Tune script (flows/tune/runner.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 from distributed import Client, LocalCluster
 
 from ddp_runtime import InsufficientResourcesError
-from sweepflow.flows.experiment import fit_trials, place
+from sweepflow.flows.experiment import place
 from sweepflow.tasks.sweep.experiment import Placement
+from sweepflow.tasks.sweep.placement import fit_trials
 from sweepflow.tasks.sweep.schedulers import TrialScheduler
 from sweepflow.tasks.sweep.template import TrialTemplate
 
