@@ -27,6 +27,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import paths
 import psutil
@@ -650,6 +651,163 @@ def stack(tmp_path_factory, request):
     seen.assert_all_gone("sweepflow stack down")
 
 
+@pytest.fixture(scope="class")
+def deployed(stack):
+    """The stack the way users run it (each property is a test of TestStack below): `prefect deploy --all` and a
+    first `prefect deployment run training-pipeline/default --watch` on a data export served over HTTP; then a new export at the same URLs and
+    a schedule on `nightly-retrain` (a slot seconds ahead, the worse budget as its parameters): Prefect's
+    scheduler creates the retrain, the stack's worker runs it, it downloads the new data, records its checksum,
+    registers a challenger and leaves the champion alone. A run of a slot missed while the worker was down,
+    arriving meanwhile, is cancelled (the deployment's concurrency limit); then a run with bad parameters. The
+    tests check it through the MLflow client, Prefect's client and the S3 endpoint."""
+    state, _, env, seen, tmp_path = stack
+    api = env["PREFECT_API_URL"]
+    run_from_checkout([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
+
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+    from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.states import Scheduled
+
+    def runs_of(client, deployment) -> list:
+        return client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [deployment.id]}),
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+        )
+
+    with SyncPrefectClient(api) as prefect_client:
+        nightly = prefect_client.read_deployment_by_name("training-pipeline/nightly-retrain")
+        assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+        assert nightly.schedules[0].active is False  # a real schedule, inactive until resumed
+        assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
+        assert nightly.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
+        default = prefect_client.read_deployment_by_name("training-pipeline/default")
+        assert default.work_pool_name == "sweepflow-process"
+
+    export = tmp_path / "export"
+    _publish_export(export, seed=0)
+    requests: list[str] = []
+
+    def downloads(since: int = 0) -> list[str]:
+        return sorted(r for r in requests[since:] if r.startswith("GET"))
+
+    prefect = os.path.join(BIN, "prefect")
+    run = [prefect, "deployment", "run", "training-pipeline/default", "--watch", "--params"]
+    with serving(_export_handler(export, requests)) as url:
+        data = {"name": "mnist", "source": f"{url}/", "follow_source": True}
+        first = run_from_checkout([*run, _params(GOOD, epochs=3, num_samples=2, data=data)], env, 900)
+        assert "Completed" in first.stdout
+        first_downloads = downloads()
+
+        # ---- The retrain: a new export at the same URLs, then a schedule whose first slot is seconds ahead.
+        _publish_export(export, seed=1)
+        seen_requests = len(requests)
+        worse = json.loads(_params(WORSE, epochs=1, num_samples=1, data=data))
+        slot = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=15)).replace(microsecond=0)
+        with SyncPrefectClient(api) as prefect_client:
+            [schedule] = prefect_client.create_deployment_schedules(
+                nightly.id,
+                [
+                    DeploymentScheduleCreate(
+                        # Every 2 minutes: should the scheduler miss the first slot, the next one is close.
+                        schedule=IntervalSchedule(interval=datetime.timedelta(minutes=2), anchor_date=slot),
+                        active=True,
+                        parameters=worse,
+                        slug="stack-test-retrain",
+                    )
+                ],
+            )
+            # Updating the deployment brings the scheduler's 5-s loop over recently updated deployments to it,
+            # instead of its 60-s loop over all of them (Prefect's default intervals, which the stack keeps).
+            prefect_client.update_deployment(nightly.id, DeploymentUpdate(description=nightly.description))
+            scheduled_at = time.monotonic()
+
+            def started():
+                runs = [r for r in runs_of(prefect_client, nightly) if r.auto_scheduled]
+                return next((r for r in runs if r.state_type.value not in ("SCHEDULED", "PENDING")), None)
+
+            try:
+                retrain = _wait_for(started, 400, "the scheduled retrain to start", every=1.0)
+                # Its later slots are not wanted here: pausing deletes them (the started run is not touched).
+                prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
+                # The run of a slot missed while the worker was down (due a day ago) comes in while the retrain
+                # runs: the deployment's concurrency limit (1, CANCEL_NEW) cancels it before it starts anything.
+                missed = prefect_client.create_flow_run_from_deployment(
+                    nightly.id,
+                    parameters=worse,
+                    state=Scheduled(
+                        scheduled_time=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
+                    ),
+                )
+                missed = _wait_for(
+                    lambda: (r := prefect_client.read_flow_run(missed.id)).state_type.value != "SCHEDULED" and r,
+                    120,
+                    "the missed slot's run to be picked up",
+                    every=1.0,
+                )
+                assert prefect_client.read_flow_run(retrain.id).state_type.value == "RUNNING"
+                retrain = _wait_for(
+                    lambda: (r := prefect_client.read_flow_run(retrain.id)).state.is_final() and r,
+                    900,
+                    "the scheduled retrain to end",
+                    every=2.0,
+                )
+            finally:
+                prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
+            missed = prefect_client.read_flow_run(missed.id)
+            nightly_runs = runs_of(prefect_client, nightly)
+        retrain_downloads = downloads(seen_requests)
+
+    def seconds(later, earlier) -> float:
+        return (later - earlier).total_seconds()
+
+    print(
+        f"scheduled retrain: created by the scheduler {seconds(retrain.created, schedule.created):.1f} s after "
+        f"the schedule, slot {retrain.expected_start_time}, started "
+        f"{seconds(retrain.start_time, retrain.expected_start_time):.1f} s after it, ran "
+        f"{retrain.total_run_time.total_seconds():.1f} s, ended {time.monotonic() - scheduled_at:.0f} s after "
+        "the schedule was made"
+    )
+
+    # What Prefect recorded of the two pipeline runs, read before the refused run below adds one of its own.
+    with SyncPrefectClient(api) as prefect_client:
+        [first_run] = runs_of(prefect_client, default)
+        task_runs = [
+            prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id]}))
+            for r in (first_run, retrain)
+        ]
+        missed_task_runs = prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [missed.id]}))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("sweepflow")
+    mlflow_runs = len(client.search_runs([experiment.experiment_id]))
+
+    # A deployment run with bad parameters (its assertions: test_a_deployment_run_with_bad_parameters_...).
+    bad = json.dumps({"config": {"training": {"model": "resnet50"}, "mlflow": {"registered_model_name": MODEL}}})
+    refused = subprocess.run([*run, bad], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    from prefect.client.schemas.filters import LogFilter
+
+    with SyncPrefectClient(api) as prefect_client:
+        default_runs = prefect_client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id={"any_": [default.id]}), sort=FlowRunSort.START_TIME_ASC
+        )
+        failed = default_runs[-1]
+        failed_task_runs = prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [failed.id]}))
+        failed_logs = prefect_client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [failed.id]}))
+    seen.snapshot()
+    return SimpleNamespace(
+        state=state, env=env, tmp_path=tmp_path, slot=slot, schedule=schedule, worse=worse, retrain=retrain,
+        missed=missed, nightly_runs=nightly_runs, first_run=first_run, task_runs=task_runs,
+        missed_task_runs=missed_task_runs, first_downloads=first_downloads, retrain_downloads=retrain_downloads,
+        client=client, experiment=experiment, mlflow_runs=mlflow_runs, refused=refused, default_runs=default_runs,
+        failed=failed, failed_task_runs=failed_task_runs, failed_logs=failed_logs,
+    )
+
+
 @pytest.mark.subprocess
 @pytest.mark.stack
 @pytest.mark.prefect
@@ -670,149 +828,37 @@ class TestStack:
         } <= names
         _assert_only_loopback(seen.snapshot())
 
-    def test_deployments_on_the_real_stack_retrain_and_keep_the_better_champion(self, stack, request):
-        """The stack the way users run it: `prefect deploy --all` and a first `prefect deployment run
-        training-pipeline/default --watch` on a data export served over HTTP; then a new export at the same URLs and
-        a schedule on `nightly-retrain` (a slot seconds ahead, the worse budget as its parameters): Prefect's
-        scheduler creates the retrain, the stack's worker runs it, it downloads the new data, records its checksum,
-        registers a challenger and leaves the champion alone. A run of a slot missed while the worker was down,
-        arriving meanwhile, is cancelled (the deployment's concurrency limit). Everything is then checked through
-        the MLflow client, Prefect's client and the S3 endpoint."""
-        state, _, env, seen, tmp_path = stack
-        api = env["PREFECT_API_URL"]
-        run_from_checkout([os.path.join(BIN, "prefect"), "--no-prompt", "deploy", "--all"], env, 300)
-
-        from prefect.client.orchestration import SyncPrefectClient
-        from prefect.client.schemas.actions import DeploymentScheduleCreate, DeploymentUpdate
-        from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter
-        from prefect.client.schemas.objects import ConcurrencyLimitStrategy
-        from prefect.client.schemas.schedules import IntervalSchedule
-        from prefect.client.schemas.sorting import FlowRunSort
-        from prefect.states import Scheduled
-
-        def runs_of(client, deployment) -> list:
-            return client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id={"any_": [deployment.id]}),
-                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-            )
-
-        with SyncPrefectClient(api) as prefect_client:
-            nightly = prefect_client.read_deployment_by_name("training-pipeline/nightly-retrain")
-            assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
-            assert nightly.schedules[0].active is False  # a real schedule, inactive until resumed
-            assert nightly.global_concurrency_limit is not None and nightly.global_concurrency_limit.limit == 1
-            assert nightly.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
-            default = prefect_client.read_deployment_by_name("training-pipeline/default")
-            assert default.work_pool_name == "sweepflow-process"
-
-        export = tmp_path / "export"
-        _publish_export(export, seed=0)
-        requests: list[str] = []
-
-        def downloads(since: int = 0) -> list[str]:
-            return sorted(r for r in requests[since:] if r.startswith("GET"))
-
-        prefect = os.path.join(BIN, "prefect")
-        run = [prefect, "deployment", "run", "training-pipeline/default", "--watch", "--params"]
-        with serving(_export_handler(export, requests)) as url:
-            data = {"name": "mnist", "source": f"{url}/", "follow_source": True}
-            first = run_from_checkout([*run, _params(GOOD, epochs=3, num_samples=2, data=data)], env, 900)
-            assert "Completed" in first.stdout
-            assert downloads() == sorted(f"GET /{name}" for name in MNIST_FILES)
-
-            # ---- The retrain: a new export at the same URLs, then a schedule whose first slot is seconds ahead.
-            _publish_export(export, seed=1)
-            seen_requests = len(requests)
-            worse = json.loads(_params(WORSE, epochs=1, num_samples=1, data=data))
-            slot = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=15)).replace(microsecond=0)
-            with SyncPrefectClient(api) as prefect_client:
-                [schedule] = prefect_client.create_deployment_schedules(
-                    nightly.id,
-                    [
-                        DeploymentScheduleCreate(
-                            # Every 2 minutes: should the scheduler miss the first slot, the next one is close.
-                            schedule=IntervalSchedule(interval=datetime.timedelta(minutes=2), anchor_date=slot),
-                            active=True,
-                            parameters=worse,
-                            slug="stack-test-retrain",
-                        )
-                    ],
-                )
-                # Updating the deployment brings the scheduler's 5-s loop over recently updated deployments to it,
-                # instead of its 60-s loop over all of them (Prefect's default intervals, which the stack keeps).
-                prefect_client.update_deployment(nightly.id, DeploymentUpdate(description=nightly.description))
-                scheduled_at = time.monotonic()
-
-                def started():
-                    runs = [r for r in runs_of(prefect_client, nightly) if r.auto_scheduled]
-                    return next((r for r in runs if r.state_type.value not in ("SCHEDULED", "PENDING")), None)
-
-                try:
-                    retrain = _wait_for(started, 400, "the scheduled retrain to start", every=1.0)
-                    # Its later slots are not wanted here: pausing deletes them (the started run is not touched).
-                    prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
-                    # The run of a slot missed while the worker was down (due a day ago) comes in while the retrain
-                    # runs: the deployment's concurrency limit (1, CANCEL_NEW) cancels it before it starts anything.
-                    missed = prefect_client.create_flow_run_from_deployment(
-                        nightly.id,
-                        parameters=worse,
-                        state=Scheduled(
-                            scheduled_time=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
-                        ),
-                    )
-                    missed = _wait_for(
-                        lambda: (r := prefect_client.read_flow_run(missed.id)).state_type.value != "SCHEDULED" and r,
-                        120,
-                        "the missed slot's run to be picked up",
-                        every=1.0,
-                    )
-                    assert prefect_client.read_flow_run(retrain.id).state_type.value == "RUNNING"
-                    retrain = _wait_for(
-                        lambda: (r := prefect_client.read_flow_run(retrain.id)).state.is_final() and r,
-                        900,
-                        "the scheduled retrain to end",
-                        every=2.0,
-                    )
-                finally:
-                    prefect_client.update_deployment_schedule(nightly.id, schedule.id, active=False)
-                missed = prefect_client.read_flow_run(missed.id)
-                nightly_runs = runs_of(prefect_client, nightly)
-        def seconds(later, earlier) -> float:
-            return (later - earlier).total_seconds()
-
-        print(
-            f"scheduled retrain: created by the scheduler {seconds(retrain.created, schedule.created):.1f} s after "
-            f"the schedule, slot {retrain.expected_start_time}, started "
-            f"{seconds(retrain.start_time, retrain.expected_start_time):.1f} s after it, ran "
-            f"{retrain.total_run_time.total_seconds():.1f} s, ended {time.monotonic() - scheduled_at:.0f} s after "
-            "the schedule was made"
-        )
-
-        # ---- The retrain was created by the schedule, with its parameters, and run by the stack's worker.
+    def test_a_scheduled_retrain_is_created_by_its_schedule_and_run_by_the_stacks_worker_on_new_data(self, deployed):
+        """`prefect deployment run` downloaded the export; the schedule's slot created the retrain, with the
+        schedule's parameters, and the stack's worker ran it on the new export at the same URLs."""
+        d = deployed
+        retrain, schedule, slot = d.retrain, d.schedule, d.slot
+        assert d.first_downloads == sorted(f"GET /{name}" for name in MNIST_FILES)
         assert retrain.state_type.value == "COMPLETED", retrain.state
         assert retrain.auto_scheduled is True
         assert retrain.created_by is not None and retrain.created_by.type == "SCHEDULE"
         assert retrain.created_by.id == schedule.id
-        assert retrain.parameters == worse
+        assert retrain.parameters == d.worse
         assert retrain.work_pool_name == "sweepflow-process"
-        assert seconds(retrain.expected_start_time, slot) % 120 == 0  # one of the schedule's slots
-        assert downloads(seen_requests) == sorted(f"GET /{name}" for name in MNIST_FILES), "the new export"
+        assert (retrain.expected_start_time - slot).total_seconds() % 120 == 0  # one of the schedule's slots
+        assert d.retrain_downloads == sorted(f"GET /{name}" for name in MNIST_FILES), "the new export"
+
+    def test_a_missed_slot_arriving_during_the_retrain_is_cancelled_by_the_concurrency_limit(self, deployed):
+        """The deployment's concurrency limit (1, CANCEL_NEW) cancels it before it starts anything."""
+        d = deployed
+        retrain, missed, nightly_runs = d.retrain, d.missed, d.nightly_runs
         # The missed slot's run never started, and the schedule left nothing else behind.
         assert missed.state_type.value == "CANCELLED", missed.state
         assert "concurrency limit" in (missed.state.message or ""), missed.state.message
         # (Prefect stamps a start time on any run entering a final state; it never ran: no run count, no run time)
         assert missed.run_count == 0 and missed.total_run_time.total_seconds() == 0
         assert {r.id for r in nightly_runs} == {retrain.id, missed.id}
+        assert d.missed_task_runs == []
 
-        # ---- Prefect: both pipeline runs COMPLETED, one task run per trial, both prepared the data they were given.
-        with SyncPrefectClient(api) as prefect_client:
-            [first_run] = runs_of(prefect_client, default)
-            flow_runs = [first_run, retrain]
-            task_runs = [
-                prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id]}))
-                for r in flow_runs
-            ]
-            assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [missed.id]})) == []
+    def test_prefect_records_both_pipeline_runs_with_a_task_run_per_trial_and_the_data_prepared_again(self, deployed):
+        """Both pipeline runs COMPLETED, one task run per trial, both prepared the data they were given."""
+        d = deployed
+        first_run, task_runs = d.first_run, d.task_runs
         assert first_run.state_type.value == "COMPLETED"
         trials = [sorted(t.name for t in runs if t.name.startswith("trial_")) for runs in task_runs]
         assert [len(t) for t in trials] == [2, 1]
@@ -821,12 +867,10 @@ class TestStack:
             [t.state_name for t in runs if t.name.startswith("download-dataset")] for runs in task_runs
         ]
         assert data_states == [["Completed"], ["Completed"]], "new data at the same URLs must be prepared again"
-
-        # ---- MLflow: parent + child runs, statuses, params and metrics; champion stays on the better model.
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-        experiment = client.get_experiment_by_name("sweepflow")
+    def test_mlflow_keeps_the_champion_on_the_better_model_and_each_version_names_its_data(self, deployed):
+        """Parent and child runs, statuses, params and metrics; the champion stays on the better model."""
+        d = deployed
+        client, experiment, flow_runs = d.client, d.experiment, [d.first_run, d.retrain]
         runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
         parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
         children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
@@ -850,8 +894,13 @@ class TestStack:
         checksums = [p.data.tags["sweepflow.data_checksum"] for p in parents]
         assert len(set(checksums)) == 2 and all(len(c) == 64 for c in checksums)
         assert [v.tags["sweepflow.data_checksum"] for v in versions] == checksums
-
-        # ---- S3: the dataset objects, every trial's checkpoints under its run's artifact location, the model.
+    def test_s3_holds_the_datasets_every_trials_checkpoints_and_the_registered_model(self, deployed):
+        """The dataset objects, every trial's checkpoints under its run's artifact location, the model."""
+        d = deployed
+        env, client, experiment = d.env, d.client, d.experiment
+        children = [
+            r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+        ]
         import s3fs
 
         fs = s3fs.S3FileSystem(
@@ -873,8 +922,9 @@ class TestStack:
         champion = client.get_model_version_by_alias(MODEL, "champion")
         model_id = champion.source.removeprefix("models:/")
         assert fs.glob(f"sweepflow/mlflow/{experiment.experiment_id}/models/{model_id}/artifacts/MLmodel")
-
-        # ---- A fresh process that only knows the tracking URI loads and runs the champion.
+    def test_a_fresh_process_that_only_knows_the_tracking_uri_runs_the_champion(self, deployed):
+        """models:/<name>@champion loads and predicts in a new interpreter."""
+        env, tmp_path = deployed.env, deployed.tmp_path
         script = (
             "import mlflow, numpy as np\n"
             f"model = mlflow.pyfunc.load_model('models:/{MODEL}@champion')\n"
@@ -883,30 +933,22 @@ class TestStack:
         fresh_env = {**_clean_env(tmp_path / "fresh"), "MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]}
         loaded = run_from_checkout([sys.executable, "-c", script], fresh_env, 300)
         assert loaded.stdout.strip().endswith("(3, 10)")
-
-        # ---- A deployment run with bad parameters fails at its first step, says why, and starts nothing.
-        bad = json.dumps(
-            {"config": {"training": {"model": "resnet50"}, "mlflow": {"registered_model_name": MODEL}}}
-        )
-        refused = subprocess.run([*run, bad], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert refused.returncode != 0, refused.stdout[-3000:]
-        with SyncPrefectClient(api) as prefect_client:
-            flow_runs = prefect_client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id={"any_": [default.id]}), sort=FlowRunSort.START_TIME_ASC
-            )
-            failed = flow_runs[-1]
-            assert failed.state_type.value == "FAILED"
-            assert "unknown model 'resnet50'" in failed.state.message, failed.state.message
-            assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [failed.id]})) == []
-            from prefect.client.schemas.filters import LogFilter
-
-            logs = prefect_client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [failed.id]}))
-        assert any("unknown model 'resnet50'" in log.message for log in logs)
-        assert len(client.search_runs([experiment.experiment_id])) == len(runs), (
+    def test_a_deployment_run_with_bad_parameters_fails_at_its_first_step_and_starts_nothing(self, deployed):
+        """It fails, says why in its state and its log, and creates no task run and no MLflow run."""
+        d = deployed
+        assert d.refused.returncode != 0, d.refused.stdout[-3000:]
+        assert d.failed.state_type.value == "FAILED"
+        assert "unknown model 'resnet50'" in d.failed.state.message, d.failed.state.message
+        assert d.failed_task_runs == []
+        assert any("unknown model 'resnet50'" in log.message for log in d.failed_logs)
+        assert len(d.client.search_runs([d.experiment.experiment_id])) == d.mlflow_runs, (
             "the refused run created MLflow runs"
         )
 
-        # ---- Secrets (see tests/flows/test_secrets.py): while everything is up, the stack's S3 secret is on no command line
+    def test_the_stacks_s3_secret_is_on_no_command_line_and_in_no_file_but_the_two_that_keep_it(self, deployed):
+        """See tests/flows/test_secrets.py: while everything is up, `ps` shows no secret, and only stack.env and
+        s3-credentials (mode 0600) hold it."""
+        state, env = deployed.state, deployed.env
         # (`ps` shows them to every user) and in no file of the stack's state but the two that keep it (mode 0600).
         from test_secrets import file_leaks, process_args_leaks
 
@@ -914,14 +956,15 @@ class TestStack:
         assert not process_args_leaks(secret)
         kept = {os.path.join(state, "stack.env"), os.path.join(state, "s3-credentials")}
         assert not file_leaks(state, secret, skip=kept)
-
-        # ---- PostgreSQL: the runs, the registry and the flow runs are in its databases (no SQLite file beside
-        # them), and its password is on no command line, in no file of the state (logs, records, stack.env), in
-        # no MLflow param or tag, and in no service's environment but the two servers'.
-        if "SWEEPFLOW_STACK_DATABASE_URL" in env:
-            pg = request.getfixturevalue("postgres")
-            _assert_on_postgres(pg, state, runs, [*flow_runs, *nightly_runs], experiment.experiment_id)
-        seen.snapshot()
+    def test_postgres_holds_the_runs_registry_and_flow_runs_and_its_password_is_nowhere_it_must_not_be(self, deployed, request):
+        """No SQLite file beside it; its password on no command line, in no file of the state, in no MLflow param or
+        tag, and in no service's environment but the two servers'."""
+        d = deployed
+        if "SWEEPFLOW_STACK_DATABASE_URL" not in d.env:
+            pytest.skip("the stack runs on SQLite here (SWEEPFLOW_SKIP_POSTGRES_TESTS=1)")
+        runs = d.client.search_runs([d.experiment.experiment_id])
+        pg = request.getfixturevalue("postgres")
+        _assert_on_postgres(pg, d.state, runs, [*d.default_runs, *d.nightly_runs], d.experiment.experiment_id)
 
     def test_an_init_project_deploys_from_its_directory_and_registers_its_own_model(self, stack):
         """A team's project the way docs/own-project.md says: `sweepflow init`, then from its directory `prefect deploy --all`
