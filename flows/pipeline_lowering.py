@@ -1,5 +1,5 @@
 """The pipeline's settings lowered to the one ``Experiment`` both faces run (``experiment_for``; the Tune face's
-lowering is ``sweepflow.tune.runner.lowered``), and the parts of it the pre-flight checks before any data is
+lowering is ``sweepflow.tune._internal.runner.lowered``), and the parts of it the pre-flight checks before any data is
 prepared: what a trial runs (``trial_template``) and where (``placement``). Pure, but for the flow run's name the
 recording takes."""
 

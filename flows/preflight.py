@@ -1,24 +1,28 @@
-"""The pipeline's pre-flight: every mistake that can be found before work is found here, in seconds.
+"""An experiment's pre-flight: every mistake that can be found before work is found here, in seconds.
 
-``check_pipeline(cfg, ...)`` runs at the entry point (the CLI, before any service, run or trial starts) and
-again as the flow's first step (a deployment's flow run with bad parameters then fails before it creates
-anything). It raises ``PreflightError`` (``sweepflow.tasks.checks``): one sentence naming the field, the
-value (credentials removed) and the fix. The CLI prints it and exits 2.
+``check_experiment(checks)`` is the one pre-flight of both faces: each lowers its settings to
+``ExperimentChecks`` (``pipeline_checks``, ``script_checks``). ``check_pipeline(cfg, ...)`` runs it for the
+pipeline at the entry point (the CLI, before any service, run or trial starts) and again as the flow's first
+step (a deployment's flow run with bad parameters then fails before it creates anything); a Tune script's run
+runs it before its services start. They raise ``PreflightError`` (``sweepflow.tasks.checks``): one sentence
+naming the field, the value (credentials removed) and the fix. The CLI prints it and exits 2.
 
-What is checked, in the order a user would fix it (docs/preflight.md):
-the state directory; MLflow (tracking URI scheme, the server answering, the registered model name, the
-champion metric); the Prefect API; the Dask scheduler and whether one trial fits its workers (or the local
-cluster the run will start); S3 storage and the data cache; the data source; and the training function
-(imports, is callable, takes 0 or 1 arguments, accepts every config the sweep will give it, reports the
-metrics the sweep selects and schedules by).
+What is checked, in the order a user would fix it (docs/preflight.md): the pipeline's own names (the
+experiment's, the registered model's, the champion metric); the state directory; MLflow (tracking URI scheme,
+the server answering); the Prefect API; S3 storage and the data cache; the training function (imports, is
+callable, takes 0 or 1 arguments, accepts every config the sweep will give it, reports the metrics the sweep
+selects and schedules by); the Dask scheduler and whether the trials fit its workers (or the local cluster the
+run will start); the data source; the project's other functions; a resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sweepflow.flows.config import PipelineConfig
@@ -41,10 +45,42 @@ from sweepflow.tasks.datasets.uris import protocol
 from sweepflow.tasks.library_checks import check_dask_scheduler, check_registered_model_name
 from sweepflow.tasks.training.function import project_importable
 
-__all__ = ["PreflightError", "check_pipeline", "check_script_run", "check_script_workers"]
+__all__ = [
+    "ExperimentChecks",
+    "PreflightError",
+    "check_experiment",
+    "check_pipeline",
+    "check_script_workers",
+    "pipeline_checks",
+    "script_checks",
+]
 
 #: The test metrics ``evaluate_best`` reports (``sweepflow.tasks.training.evaluate``): the champion metric's choices.
 _CHAMPION_METRIC = re.compile(r"test_(loss|accuracy|accuracy_class_\d+)")
+
+
+def check_experiment(checks: ExperimentChecks) -> None:
+    """The one pre-flight of an experiment, whichever face asked for it (each lowers its settings to
+    ``ExperimentChecks``: ``pipeline_checks``, ``script_checks``), before any service, run or trial starts, in
+    the order a user would fix them: where its state goes, MLflow (the tracking URI's scheme, its server
+    answering in seconds, not the MLflow client's minutes of retries), the Prefect API it was given, its S3
+    storage, then the training code (every config it will get, the metrics it must report). Raises
+    ``PreflightError``. A face's own settings are checked around it (``check_pipeline``; a Tune call's
+    arguments as it builds the request), and the cluster by the lifecycle's ``fit_trials``."""
+    if checks.state_dir is not None:
+        check_writable_dir(checks.state_dir[1], field=checks.state_dir[0])
+    if checks.tracking is not None:
+        field, uri = checks.tracking
+        check_tracking_uri_scheme(uri, field=field)
+        check_tracking_server(uri, field=field)
+    if checks.prefect_api_url:
+        check_prefect_api(checks.prefect_api_url)
+    for field, uri, options in checks.s3:
+        check_s3(uri, field=field, storage_options=options)
+    if checks.code is not None:
+        for field, configs in checks.configs:
+            validate_train_configs(checks.code, list(configs), field=field)
+        check_reported_metrics(checks.code, checks.metrics)
 
 
 def check_pipeline(
@@ -54,23 +90,21 @@ def check_pipeline(
     imports: bool = True,
     resume_from: str | None = None,
 ) -> None:
-    """Check ``cfg`` (resolved: ``resolve_settings``) before any work. ``prefect_api_url``: a Prefect API the
-    run will use but did not start (checked to answer). ``imports=False`` skips the checks that import the
-    training code, torch or MLflow (seconds in a cold process): the CLI's thin front process leaves them to
-    the warm process that runs the flow, which checks everything before it starts the flow. ``resume_from``:
-    the parent run of the interrupted pipeline to resume (it must be one, with the same settings)."""
-    if cfg.state_dir:
-        check_writable_dir(cfg.state_dir, field="state_dir")
-    _check_mlflow(cfg)
-    if prefect_api_url:
-        check_prefect_api(prefect_api_url)
-    _check_cluster(cfg)
-    _check_storage(cfg)
-    _check_data_source(cfg)
+    """Check ``cfg`` (resolved: ``resolve_settings``) before any work: its own settings, the experiment's checks
+    (``check_experiment``), the cluster, the data, the project's functions, a resume. ``prefect_api_url``: a
+    Prefect API the run will use but did not start (checked to answer). ``imports=False`` skips the checks that
+    import the training code, torch or MLflow (seconds in a cold process): the CLI's thin front process leaves
+    them to the warm process that runs the flow, which checks everything before it starts the flow.
+    ``resume_from``: the parent run of the interrupted pipeline to resume (it must be one, with the same
+    settings)."""
+    _check_settings(cfg)
     if imports:
         check_registered_model_name(cfg.mlflow.registered_model_name)
-        with project_importable(cfg.project_dir):
-            _check_training(cfg)
+    with project_importable(cfg.project_dir) if imports else contextlib.nullcontext():
+        check_experiment(pipeline_checks(cfg, prefect_api_url=prefect_api_url, imports=imports))
+        _check_cluster(cfg)
+        _check_data_source(cfg)
+        if imports:
             _check_project_functions(cfg)
     # After the training function's own checks: a mistake in it is the first thing to fix.
     _check_contract(cfg)
@@ -78,17 +112,77 @@ def check_pipeline(
         _check_resume(cfg, resume_from)
 
 
-def _check_mlflow(cfg: PipelineConfig) -> None:
+@dataclass(frozen=True)
+class ExperimentChecks:
+    """What ``check_experiment`` checks, lowered from either face's settings: each value with the setting a
+    refusal names."""
+
+    state_dir: tuple[str, str] | None  # (setting, directory the run writes its state to); None: not resolved yet
+    tracking: tuple[str, str] | None = None  # (setting, tracking URI); None: none given (the default store)
+    prefect_api_url: str | None = None  # a Prefect API the run was given (and did not start)
+    s3: tuple[tuple[str, str, Mapping[str, Any] | None], ...] = ()  # (setting, s3:// URI, storage options)
+    code: Any = None  # the training function or trainable; None: not imported in this process
+    configs: tuple[tuple[str, tuple[Mapping[str, Any], ...]], ...] = ()  # (setting, configs the code must accept)
+    metrics: Mapping[str, str | None] = field(default_factory=dict)  # setting -> a metric the code must report
+
+
+def pipeline_checks(cfg: PipelineConfig, *, prefect_api_url: str | None, imports: bool) -> ExperimentChecks:
+    """The pipeline's settings as the experiment's checks; ``imports``: its training code loaded (with the
+    project on the path), with the configs the sweep will give it."""
     uri = cfg.mlflow.tracking_uri
-    if uri:
-        check_tracking_uri_scheme(uri)
-        check_tracking_server(uri)
+    return ExperimentChecks(
+        state_dir=("state_dir", cfg.state_dir) if cfg.state_dir else None,
+        tracking=("mlflow.tracking_uri", uri) if uri else None,
+        prefect_api_url=prefect_api_url,
+        s3=_s3_locations(cfg),
+        **(_training_checks(cfg) if imports else {}),
+    )
+
+
+def script_checks(
+    *,
+    home: str,
+    tracking_uri: str | None,
+    tracking_field: str,
+    prefect_api_url: str | None,
+    storage_path: str | None,
+    code: Any,
+    metrics: Mapping[str, str | None],
+) -> ExperimentChecks:
+    """A Tune script's run (``tune.run``, ``Tuner.fit``) as the experiment's checks: its state directory
+    (``home``: $SWEEPFLOW_HOME), MLflow, the Prefect API it was given, ``RunConfig.storage_path`` on S3, and the
+    metrics the trainable (``code``: the script's own function or class) declares it reports, against
+    ``metrics`` (argument -> metric). Not its ``validate`` on configs: its sampler is the experiment's own, and
+    asking it here would change the trials. The cluster's room and its workers' imports are checked on the
+    cluster (``check_script_workers``, then ``fit_trials``)."""
+    return ExperimentChecks(
+        state_dir=("SWEEPFLOW_HOME", home),
+        tracking=(tracking_field, tracking_uri) if tracking_uri else None,
+        prefect_api_url=prefect_api_url,
+        s3=(("RunConfig.storage_path", storage_path, None),) if storage_path and protocol(storage_path) == "s3" else (),
+        code=code,
+        metrics=metrics,
+    )
+
+
+def _check_settings(cfg: PipelineConfig) -> None:
+    """The pipeline's own settings that no service needs to refuse: the experiment's name, the built-in
+    classifier on one's own data (before its reported metrics: the training function is the mistake), the
+    champion metric."""
     if not cfg.mlflow.experiment_name.strip():
         raise PreflightError(
             "mlflow.experiment_name",
             cfg.mlflow.experiment_name,
             "is empty",
             "name the experiment, e.g. sweepflow",
+        )
+    if cfg.data.is_own_data and cfg.training.builtin:
+        raise PreflightError(
+            "data.source",
+            cfg.data.source,
+            "is your own data, which the built-in image classifier cannot read",
+            "set training.train_fn, training.model_fn and evaluation.evaluate_fn to your project's functions "
+            "(`sweepflow init DIR` writes an example)",
         )
     if cfg.evaluation.builtin and not _CHAMPION_METRIC.fullmatch(cfg.selection.champion_metric):
         raise PreflightError(
@@ -249,18 +343,18 @@ def _room_refused(cfg: PipelineConfig, check: Any) -> None:
         ) from None
 
 
-def _check_storage(cfg: PipelineConfig) -> None:
+def _s3_locations(cfg: PipelineConfig) -> tuple[tuple[str, str, Mapping[str, Any] | None], ...]:
+    """The S3 locations the run writes to, each with its setting (those under ``storage`` are ``storage``'s)."""
+    found: list[tuple[str, str, Mapping[str, Any] | None]] = []
     if cfg.storage and protocol(cfg.storage) == "s3":
-        check_s3(cfg.storage, field="storage")
-    if (
-        cfg.data.cache_dir
-        and protocol(cfg.data.cache_dir) == "s3"
-        and cfg.data.cache_dir != f"{cfg.storage}/datasets"
-    ):
-        check_s3(cfg.data.cache_dir, field="data.cache_dir", storage_options=cfg.data.cache_storage_options)
+        found.append(("storage", cfg.storage, None))
+    cache = cfg.data.cache_dir
+    if cache and protocol(cache) == "s3" and cache != f"{cfg.storage}/datasets":
+        found.append(("data.cache_dir", cache, cfg.data.cache_storage_options))
     destination = cfg.mlflow.artifacts_destination
     if destination and protocol(destination) == "s3" and destination != f"{cfg.storage}/mlflow":
-        check_s3(destination, field="mlflow.artifacts_destination")
+        found.append(("mlflow.artifacts_destination", destination, None))
+    return tuple(found)
 
 
 def _check_data_source(cfg: PipelineConfig) -> None:
@@ -268,14 +362,6 @@ def _check_data_source(cfg: PipelineConfig) -> None:
     A followed source (``data.follow_source``) is asked for its files' versions on every run: it must answer."""
     data = cfg.data
     if data.is_own_data:
-        if cfg.training.builtin:
-            raise PreflightError(
-                "data.source",
-                data.source,
-                "is your own data, which the built-in image classifier cannot read",
-                "set training.train_fn, training.model_fn and evaluation.evaluate_fn to your project's functions "
-                "(`sweepflow init DIR` writes an example)",
-            )
         _check_own_data(cfg)
         return
     if not data.source or not data.spec.remote:
@@ -339,7 +425,9 @@ def _check_project_functions(cfg: PipelineConfig) -> None:
         )
 
 
-def _check_training(cfg: PipelineConfig) -> None:
+def _training_checks(cfg: PipelineConfig) -> dict[str, Any]:
+    """The training function (imported here: the project is on the path), the configs the sweep gives it and
+    the metrics it must report, as ``ExperimentChecks`` fields."""
     from sweepflow.tasks.sweep.samplers import make_sampler
     from sweepflow.tasks.sweep.space import parse_space
 
@@ -360,45 +448,20 @@ def _check_training(cfg: PipelineConfig) -> None:
     # The seeded list samplers give exactly the trials the sweep will run; TPE's later trials depend on
     # results, so its first (random start-up) trial stands for them.
     count = 1 if cfg.sweep.sampler == "tpe" else sampler.total
-    validate_train_configs(fn, [base], field="training.base_config")
-    validate_train_configs(
-        fn, [{**base, **sampler.ask()[1]} for _ in range(count)], field="sweep.search_space"
-    )
     wanted: dict[str, Any] = {"selection.metric": cfg.selection.metric}
     if cfg.scheduler.metric is not None:
         wanted["scheduler.metric"] = cfg.scheduler.metric
-    check_reported_metrics(fn, wanted)
+    return {
+        "code": fn,
+        "configs": (
+            ("training.base_config", (base,)),
+            ("sweep.search_space", tuple({**base, **sampler.ask()[1]} for _ in range(count))),
+        ),
+        "metrics": wanted,
+    }
 
 
 # ------------------------------------------------------------------------------------------ a Tune script's run
-
-
-def check_script_run(
-    *,
-    home: str,
-    tracking_uri: str | None,
-    tracking_field: str,
-    prefect_api_url: str | None,
-    storage_path: str | None,
-    code: Any,
-    metrics: Mapping[str, str | None],
-) -> None:
-    """A Tune script's run (``tune.run``, ``Tuner.fit``), checked with the pipeline's checks that apply to it,
-    before any service, run or trial starts, in the same order: the state directory (``home``:
-    $SWEEPFLOW_HOME), MLflow (the tracking URI's scheme, its server answering), the Prefect API it was given
-    (and did not start), S3 storage (``RunConfig.storage_path``), and the metrics the trainable (``code``: the
-    script's own function or class) declares it reports, against ``metrics`` (argument -> metric). Raises
-    ``PreflightError``. The cluster's room and its workers' imports are checked on the cluster
-    (``check_script_workers``)."""
-    check_writable_dir(home, field="SWEEPFLOW_HOME")
-    if tracking_uri:  # one sentence in seconds, not the MLflow client's minutes of retries
-        check_tracking_uri_scheme(tracking_uri, field=tracking_field)
-        check_tracking_server(tracking_uri, field=tracking_field)
-    if prefect_api_url:
-        check_prefect_api(prefect_api_url)
-    if storage_path and protocol(storage_path) == "s3":
-        check_s3(storage_path, field="RunConfig.storage_path")
-    check_reported_metrics(code, metrics)
 
 
 def check_script_workers(client: Any, code: Any, import_dir: str | None) -> None:

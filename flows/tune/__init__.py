@@ -35,6 +35,7 @@ import importlib
 from typing import Any
 
 from ddp_runtime import Checkpoint, CheckpointConfig, FailureConfig
+from sweepflow.tune._internal.trainable import function, with_parameters, with_resources
 from sweepflow.tune.class_trainable import Trainable
 from sweepflow.tune.not_built import refusing
 from sweepflow.tune.search_space import (
@@ -56,7 +57,6 @@ from sweepflow.tune.session import (
     get_trial_id,
     report,
 )
-from sweepflow.tune.trainable import function, with_parameters, with_resources
 
 _refuse = refusing(__name__)
 
@@ -69,7 +69,7 @@ _LAZY = {
     "ExperimentAnalysis": "sweepflow.tune.analysis",
     "ResultGrid": "sweepflow.tune.analysis",
     "Result": "sweepflow.tune.analysis",
-    "TuneError": "sweepflow.tune.runner",
+    "TuneError": "sweepflow.tune._internal.runner",
     "Stopper": "sweepflow.tune.stopper",
     "Callback": "sweepflow.tune.callback",
     "register_best": "sweepflow.tune.registry",

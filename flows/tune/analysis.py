@@ -25,7 +25,7 @@ _RAY_STATUS = {
 
 
 if TYPE_CHECKING:
-    from sweepflow.tune.runner import ExperimentRecord
+    from sweepflow.tune._internal.runner import ExperimentRecord
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
 from sweepflow.flows.settings import Settings
 from sweepflow.tasks.datasets.uris import redact
-from sweepflow.tune import runner, searchers
+from sweepflow.tune._internal import runner, searchers
+from sweepflow.tune._internal.hooks import with_hooks
+from sweepflow.tune._internal.trainable import plan_trial, trainable_name
 from sweepflow.tune.analysis import ExperimentAnalysis, ResultGrid
 from sweepflow.tune.class_trainable import ClassTrainableRun
-from sweepflow.tune.hooks import with_hooks
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import resolve as resolve_scheduler
-from sweepflow.tune.trainable import plan_trial, trainable_name
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run(
     or starts anew when there is none; ``resume=True`` requires one.
 
     ``callbacks``: ``sweepflow.tune.Callback`` objects whose hooks run in this process (``sweepflow.tune.callback``);
-    ``trial_name_creator`` / ``trial_dirname_creator``: see ``sweepflow.tune.trial_names``."""
+    ``trial_name_creator`` / ``trial_dirname_creator``: see ``sweepflow.tune._internal.trial_names``."""
     experiment = _experiment(
         run_or_experiment,
         param_space=config or {},
@@ -208,7 +208,7 @@ class TuneConfig:
         max_concurrent_trials: the most trials running at once; None: as many as the cluster has room for.
         time_budget_s: the experiment's time limit in seconds; running trials are stopped when it is reached.
         seed: seeds the search's sampling, so the same script samples the same configs.
-        trial_name_creator: ``Trial -> str``, the trial's name (see ``sweepflow.tune.trial_names``).
+        trial_name_creator: ``Trial -> str``, the trial's name (see ``sweepflow.tune._internal.trial_names``).
         trial_dirname_creator: ``Trial -> str``, the trial's directory name.
         reuse_actors: a class trainable's object is offered to the next trial on its worker
             (``reset_config``). Function trainables already run in reused worker processes, so for them it
@@ -222,7 +222,7 @@ class TuneConfig:
     max_concurrent_trials: int | None = None
     time_budget_s: float | None = None
     seed: int | None = None
-    trial_name_creator: Callable[[Any], str] | None = None  # see sweepflow.tune.trial_names
+    trial_name_creator: Callable[[Any], str] | None = None  # see sweepflow.tune._internal.trial_names
     trial_dirname_creator: Callable[[Any], str] | None = None
     reuse_actors: bool | None = None  # see _reuse_actors
 

@@ -39,7 +39,9 @@ def test_the_pre_flight_of_the_built_in_training_function_does_not_import_torch(
     without its training code (tasks/training/hparams.py), and still refuse a config it would refuse."""
     assert not _imports_torch(
         "from sweepflow.flows.config import PipelineConfig\n"
-        "from sweepflow.flows.preflight import PreflightError, _check_training\n"
+        "from sweepflow.flows.preflight import PreflightError, check_experiment, pipeline_checks\n"
+        "def _check_training(cfg):\n"
+        "    check_experiment(pipeline_checks(cfg, prefect_api_url=None, imports=True))\n"
         "_check_training(PipelineConfig())\n"
         "bad = PipelineConfig(training={'base_config': {'optimizer': 'lbfgs'}})\n"
         "try:\n"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sweepflow.tune import runner
+from sweepflow.tune._internal import runner
 
 
 class Planned(Exception):

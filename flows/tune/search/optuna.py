@@ -15,7 +15,7 @@ DefineByRun = Callable[[Any], "dict[str, Any] | None"]
 
 
 class OptunaSearch:
-    """Settings only: the experiment builds the sampler (``sweepflow.tune.searchers``), so one ``OptunaSearch``
+    """Settings only: the experiment builds the sampler (``sweepflow.tune._internal.searchers``), so one ``OptunaSearch``
     can be given to several experiments (each gets a fresh study), and a ``Tuner`` saved for ``restore`` pickles
     without an Optuna study in it.
 

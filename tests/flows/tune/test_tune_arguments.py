@@ -24,7 +24,8 @@ import ddp_runtime as train
 from sweepflow import tune
 from sweepflow.air.integrations.mlflow import MLflowLoggerCallback
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
-from sweepflow.tune import api, runner
+from sweepflow.tune import api
+from sweepflow.tune._internal import runner
 from sweepflow.tune.analysis import ExperimentAnalysis
 from sweepflow.tune.reporter import CLIReporter
 from sweepflow.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule

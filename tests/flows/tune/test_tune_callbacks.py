@@ -250,7 +250,7 @@ class _Planned(Exception):
 
 
 def test_trial_name_creators_are_checked_when_trials_are_named(monkeypatch):
-    from sweepflow.tune import runner
+    from sweepflow.tune._internal import runner
 
     planned = []
 

@@ -1,5 +1,5 @@
 """A Tune script's run gets the pipeline's pre-flight checks that apply to it (``flows/preflight.py``:
-``check_script_run``, ``check_script_workers``): each mistake is one ``PreflightError`` sentence naming the
+``check_experiment`` over ``script_checks``, ``check_script_workers``): each mistake is one ``PreflightError`` sentence naming the
 setting and the fix, raised by ``tune.run`` / ``Tuner.fit`` before any service, flow run or trial starts."""
 
 from __future__ import annotations

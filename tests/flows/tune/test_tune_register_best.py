@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from sweepflow import tune
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+from sweepflow.tune._internal.runner import ExperimentRecord
 from sweepflow.tune.analysis import ResultGrid
-from sweepflow.tune.runner import ExperimentRecord
 
 
 def _model_fn(checkpoint):

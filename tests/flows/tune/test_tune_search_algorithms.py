@@ -20,10 +20,10 @@ from sweepflow import tune
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted
 from sweepflow.tune import ExperimentAnalysis, ResultGrid
+from sweepflow.tune._internal.searchers import DefineByRunSampler, RepeatSampler
 from sweepflow.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Repeater
 from sweepflow.tune.search.optuna import OptunaSearch
 from sweepflow.tune.search.repeater import TRIAL_INDEX
-from sweepflow.tune.searchers import DefineByRunSampler, RepeatSampler
 
 
 def trainable(config):
@@ -82,7 +82,7 @@ def test_a_define_by_run_function_proposes_each_config_merged_over_configs_const
             assert config["model"] == {"depth": 2}
     assert len({c["lr"] for c in configs}) == 8
     # The trials table's columns: what the function searched, known once it ran.
-    from sweepflow.tune.searchers import shown
+    from sweepflow.tune._internal.searchers import shown
 
     assert set(shown(experiment.searched, experiment.sampler)) >= {"lr", "activation"}
 

@@ -1,5 +1,5 @@
 """The one check that the cluster can hold an experiment's trials (tasks/sweep/placement.py: ``fit_trials``), run by
-the lifecycle's ``place`` and, before its flow run starts, by a Tune script (flows/tune/runner.py)."""
+the lifecycle's ``place`` and, before its flow run starts, by a Tune script (flows/tune/_internal/runner.py)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sweepflow.tune import runner
+from sweepflow.tune._internal import runner
+from sweepflow.tune._internal.trial_names import trial_namers
 from sweepflow.tune.callback import check_callbacks, recording, tune_callbacks
-from sweepflow.tune.trial_names import trial_namers
 
 
 def with_hooks(

@@ -30,10 +30,10 @@ from sweepflow.tasks.sweep.results import SweepResult, TrialResult
 from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.sweep.trial_scheduler import Decision, TrialScheduler
+from sweepflow.tune._internal.trainable import shared_parameters, sharing, users_code
 from sweepflow.tune.class_trainable import ClassTrainableRun
 from sweepflow.tune.shared import SharedParameters, SharedValue
 from sweepflow.tune.stopper import Stopper, max_reports
-from sweepflow.tune.trainable import shared_parameters, sharing, users_code
 
 
 class TuneError(RuntimeError):
@@ -147,11 +147,11 @@ TRACKING_FIELD = "tracking_uri (MLflowLoggerCallback / setup_mlflow, else $MLFLO
 
 def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
     """Run the experiment as a Prefect flow run; returns the sweep's result and where it is recorded."""
-    from sweepflow.flows.preflight import check_script_run  # not on `import sweepflow.tune`
+    from sweepflow.flows.preflight import check_experiment, script_checks  # not on `import sweepflow.tune`
 
     settings = experiment.settings
-    # The pipeline's pre-flight checks that apply to a script's run, before any service starts.
-    check_script_run(
+    # The experiment's one pre-flight, as the pipeline's, before any service starts.
+    checks = script_checks(
         home=settings.home,
         tracking_uri=experiment.tracking_uri or settings.tracking_uri,
         tracking_field=TRACKING_FIELD,
@@ -160,6 +160,7 @@ def run(experiment: TuneRequest) -> tuple[SweepResult, ExperimentRecord]:
         code=users_code(experiment.template),
         metrics=_wanted_metrics(experiment),
     )
+    check_experiment(checks)
     if settings.scheduler_address:  # the user's cluster: checked before any service starts too
         _check_on_cluster(experiment, settings.scheduler_address)
     chosen = use_run_services(
