@@ -60,14 +60,12 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune.search.ax": {"AxSearch": f"AxSearch {_SEARCHER}"},
     "sweepflow.tune.search.bayesopt": {"BayesOptSearch": f"BayesOptSearch {_SEARCHER}"},
     "sweepflow.tune.search.bohb": {"TuneBOHB": f"TuneBOHB {_SEARCHER}"},
-    "sweepflow.tune.search.hyperopt": {"HyperOptSearch": f"HyperOptSearch {_SEARCHER}"},
     "sweepflow.tune.search.nevergrad": {"NevergradSearch": f"NevergradSearch {_SEARCHER}"},
     "sweepflow.tune.search": {
-        "Searcher": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
-        "SearchAlgorithm": "custom search algorithms are not supported; use OptunaSearch or the default random/grid "
-        "search",
-        "SearchGenerator": "custom searchers are not supported; use OptunaSearch or the default random/grid search",
-        "HyperOptSearch": f"HyperOptSearch {_SEARCHER}",
+        "SearchAlgorithm": "is Ray's internal layer under a searcher; use a subclass of "
+        "sweepflow.tune.search.Searcher (suggest, on_trial_complete) instead",
+        "SearchGenerator": "is Ray's internal wrapper of a Searcher; pass your sweepflow.tune.search.Searcher "
+        "subclass itself as search_alg",
         "BayesOptSearch": f"BayesOptSearch {_SEARCHER}",
         "AxSearch": f"AxSearch {_SEARCHER}",
         "HEBOSearch": f"HEBOSearch {_SEARCHER}",

@@ -27,7 +27,7 @@ from sweepflow.tasks.sweep.progress import SweepProgress
 from sweepflow.tasks.sweep.results import SweepResult, TrialResult, TrialStatus
 from sweepflow.tasks.sweep.resume import PriorSweep, replay
 from sweepflow.tasks.sweep.runtime import SweepRuntime, Trainer
-from sweepflow.tasks.sweep.samplers import Sampler
+from sweepflow.tasks.sweep.samplers import Sampler, SamplerExhausted, SamplerWaiting
 from sweepflow.tasks.sweep.slots import TrialSlots
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
@@ -115,6 +115,7 @@ class Sweep:
             artifacts_destination=self.artifacts_destination,
             fail_fast=self.fail_fast,
             observer=self.observer,
+            sampler=self.sampler,
             **({"trainer": self.trainer} if self.trainer is not None else {}),
         )
         started = time.perf_counter()
@@ -198,40 +199,41 @@ class Sweep:
         tasks_submitted = 0  # trials submitted as tasks: each tells the scheduler it started
         next_in_line_since = time.perf_counter()  # when the next trial began to wait for a slot
         tail = self.on_tail  # called once, then None
+        # A proposal is asked for when its turn has a free slot, and kept if a paused trial took the slot first.
+        proposal: tuple[int, dict[str, Any]] | None = None
+        waiting = False  # the sampler had no config for the next trial: ask again once a trial ends
         while True:  # a step: start what can start, then take one trial's end or a freed slot
             runtime.notify("step_begin")
-            while submitted < self.sampler.total and not runtime.aborted and not runtime.out_of_time():
+            while (
+                submitted < self.sampler.total and not waiting and not runtime.aborted and not runtime.out_of_time()
+            ):
                 prior = self.prior.trials.get(submitted) if self.prior else None
                 if prior is not None and prior.result is not None:  # it ended before the sweep died
                     finished.append(self._read_back(prior.result, runtime))
                     submitted += 1
                     continue
+                if proposal is None:
+                    if not runtime.slots.free_for(submitted):
+                        break  # every slot is held: wait for a release or a trial's end
+                    if prior is not None:  # it was running: same config, same run, from its checkpoint
+                        proposal = self.sampler.ask_known(prior.config), prior.config
+                    else:
+                        try:
+                            proposal = self.sampler.ask()
+                        except SamplerWaiting:
+                            waiting = True
+                            break
+                        except SamplerExhausted:
+                            break  # its searcher has no more: ``total`` is now the trials it proposed
                 slot = runtime.slots.acquire(submitted, timeout=0)
                 if slot is None:
-                    break  # every slot is held: wait for a release or a trial's end
-                if prior is not None:  # it was running: same config, same run, from its checkpoint
-                    number, params = self.sampler.ask_known(prior.config), prior.config
-                else:
-                    number, params = self.sampler.ask()
-                resume = prior.resume_from() if prior is not None and not prior.restart else None
-                spec = self.template.trial(submitted, params, resume)
-                filled = self.scheduler.on_trial_config(spec.trial_id, spec.params)  # PBT adds mutated names
-                if filled != spec.params:
-                    spec = self.template.trial(submitted, filled, spec.resume)
-                runtime.progress.holds_slot(spec.trial_id, slot)
-                runtime.grant(spec.index, slot, queued_s=time.perf_counter() - next_in_line_since)
-                # Added here, in trial order, not when its task's thread gets going: a scheduler that deals
-                # trials into groups (HyperBand's brackets) deals the same trials together on every run.
-                self.scheduler.on_trial_add(spec.trial_id)
-                try:
-                    future = self.launcher.submit(spec, runtime)
-                except BaseException:
-                    runtime.take_grant(spec.index)[0].release()
-                    self.scheduler.on_trial_error(spec.trial_id)
-                    raise
-                future.add_done_callback(events.put)
+                    break  # a paused trial took the slot: the proposal waits for the next one
+                self._start(
+                    runtime, slot, submitted, proposal, prior, queued_s=time.perf_counter() - next_in_line_since,
+                    in_flight=in_flight, events=events,
+                )
+                proposal = None
                 tasks_submitted += 1
-                in_flight[future] = (number, time.perf_counter())
                 submitted += 1
                 next_in_line_since = time.perf_counter()
             if submitted >= self.sampler.total or runtime.aborted or runtime.out_of_time():
@@ -239,22 +241,23 @@ class Sweep:
                 self.scheduler.no_more_trials(tasks_submitted)
             if not in_flight:
                 runtime.notify("step_end")
+                if waiting:
+                    raise RuntimeError(
+                        f"the search had no config for trial {submitted} (a Searcher's suggest returned None) while "
+                        "no trial was running, so no result could change its answer: return a config, or "
+                        "Searcher.FINISHED when the search is done"
+                    )
                 break
             event = events.get()
             if event is _SLOT_FREED:
                 runtime.notify("step_end")
                 continue
-            number, submitted_at = in_flight[event]
-            result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
-            del in_flight[event]
-            self.launcher.ended(event)
-            if result.status is TrialStatus.NOT_STARTED:
+            ended = self._ended(event, in_flight, runtime)
+            if ended is None:
                 runtime.notify("step_end")
                 continue  # the sweep was stopping when its task began
-            # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
-            self.sampler.tell_result(number, result)
-            finished.append(self._with_bookkeeping(result, submitted_at))
-            runtime.notify("trial_ended", finished[-1])
+            waiting = False
+            finished.append(ended)
             if tail is not None and submitted >= self.sampler.total and 0 < len(in_flight) < self.concurrency:
                 tail, call = None, tail
                 call()
@@ -264,6 +267,58 @@ class Sweep:
             why = runtime.aborted or "time budget spent"
             self.log(f"{why}: {not_started} trial(s) not started")
         return finished, not_started
+
+    def _start(
+        self,
+        runtime: SweepRuntime,
+        slot: Any,
+        index: int,
+        proposal: tuple[int, dict[str, Any]],
+        prior: Any,
+        *,
+        queued_s: float,
+        in_flight: dict[Any, tuple[int, float]],
+        events: queue.SimpleQueue[Any],
+    ) -> None:
+        """Start trial ``index`` on ``slot`` with the sampler's ``proposal``: the scheduler learns of it, its task
+        is submitted, and its end wakes the loop (``events``); ``queued_s`` is how long it waited for the slot."""
+        number, params = proposal
+        resume = prior.resume_from() if prior is not None and not prior.restart else None
+        spec = self.template.trial(index, params, resume)
+        self.sampler.started(number, spec.trial_id)
+        filled = self.scheduler.on_trial_config(spec.trial_id, spec.params)  # PBT adds mutated names
+        if filled != spec.params:
+            spec = self.template.trial(index, filled, spec.resume)
+        runtime.progress.holds_slot(spec.trial_id, slot)
+        runtime.grant(spec.index, slot, queued_s=queued_s)
+        # Added here, in trial order, not when its task's thread gets going: a scheduler that deals
+        # trials into groups (HyperBand's brackets) deals the same trials together on every run.
+        self.scheduler.on_trial_add(spec.trial_id)
+        try:
+            future = self.launcher.submit(spec, runtime)
+        except BaseException:
+            runtime.take_grant(spec.index)[0].release()
+            self.scheduler.on_trial_error(spec.trial_id)
+            raise
+        future.add_done_callback(events.put)
+        in_flight[future] = (number, time.perf_counter())
+
+    def _ended(
+        self, event: Any, in_flight: dict[Any, tuple[int, float]], runtime: SweepRuntime
+    ) -> TrialResult | None:
+        """A trial's task ended: the sampler learns its result and the callbacks see it; None if it never
+        started (the sweep was stopping when its task began)."""
+        number, submitted_at = in_flight[event]
+        result: TrialResult = event.result()  # a trial's own error (not a training failure) ends the sweep
+        del in_flight[event]
+        self.launcher.ended(event)
+        if result.status is TrialStatus.NOT_STARTED:
+            return None
+        # Early-stopped trials count with the best value they reached, as in Ray; failures as failed.
+        self.sampler.tell_result(number, result)
+        ended = self._with_bookkeeping(result, submitted_at)
+        runtime.notify("trial_ended", ended)
+        return ended
 
     def _read_back(self, result: TrialResult, runtime: SweepRuntime) -> TrialResult:
         """An ended trial of the resumed sweep: not trained again. The sampler and the scheduler learn its

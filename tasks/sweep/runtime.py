@@ -12,6 +12,7 @@ from typing import Any
 
 from sweepflow.tasks.sweep.events import SweepObserver
 from sweepflow.tasks.sweep.progress import SweepProgress
+from sweepflow.tasks.sweep.samplers import Sampler
 from sweepflow.tasks.sweep.slots import HeldSlot, TrialSlots
 from sweepflow.tasks.sweep.trial_scheduler import TrialScheduler
 from sweepflow.tasks.tracking.runs import RunTracker, TrackingServerError
@@ -54,6 +55,7 @@ class SweepRuntime:
         default_factory=dict
     )  # trial index -> (slot, queued s)
     trainer: Trainer = _torch_trainer  # runs each group (TorchTrainer on ``client``; a fake one in tests)
+    sampler: Sampler | None = None  # told each report (``on_report``): a searcher learning while trials run
     observer: SweepObserver | None = None  # told the sweep's events (events.py), one at a time
     observer_error: Exception | None = None  # what the observer raised: the sweep stops, then raises it
     _observer_lock: threading.RLock = field(default_factory=threading.RLock)

@@ -54,7 +54,13 @@ __all__ = [
 
 
 class SamplerExhausted(Exception):
-    """``ask()`` was called after the sampler proposed all its trials."""
+    """``ask()`` was called after the sampler proposed all its trials (or its searcher said it has no more:
+    then ``total`` is lowered to the trials it proposed)."""
+
+
+class SamplerWaiting(Exception):
+    """``ask()`` has no config now (a searcher waiting for results, as a Ray ``Searcher.suggest`` returning
+    None): the sweep asks again once a running trial ends."""
 
 
 class Sampler(ABC):
@@ -86,6 +92,12 @@ class Sampler(ABC):
         would propose; TPE records it as its next proposal."""
         number, _ = self.ask()
         return number
+
+    def started(self, number: int, trial_id: str) -> None:  # noqa: B027 - optional: only searchers use it
+        """Proposal ``number`` runs as the sweep's trial ``trial_id`` (its reports reach ``on_report`` by it)."""
+
+    def on_report(self, trial_id: str, metrics: dict[str, Any]) -> None:  # noqa: B027 - optional, as above
+        """A running trial's report (called from the trial's thread, as the scheduler's ``on_trial_result``)."""
 
 
 class _ListSampler(Sampler):

@@ -54,6 +54,12 @@ class TrialSlots:
             self._advance()
         return HeldSlot(self)
 
+    def free_for(self, turn: int) -> bool:
+        """Whether ``acquire(turn, timeout=0)`` would get a slot now (a paused trial going on may still take it
+        first)."""
+        with self._cond:
+            return self._free > 0 and self._next_turn == turn and not self._resuming
+
     def reacquire(self) -> HeldSlot:
         """A slot for a trial that paused (gave its slot back to wait for others, e.g. at a HyperBand rung) and
         goes on: it waits for the next free slot, ahead of the trials that have not started."""

@@ -70,6 +70,8 @@ class TrialReports:
         trial.writer.log({**life.best(metrics), **metrics}, step=step)
         if not self.own_metrics:
             self.own_metrics_logged()
+        if rt.sampler is not None:
+            rt.sampler.on_report(spec.trial_id, metrics)
         next_step = life.screen(metrics, aborted=rt.aborted)
         if next_step is None:
             decision = rt.scheduler.on_trial_result(spec.trial_id, self.as_scheduled(metrics))

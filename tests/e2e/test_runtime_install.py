@@ -44,6 +44,8 @@ OPTIONAL = {
     "`stack up` with a database URL (checked before the stack starts)",
     ("tasks/training/system_metrics.py", "_nvml_gpus", "pynvml"): "GPU hosts: GPU system metrics when NVML is "
     "there (skipped without it)",
+    ("flows/tune/search/hyperopt.py", "_hyperopt", "hyperopt"): "the `hyperopt` extra: HyperOptSearch only "
+    "(constructing one without it is one sentence naming the extra)",
 }
 
 #: Our modules that are an extra's integration: without the extra, importing one is one sentence naming it.

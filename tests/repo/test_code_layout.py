@@ -139,7 +139,10 @@ def test_a_module_is_found_from_its_import_path_in_one_step():
     pyproject maps each import root to its folder in one line (no nested remaps): a newcomer reading
     ``sweepflow.infra.services.stack`` opens infra/services/stack.py. A subpackage left out of the list would be
     missing from the wheel while the checkout's editable install still imports it."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the backport the dev extra installs there
+        import tomli as tomllib
 
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"] == {

@@ -1,14 +1,17 @@
-"""``sweepflow.tune.search``: search algorithms (``sweepflow.tune.search.optuna.OptunaSearch``), and Ray's
-``ConcurrencyLimiter`` / ``BasicVariantGenerator`` / ``Repeater`` (also importable from ``sweepflow.tune.search``)."""
+"""``sweepflow.tune.search``: search algorithms (``sweepflow.tune.search.optuna.OptunaSearch``,
+``sweepflow.tune.search.hyperopt.HyperOptSearch``), the ``Searcher`` base class a team's own searcher subclasses,
+and Ray's ``ConcurrencyLimiter`` / ``BasicVariantGenerator`` / ``Repeater`` (also importable from
+``sweepflow.tune.search``)."""
 
 from typing import Any
 
 from sweepflow.tune.not_built import refusing
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.repeater import Repeater
+from sweepflow.tune.search.searcher import Searcher
 from sweepflow.tune.search_space import grid_search
 
-__all__ = ["BasicVariantGenerator", "ConcurrencyLimiter", "Repeater", "create_searcher", "grid_search"]
+__all__ = ["BasicVariantGenerator", "ConcurrencyLimiter", "Repeater", "Searcher", "create_searcher", "grid_search"]
 
 #: Ray's names for ``create_searcher`` -> (module, class); a class that is not built is refused there.
 SEARCHER_NAMES = {
@@ -38,4 +41,14 @@ def create_searcher(search_alg: str, **kwargs: Any) -> Any:
 
     return create_by_ray_name("searcher", search_alg, SEARCHER_NAMES, kwargs)
 
-__getattr__ = refusing(__name__)  # Ray names not built here: refused with the reason and the fix
+_refuse = refusing(__name__)  # Ray names not built here: refused with the reason and the fix
+
+
+def __getattr__(name: str) -> Any:
+    """``sweepflow.tune.search.HyperOptSearch`` as Ray's lazy name for the searcher in its own module (imported
+    only when asked for: it needs the ``hyperopt`` extra); Ray names not built are refused."""
+    if name == "HyperOptSearch":
+        from sweepflow.tune.search.hyperopt import HyperOptSearch
+
+        return HyperOptSearch
+    return _refuse(name)

@@ -7,6 +7,7 @@ from typing import Any
 
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch
+from sweepflow.tune.search.searcher import Searcher
 
 #: The config key that holds a repeat's position in its group (0 .. repeat-1), as Ray names it.
 TRIAL_INDEX = "__trial_index__"
@@ -18,8 +19,8 @@ class Repeater:
     told the mean of their results (a failed repeat is left out; all failed: the config failed).
 
     ``num_samples`` counts trials, repeats included, so it must be a multiple of ``repeat`` (``num_samples=15``
-    with ``repeat=5``: 3 configs, 5 runs each). ``searcher``: ``OptunaSearch``, or ``BasicVariantGenerator`` for
-    the default random/grid search (each pass over the grid repeated), optionally in a ``ConcurrencyLimiter``."""
+    with ``repeat=5``: 3 configs, 5 runs each). ``searcher``: ``OptunaSearch``, a ``Searcher`` (``HyperOptSearch``, one's
+    own), or ``BasicVariantGenerator`` for the default random/grid search (each pass over the grid repeated), optionally in a ``ConcurrencyLimiter``."""
 
     def __init__(self, searcher: Any, repeat: int = 1, set_index: bool = True) -> None:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
@@ -32,11 +33,11 @@ class Repeater:
                 f"Repeater(Repeater(..., repeat={inner.repeat}), repeat={repeat}): repeat once, with "
                 f"Repeater(searcher, repeat={inner.repeat * repeat})"
             )
-        if not isinstance(inner, OptunaSearch | BasicVariantGenerator):
+        if not isinstance(inner, OptunaSearch | BasicVariantGenerator | Searcher):
             raise TypeError(
-                f"Repeater(searcher={searcher!r}): wrap sweepflow.tune.search.optuna.OptunaSearch(...) or "
-                "sweepflow.tune.search.BasicVariantGenerator() (the default random/grid search), optionally in a "
-                "ConcurrencyLimiter"
+                f"Repeater(searcher={searcher!r}): wrap a searcher of sweepflow.tune.search (OptunaSearch(...), "
+                "HyperOptSearch(...), your own Searcher subclass, or BasicVariantGenerator() for the default "
+                "random/grid search), optionally in a ConcurrencyLimiter"
             )
         self.searcher, self.repeat, self.set_index = searcher, repeat, set_index
         # Ray's searchers carry metric/mode; a Repeater shows its searcher's.

@@ -209,8 +209,11 @@ def test_create_scheduler_and_create_searcher_build_rays_names_and_refuse_what_r
         tune.create_scheduler("fifo", metric="loss")
     with pytest.raises(ImportError, match=r"^ray.tune.schedulers.PopulationBasedTrainingReplay: "):
         tune.create_scheduler("pbt_replay")
-    with pytest.raises(ImportError, match=r"^ray.tune.search.hyperopt.HyperOptSearch: "):
-        tune.create_searcher("hyperopt")
+    from sweepflow.tune.search.hyperopt import HyperOptSearch
+
+    assert isinstance(tune.create_searcher("hyperopt", metric="loss", mode="min"), HyperOptSearch)
+    with pytest.raises(ImportError, match=r"^ray.tune.search.bayesopt.BayesOptSearch: "):
+        tune.create_searcher("bayesopt")
 
 
 def test_rays_dict_helpers_and_pretty_print():
