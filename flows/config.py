@@ -11,6 +11,7 @@ credentials a config may hold are taken out before it becomes a flow run's param
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -52,6 +53,10 @@ BUILTIN_EVALUATE_FN = "sweepflow.tasks.training.builtin:evaluate_fn"
 DataSettings = DataConfig
 
 
+#: A Searcher named by import path (``sweep.sampler``), as ``training.train_fn`` names a function.
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
 class SweepSettings(_Section):
     """The search: space (as data), sampler, budget."""
 
@@ -60,9 +65,15 @@ class SweepSettings(_Section):
         description="Hyperparameter -> domain, as data: {type: choice|grid, values: [...]}, {type: uniform|loguniform, "
         "low, high}, {type: randint|qrandint|pow2, low, high}, or a constant. Default: the Ray Tune CIFAR tutorial's",
     )
-    sampler: Literal["random", "grid", "tpe"] = Field(
+    sampler: str = Field(
         "random",
-        description="random (seeded), grid (exhaustive), tpe (adaptive: Optuna TPE, asks as results arrive)",
+        description="random (seeded), grid (exhaustive), tpe (adaptive: Optuna TPE, asks as results arrive), or "
+        "a Searcher subclass's import path 'package.module:Class' (Ray Tune's Searcher API, "
+        "sweepflow.tune.search.Searcher), made with sampler_options",
+    )
+    sampler_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the Searcher class sampler names (an import path only)",
     )
     num_samples: int = Field(8, ge=1, description="Trials to sample (with grid parameters: per grid combination)")
     max_concurrent_trials: int | None = Field(
@@ -79,9 +90,29 @@ class SweepSettings(_Section):
         parse_space(value)  # raises ValueError naming the parameter and the fix
         return value
 
+    @field_validator("sampler")
+    @classmethod
+    def _known_sampler(cls, value: str) -> str:
+        if value not in ("random", "grid", "tpe") and not _IMPORT_PATH.fullmatch(value):
+            raise ValueError(
+                f"unknown sampler {value!r}: use 'random', 'grid' or 'tpe', or a Searcher subclass's import path "
+                "'package.module:Class'"
+            )
+        return value
+
     @model_validator(mode="after")
     def _tpe_without_grids(self) -> SweepSettings:
+        if self.sampler_options and self.sampler in ("random", "grid", "tpe"):
+            raise ValueError(
+                f"sampler_options are the keyword arguments of a Searcher class, and sampler={self.sampler!r} is "
+                "built in: leave sampler_options out, or name your Searcher as sampler ('package.module:Class')"
+            )
         grids = parse_space(self.search_space).grid_names
+        if grids and _IMPORT_PATH.fullmatch(self.sampler):
+            raise ValueError(
+                f"sampler={self.sampler!r} (a Searcher) cannot search grid parameters {grids} (a grid is "
+                'exhaustive): make them {"type": "choice", "values": [...]}, or use sampler="random"'
+            )
         if self.sampler == "tpe" and grids:
             raise ValueError(
                 f"sampler='tpe' cannot search grid parameters {grids} (a grid is exhaustive): make them "

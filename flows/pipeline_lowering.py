@@ -9,11 +9,13 @@ import os
 
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.tasks import WORKER_PRELOAD
+from sweepflow.tasks.checks import PreflightError, load_train_fn
 from sweepflow.tasks.datasets import PreparedDataset
 from sweepflow.tasks.sweep.experiment import Experiment, Finalize, Placement, Recording, Resume
 from sweepflow.tasks.sweep.resume import resume_key
-from sweepflow.tasks.sweep.samplers import make_sampler
-from sweepflow.tasks.sweep.space import parse_space
+from sweepflow.tasks.sweep.samplers import SAMPLERS, Sampler, make_sampler
+from sweepflow.tasks.sweep.searcher import Searcher, searcher_ranking, searcher_sampler
+from sweepflow.tasks.sweep.space import Constant, parse_space
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tasks.tracking.params import flatten, public_params
 
@@ -22,13 +24,7 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
     """The pipeline's settings as the one ``Experiment`` both faces run: its sweep over ``prepared``, recorded as
     a pipeline run, its best trial evaluated and registered (``resume_from``: the interrupted parent run)."""
     space = parse_space(cfg.sweep.search_space)
-    sampler = make_sampler(
-        cfg.sweep.sampler,
-        space,
-        num_samples=cfg.sweep.num_samples,
-        seed=cfg.sweep.seed,
-        mode=cfg.selection.mode,
-    )
+    sampler, search_label = pipeline_sampler(cfg)
     template = trial_template(cfg, prepared.path, varying_names=tuple(space.varying_names))
     recording = _recording(cfg, prepared)
     return Experiment(
@@ -37,7 +33,7 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
         scheduler=cfg.scheduler.build(),
         template=template,
         search_space=cfg.sweep.search_space,
-        search_label=f"{cfg.sweep.sampler} sampler",
+        search_label=search_label,
         placement=placement(cfg),
         recording=recording,
         root_dir=cfg.state_dir,
@@ -55,6 +51,46 @@ def experiment_for(cfg: PipelineConfig, prepared: PreparedDataset, *, resume_fro
             project_dir=cfg.project_dir,
         ),
     )
+
+
+def pipeline_sampler(cfg: PipelineConfig) -> tuple[Sampler, str]:
+    """The sweep's sampler ``sweep.sampler`` names, and how the sweep's log names it: a built-in one, or a
+    ``Searcher`` subclass imported by its path and made with ``sweep.sampler_options`` (the pre-flight builds it
+    once too, so a mistake in it is found before any work).
+
+    Raises:
+        PreflightError: the class does not import, is not a ``Searcher``, refuses its options, or its metric/mode
+            differ from ``selection``'s.
+    """
+    space = parse_space(cfg.sweep.search_space)
+    kind = cfg.sweep.sampler
+    if kind in SAMPLERS:
+        sampler = make_sampler(
+            kind, space, num_samples=cfg.sweep.num_samples, seed=cfg.sweep.seed, mode=cfg.selection.mode
+        )
+        return sampler, f"{kind} sampler"
+    found = load_train_fn(kind, field="sweep.sampler", arity=False)
+    if not (isinstance(found, type) and issubclass(found, Searcher)):
+        raise PreflightError(
+            "sweep.sampler", kind, f"is {type(found).__name__} {found!r}, not a Searcher class",
+            "name a subclass of sweepflow.tune.search.Searcher (its suggest and on_trial_complete), or use "
+            "'random', 'grid' or 'tpe'",
+        )
+    try:
+        searcher = found(**cfg.sweep.sampler_options)
+    except TypeError as exc:
+        raise PreflightError(
+            "sweep.sampler_options", cfg.sweep.sampler_options, f"{kind} refused them: {exc}",
+            f"give the keyword arguments {found.__name__}(...) takes",
+        ) from None
+    # The search space as the searcher's set_search_properties gets it: domains, and the constants as values.
+    config = {name: domain.value if isinstance(domain, Constant) else domain for name, domain in space.params}
+    try:
+        metric, mode = searcher_ranking(searcher, cfg.selection.metric, cfg.selection.mode)
+        sampler = searcher_sampler(searcher, config, configs=cfg.sweep.num_samples, metric=metric, mode=mode)
+    except ValueError as exc:
+        raise PreflightError("sweep.sampler", kind, str(exc), "make the searcher and selection agree") from None
+    return sampler, f"{kind} (searcher)"
 
 
 def trial_template(cfg: PipelineConfig, data_path: str | None, *, varying_names: tuple[str, ...] = ()) -> TrialTemplate:

@@ -414,7 +414,12 @@ def _check_own_data(cfg: PipelineConfig) -> None:
 
 
 def _check_project_functions(cfg: PipelineConfig) -> None:
-    """The project's other functions import here and take what the pipeline gives them."""
+    """The project's other functions import here and take what the pipeline gives them; a Searcher named by
+    ``sweep.sampler`` imports and is made with its options."""
+    if cfg.sweep.sampler not in ("random", "grid", "tpe"):
+        from sweepflow.flows.pipeline_lowering import pipeline_sampler
+
+        pipeline_sampler(cfg)
     if cfg.data.prepare_fn:
         load_project_fn(cfg.data.prepare_fn, field="data.prepare_fn", arguments=("raw_dir", "out_dir"))
     if cfg.training.model_fn:

@@ -70,6 +70,10 @@ class AshaSettings(_Scheduled):
     max_t: int = Field(4, ge=1, description="Max reports (epochs) per trial")
     grace_period: int = Field(1, ge=1, description="Reports before a trial can be stopped")
     reduction_factor: float = Field(2, gt=1, description="Keep the top 1/reduction_factor at each rung")
+    brackets: int = Field(
+        1, ge=1, description="Brackets (Ray's asynchronous HyperBand): bracket s's first rung is at grace_period x "
+        "reduction_factor^s; trials are dealt to brackets at random (softmax of their rung counts)",
+    )
 
     def max_reports(self, epochs: int) -> int:
         return self.max_t
@@ -77,7 +81,7 @@ class AshaSettings(_Scheduled):
     def build(self) -> TrialScheduler:
         return ASHAScheduler(
             metric=self.metric, mode=self.mode, max_t=self.max_t,
-            grace_period=self.grace_period, reduction_factor=self.reduction_factor,
+            grace_period=self.grace_period, reduction_factor=self.reduction_factor, brackets=self.brackets,
         )
 
 

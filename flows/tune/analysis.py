@@ -84,11 +84,19 @@ class Trial:
     PENDING, RUNNING, then TERMINATED or ERROR; ``last_result``). ``str(trial)`` is its name."""
 
     def __init__(
-        self, result: TrialResult, *, trainable_name: str = "", experiment_tag: str = "", path: str | None = None
+        self,
+        result: TrialResult,
+        *,
+        trainable_name: str = "",
+        experiment_tag: str = "",
+        path: str | None = None,
+        local_path: str | None = None,
     ) -> None:
         self.trainable_name = trainable_name
         self.experiment_tag = experiment_tag  # Ray's "<number>_<searched values>"
-        self.path = self.local_path = path  # where its checkpoints are staged (or its run's artifact location)
+        self.path = path  # where its checkpoints are staged (or its run's artifact location)
+        # Its directory on this machine, where file loggers write (<experiment path>/<dirname or trial id>)
+        self.local_path = local_path if local_path is not None else path
         self._update(result)
 
     def _update(self, result: TrialResult) -> None:

@@ -24,6 +24,7 @@ Not called here, so refused when a callback overrides them (rather than silently
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -230,8 +231,10 @@ class TuneCallbacks(SweepObserver):
         stop: Any,
         num_samples: int,
         varying_names: Sequence[str] = (),
+        logs_dir: str | None = None,
     ) -> None:
         self.callbacks = tuple(callbacks)
+        self.logs_dir = logs_dir  # the trials' local directories go under it (trial.local_path)
         self.trainable_name = trainable_name
         self.stop = stop
         self.num_samples = num_samples
@@ -299,6 +302,8 @@ class TuneCallbacks(SweepObserver):
         """
         trial = self._trial(spec, path=storage)
         trial.status, trial.mlflow_run_id = "RUNNING", run_id
+        if self.logs_dir is not None:
+            trial.local_path = os.path.join(self.logs_dir, spec.dirname or spec.trial_id)
         self._call("on_trial_start", iteration=self.iteration, trials=self._listed(), trial=trial)
 
     def trial_result(self, spec: SweepTrial, result: Mapping[str, Any]) -> bool:
@@ -364,10 +369,17 @@ def tune_callbacks(
     stop: Any,
     num_samples: int,
     varying_names: Sequence[str],
+    logs_dir: str | None = None,
 ) -> TuneCallbacks | None:
-    """The experiment's observer calling ``callbacks``' hooks (None without callbacks)."""
+    """The experiment's observer calling ``callbacks``' hooks (None without callbacks); ``logs_dir``: where the
+    trials' local directories go."""
     if not callbacks:
         return None
     return TuneCallbacks(
-        callbacks, trainable_name=trainable_name, stop=stop, num_samples=num_samples, varying_names=varying_names
+        callbacks,
+        trainable_name=trainable_name,
+        stop=stop,
+        num_samples=num_samples,
+        varying_names=varying_names,
+        logs_dir=logs_dir,
     )

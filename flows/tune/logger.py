@@ -1,19 +1,18 @@
 """``sweepflow.tune.logger``: where Ray's ``ray.tune.logger`` is. ``LoggerCallback`` is Ray's base class for
 experiment-level loggers (a ``Callback`` whose trial hooks call ``log_trial_start`` / ``log_trial_result`` /
-``log_trial_end``). ``pretty_print(result)`` is Ray's YAML view of a result. Ray's file loggers (CSV, JSON,
-TensorBoard) are not needed: every trial is an MLflow run already; each is refused with where the data is."""
+``log_trial_end``). ``pretty_print(result)`` is Ray's YAML view of a result. Ray's file loggers
+``CSVLoggerCallback``, ``JsonLoggerCallback`` and ``TBXLoggerCallback`` are here too (``sweepflow.tune.file_loggers``),
+writing each trial's files alongside its MLflow run; Ray's legacy per-trial ``Logger`` classes are refused."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sweepflow.tune.callback import Callback, never_called
+from sweepflow.tune.file_loggers import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+from sweepflow.tune.logger_callback import LoggerCallback
 from sweepflow.tune.not_built import refusing
-
-if TYPE_CHECKING:
-    from sweepflow.tune.analysis import Trial
 
 
 def pretty_print(result: Mapping[str, Any], exclude: list[str] | None = None) -> str:
@@ -43,44 +42,12 @@ def _empty(value: Any) -> bool:
     return value is None or (isinstance(value, Mapping) and not value)
 
 
-class LoggerCallback(Callback):
-    """Ray's ``LoggerCallback``: override ``log_trial_start``, ``log_trial_result`` and ``log_trial_end``. Called
-    in the script's process, one call at a time (see ``sweepflow.tune.callback``)."""
+__all__ = [
+    "CSVLoggerCallback",
+    "JsonLoggerCallback",
+    "LoggerCallback",
+    "TBXLoggerCallback",
+    "pretty_print",
+]
 
-    def log_trial_start(self, trial: Trial) -> None:
-        """A trial started."""
-
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        """A trial reported ``result``."""
-
-    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        """A trial ended; ``failed``: it failed (``trial.error_msg`` says why)."""
-
-    @never_called
-    def log_trial_save(self, trial: Trial) -> None:
-        """Not called here (see ``sweepflow.tune.callback.NEVER_CALLED``)."""
-
-    @never_called
-    def log_trial_restore(self, trial: Trial) -> None:
-        """Not called here (see ``sweepflow.tune.callback.NEVER_CALLED``)."""
-
-    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """Calls ``log_trial_start(trial)``."""
-        self.log_trial_start(trial)
-
-    def on_trial_result(
-        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
-    ) -> None:
-        """Calls ``log_trial_result(iteration, trial, result)``."""
-        self.log_trial_result(iteration, trial, result)
-
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """Calls ``log_trial_end(trial, failed=False)``."""
-        self.log_trial_end(trial, failed=False)
-
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """Calls ``log_trial_end(trial, failed=True)``."""
-        self.log_trial_end(trial, failed=True)
-
-
-__getattr__ = refusing(__name__)
+__getattr__ = refusing(__name__)  # Ray's legacy per-trial loggers: refused with the reason and the fix

@@ -58,18 +58,14 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     # Ray's own module paths for the same names (its examples import from them).
     "sweepflow.tune.schedulers.hb_bohb": {"HyperBandForBOHB": _BOHB},
     "sweepflow.tune.search.ax": {"AxSearch": f"AxSearch {_SEARCHER}"},
-    "sweepflow.tune.search.bayesopt": {"BayesOptSearch": f"BayesOptSearch {_SEARCHER}"},
     "sweepflow.tune.search.bohb": {"TuneBOHB": f"TuneBOHB {_SEARCHER}"},
-    "sweepflow.tune.search.nevergrad": {"NevergradSearch": f"NevergradSearch {_SEARCHER}"},
     "sweepflow.tune.search": {
         "SearchAlgorithm": "is Ray's internal layer under a searcher; use a subclass of "
         "sweepflow.tune.search.Searcher (suggest, on_trial_complete) instead",
         "SearchGenerator": "is Ray's internal wrapper of a Searcher; pass your sweepflow.tune.search.Searcher "
         "subclass itself as search_alg",
-        "BayesOptSearch": f"BayesOptSearch {_SEARCHER}",
         "AxSearch": f"AxSearch {_SEARCHER}",
         "HEBOSearch": f"HEBOSearch {_SEARCHER}",
-        "NevergradSearch": f"NevergradSearch {_SEARCHER}",
         "ZOOptSearch": f"ZOOptSearch {_SEARCHER}",
         "TuneBOHB": f"TuneBOHB {_SEARCHER}",
     },
@@ -145,9 +141,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
             "sweepflow.tune.logger.LoggerCallback"
             for name in ("Logger", "CSVLogger", "JsonLogger", "TBXLogger", "LegacyLoggerCallback", "NoopLogger")
         },
-        "CSVLoggerCallback": f"CSVLoggerCallback {_LOGGER}; ExperimentAnalysis.dataframe() gives the table",
-        "JsonLoggerCallback": f"JsonLoggerCallback {_LOGGER}",
-        "TBXLoggerCallback": f"TBXLoggerCallback {_LOGGER}",
     },
 }
 

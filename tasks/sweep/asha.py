@@ -1,8 +1,8 @@
 """Asynchronous successive halving (``ASHAScheduler``, Ray's ``AsyncHyperBandScheduler``).
 
-It mirrors Ray Tune's ``AsyncHyperBandScheduler`` with a single bracket (``brackets=1``, ``stop_last_trials=True``,
-Ray's defaults) so results and intuitions from Ray transfer: see ``python/ray/tune/schedulers/async_hyperband.py``
-(``_Bracket.on_result``/``cutoff``).
+It mirrors Ray Tune's ``AsyncHyperBandScheduler`` (``stop_last_trials=True``, Ray's default; one bracket by
+default, ``brackets=n`` for more) so results and intuitions from Ray transfer: see
+``python/ray/tune/schedulers/async_hyperband.py`` (``_Bracket.on_result``/``cutoff``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _cutoff(recorded: Mapping[str, float], reduction_factor: float) -> float | N
 
 
 class ASHAScheduler(TrialScheduler):
-    """Asynchronous successive halving (ASHA, https://arxiv.org/abs/1810.05934), one bracket.
+    """Asynchronous successive halving (ASHA, https://arxiv.org/abs/1810.05934), in one or more brackets.
 
     Rungs sit at ``grace_period * reduction_factor**k`` time units. The first time a trial's
     ``time_attr`` reaches a rung (the highest one reached, if it skipped some), its metric is
@@ -51,6 +51,13 @@ class ASHAScheduler(TrialScheduler):
     ``grace_period * rf**k`` there is a rung at ``max_t`` itself, which never decides anything (a
     result at ``max_t`` is stopped before the rungs are consulted) but receives the final values
     passed to ``on_trial_complete``.
+
+    With ``brackets=n`` (Ray's asynchronous HyperBand), bracket ``s`` (0..n-1) has its rungs at
+    ``grace_period * reduction_factor**(k + s)``, ``int(log(max_t / grace_period) / log(reduction_factor) - s + 1)``
+    of them (Ray's count), so a trial in a higher bracket gets longer before its first decision. Each trial is
+    dealt to a bracket when added, at random with probabilities ``softmax(number of rungs)`` drawn from NumPy's
+    global random state, as in Ray (seed ``np.random`` for the same deal); a trial is compared only with the trials
+    of its own bracket.
 
     Unlike Ray, which silently returns CONTINUE, a result without the metric or time attribute
     raises ``ValueError``: a misspelled metric would otherwise silently disable early stopping.
@@ -78,8 +85,8 @@ class ASHAScheduler(TrialScheduler):
                 f"ASHAScheduler: metric must be the non-empty name of a reported metric, got {metric!r}"
             )
         self._check_time_attr_and_mode(time_attr, mode)
-        if brackets != 1:
-            raise ValueError(f"ASHAScheduler(brackets={brackets!r}): only one bracket is supported; use brackets=1")
+        if isinstance(brackets, bool) or not isinstance(brackets, int) or brackets < 1:
+            raise ValueError(f"ASHAScheduler(brackets={brackets!r}): the number of brackets, an integer >= 1")
         if stop_last_trials is not True:
             raise ValueError(
                 f"ASHAScheduler(stop_last_trials={stop_last_trials!r}): a trial always stops at max_t here; "
@@ -114,14 +121,20 @@ class ASHAScheduler(TrialScheduler):
         self.reduction_factor = reduction_factor
         self.time_attr = time_attr
 
-        # Ray's formula, float rounding included (np.log, int truncation), so the rungs match exactly.
-        num_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
-        # Descending, so the first milestone <= the current time is the highest rung reached.
-        self._rungs: list[tuple[float, dict[str, float]]] = [
-            (grace_period * reduction_factor**k, {}) for k in reversed(range(num_rungs))
-        ]
+        self.brackets = brackets
+        self._brackets = [self._bracket(s) for s in range(brackets)]
+        self._rungs = self._brackets[0]  # bracket 0: the one bracket of brackets=1 (milestones, cutoffs)
+        self._bracket_of: dict[str, list[tuple[float, dict[str, float]]]] = {}  # trial id -> its bracket's rungs
         self._live: set[str] = set()
         self._num_stopped = 0
+
+    def _bracket(self, s: int) -> list[tuple[float, dict[str, float]]]:
+        """Bracket ``s``'s rungs, highest first (so the first milestone <= a trial's time is the highest it
+        reached), each with the values recorded there. Ray's count, float rounding included (np.log, int
+        truncation), so the rungs match exactly."""
+        rf = self.reduction_factor
+        num_rungs = int(np.log(self.max_t / self.grace_period) / np.log(rf) - s + 1)
+        return [(self.grace_period * rf ** (k + s), {}) for k in reversed(range(num_rungs))]
 
     def set_search_properties(self, metric: str | None, mode: str | None) -> None:
         """The experiment's metric/mode fill what the scheduler was built without; two different ones are
@@ -138,7 +151,7 @@ class ASHAScheduler(TrialScheduler):
 
     @property
     def milestones(self) -> list[float]:
-        """The rung milestones in ascending order, e.g. ``[1, 2, 4]`` for grace 1, rf 2, max_t 4.
+        """Bracket 0's rung milestones in ascending order, e.g. ``[1, 2, 4]`` for grace 1, rf 2, max_t 4.
 
         Only milestones below ``max_t`` can stop a trial; see the class docstring.
         """
@@ -163,9 +176,10 @@ class ASHAScheduler(TrialScheduler):
         return time, sign * value
 
     def _record(self, trial_id: str, time: float, value: float) -> Decision:
-        """Ray's ``_Bracket.on_result``: decide at (and record into) the highest rung reached, once."""
+        """Ray's ``_Bracket.on_result``: decide at (and record into) the highest rung of the trial's bracket
+        reached, once."""
         action = CONTINUE
-        for milestone, recorded in self._rungs:
+        for milestone, recorded in self._bracket_of[trial_id]:
             if time < milestone or trial_id in recorded:
                 continue
             cutoff = _cutoff(recorded, self.reduction_factor)
@@ -187,6 +201,17 @@ class ASHAScheduler(TrialScheduler):
                     f"ASHAScheduler: trial {trial_id!r} was added twice; trial ids must be unique"
                 )
             self._live.add(trial_id)
+            if len(self._brackets) == 1:
+                self._bracket_of[trial_id] = self._brackets[0]
+            else:  # Ray's deal: softmax over the brackets' rung counts, from NumPy's global random state
+                sizes = np.array([len(rungs) for rungs in self._brackets])
+                weights = np.e ** (sizes - sizes.max())
+                self._bracket_of[trial_id] = self._brackets[np.random.choice(len(sizes), p=weights / weights.sum())]
+
+    def bracket_of(self, trial_id: str) -> int:
+        """The bracket (0..brackets-1) trial ``trial_id`` was dealt to."""
+        with self._lock:
+            return next(i for i, rungs in enumerate(self._brackets) if rungs is self._bracket_of[trial_id])
 
     def on_trial_result(self, trial_id: str, result: Mapping[str, Any]) -> Decision:
         """``STOP`` at ``max_t`` or when the result falls below its rung's cutoff, else ``CONTINUE`` (see the
@@ -232,28 +257,31 @@ class ASHAScheduler(TrialScheduler):
         with self._lock:
             self._live.discard(trial_id)
 
-    def rung_cutoffs(self) -> dict[float, float | None]:
-        """Current cutoff per milestone, in the metric's own sign (for logging)."""
+    def rung_cutoffs(self, bracket: int = 0) -> dict[float, float | None]:
+        """Current cutoff per milestone of ``bracket``, in the metric's own sign (for logging)."""
         with self._lock:
-            out: dict[float, float | None] = {}
-            for milestone, recorded in reversed(self._rungs):
-                cutoff = _cutoff(recorded, self.reduction_factor)
-                out[milestone] = None if cutoff is None else self._sign * cutoff
-            return out
+            return {milestone: self._shown_cutoff(rec) for milestone, rec in reversed(self._brackets[bracket])}
 
     def debug_string(self) -> str:
-        """The stopped count and each rung's milestone, size and current cutoff."""
-        cutoffs = self.rung_cutoffs()
+        """The stopped count and each bracket's rungs: milestone, size and current cutoff."""
         with self._lock:
-            rungs = " | ".join(
-                f"t={m:g}: n={len(rec)} cutoff={cutoffs[m]}" for m, rec in reversed(self._rungs)
-            )
-            return f"ASHAScheduler({self.metric}, {self.mode}): num_stopped={self._num_stopped}; {rungs}"
+            shown = []
+            for i, bracket in enumerate(self._brackets):
+                rungs = " | ".join(
+                    f"t={m:g}: n={len(rec)} cutoff={self._shown_cutoff(rec)}" for m, rec in reversed(bracket)
+                )
+                shown.append(rungs if len(self._brackets) == 1 else f"bracket {i}: {rungs}")
+            return f"ASHAScheduler({self.metric}, {self.mode}): num_stopped={self._num_stopped}; " + "; ".join(shown)
+
+    def _shown_cutoff(self, recorded: Mapping[str, float]) -> float | None:
+        cutoff = _cutoff(recorded, self.reduction_factor)
+        return None if cutoff is None else self._sign * cutoff
 
     def __repr__(self) -> str:
         return (
             f"ASHAScheduler(metric={self.metric!r}, mode={self.mode!r}, max_t={self.max_t}, "
-            f"grace_period={self.grace_period}, reduction_factor={self.reduction_factor})"
+            f"grace_period={self.grace_period}, reduction_factor={self.reduction_factor}"
+            + (f", brackets={self.brackets})" if self.brackets != 1 else ")")
         )
 
 

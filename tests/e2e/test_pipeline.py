@@ -17,6 +17,7 @@ from sweep_parts import sweep_of
 
 from sweepflow.flows.config import PipelineConfig
 from sweepflow.flows.pipeline import training_pipeline
+from sweepflow.flows.pipeline_lowering import pipeline_sampler
 from sweepflow.flows.settings import resolve_settings
 from sweepflow.tasks.compat import tracking_uri_scope
 from sweepflow.tasks.datasets import DataConfig, prepare_dataset
@@ -499,6 +500,46 @@ def test_the_pipeline_runs_the_tune_faces_pbt_the_worse_trial_continuing_from_th
     history = sorted(tracker.client.get_metric_history(worse.run_id, "val_loss"), key=lambda m: m.step)
     assert [m.value for m in history][:2] == [4.0, 4.0] and history[-1].value < 4.0
     assert worse.epochs == 6
+
+
+def test_the_pipeline_runs_a_teams_own_searcher_named_by_import_path(prefect_harness, cluster, tmp_path):
+    """`sweep.sampler: package.module:Class` is a Searcher subclass (Ray Tune's API) made with
+    `sweep.sampler_options`: its suggestions are the trials' configs, each end reaches its on_trial_complete
+    (the third trial repeats the best of the first two), and the sweep's log names it."""
+    cfg = _scripted_sweep(
+        tmp_path, cluster, qualities=[1], epochs=2, scheduler={"type": "fifo"},
+        search_space={"quality": {"type": "choice", "values": [1, 2, 3]}}, num_samples=3,
+        sampler="pipeline_helpers:BestAgainSearcher", sampler_options={"first": [3, 1]},
+    )
+    sampler, label = pipeline_sampler(cfg)
+    assert label == "pipeline_helpers:BestAgainSearcher (searcher)" and (sampler.searcher.metric, sampler.searcher.mode) == ("val_accuracy", "max")
+    tracker, sweep = _sweep_only(cfg, cluster, tmp_path, "own-searcher")
+    trials = sorted(sweep.trials, key=lambda r: r.index)
+    assert [r.config["quality"] for r in trials] == [3, 1, 1]
+    assert [tracker.client.get_run(r.run_id).data.params["quality"] for r in trials] == ["3", "1", "1"]
+
+
+def test_a_searcher_path_that_is_no_searcher_or_refuses_its_options_fails_before_work(tmp_path):
+    from sweepflow.tasks.checks import PreflightError
+
+    def config(**sweep):
+        return PipelineConfig.model_validate({"sweep": {"search_space": {"lr": {"type": "uniform", "low": 0,
+                                                                                "high": 1}}, **sweep}})
+
+    with pytest.raises(PreflightError, match=r"sweep.sampler='json:dumps': is function .* not a Searcher class"):
+        pipeline_sampler(config(sampler="json:dumps"))
+    with pytest.raises(PreflightError, match=r"sweep.sampler_options=\{'bogus': 1\}: .*refused them: .*bogus"):
+        pipeline_sampler(config(sampler="pipeline_helpers:BestAgainSearcher", sampler_options={"bogus": 1}))
+    with pytest.raises(PreflightError, match=r"differ"):
+        pipeline_sampler(config(sampler="pipeline_helpers:BestAgainSearcher",
+                                sampler_options={"first": [0.1], "metric": "loss", "mode": "min"}))
+    with pytest.raises(ValueError, match=r"sampler_options are the keyword arguments of a Searcher class"):
+        config(sampler="tpe", sampler_options={"first": [1]})
+    with pytest.raises(ValueError, match=r"use 'random', 'grid' or 'tpe', or a Searcher subclass's import path"):
+        config(sampler="bayes")
+    with pytest.raises(ValueError, match=r"\(a Searcher\) cannot search grid parameters \['bs'\]"):
+        PipelineConfig.model_validate({"sweep": {"sampler": "a.b:C", "search_space": {"bs": {"type": "grid",
+                                                                                               "values": [1, 2]}}}})
 
 
 def test_synchronous_pbt_that_cannot_run_its_population_at_once_is_refused_before_work(cluster, tmp_path):

@@ -44,9 +44,24 @@ OPTIONAL = {
     "`stack up` with a database URL (checked before the stack starts)",
     ("tasks/training/system_metrics.py", "_nvml_gpus", "pynvml"): "GPU hosts: GPU system metrics when NVML is "
     "there (skipped without it)",
-    ("flows/tune/search/hyperopt.py", "_hyperopt", "hyperopt"): "the `hyperopt` extra: HyperOptSearch only "
-    "(constructing one without it is one sentence naming the extra)",
 }
+#: The extras' integrations: a class of ours that needs its extra imports it when made (one sentence naming the
+#: extra without it), and only such an object's methods import more of it.
+OPTIONAL.update(
+    {
+        (path, function, module): f"the `{extra}` extra: {name} only ({why})"
+        for path, function, module, extra, name, why in (
+            ("flows/tune/file_loggers.py", "__init__", "tensorboardX", "tensorboard", "TBXLoggerCallback", "made"),
+            ("flows/tune/file_loggers.py", "_hparams", "tensorboardX.summary", "tensorboard", "TBXLoggerCallback",
+             "a method"),
+            ("flows/tune/search/bayesopt.py", "_bayes_opt", "bayes_opt", "bayesopt", "BayesOptSearch", "made"),
+            ("flows/tune/search/bayesopt.py", "_set_space", "bayes_opt", "bayesopt", "BayesOptSearch",
+             "a method: bayesian-optimization 2.x's acquisition module"),
+            ("flows/tune/search/nevergrad.py", "_nevergrad", "nevergrad", "nevergrad", "NevergradSearch", "made"),
+            ("flows/tune/search/hyperopt.py", "_hyperopt", "hyperopt", "hyperopt", "HyperOptSearch", "made"),
+        )
+    }
+)
 
 #: Our modules that are an extra's integration: without the extra, importing one is one sentence naming it.
 EXTRA_MODULES = {

@@ -30,3 +30,38 @@ def catching_plans(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], An
         return caught.value.experiment
 
     return planned
+
+
+def ended(index: int, config: dict[str, Any], last: dict[str, Any], status: str = "COMPLETED") -> Any:
+    """The ``TrialResult`` of trial ``index`` that ended with ``last`` as its last report (its best: ``loss``)."""
+    from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
+
+    return TrialResult(
+        trial_id=f"trial_{index:04d}", index=index, name=f"t{index}", config=config, status=TrialStatus(status),
+        last=last, best=last.get("loss"),
+    )
+
+
+def drive(sampler: Any, objective: Callable[[dict[str, Any]], float], n: int | None = None, metric: str = "loss"
+          ) -> list[dict[str, Any]]:
+    """Ask and tell as the sweep's driver does, one trial at a time, each trial reporting ``objective(config)``
+    as ``metric``; stops when the sampler is exhausted (or after ``n``). Returns the configs, in order."""
+    from sweepflow.tasks.sweep.samplers import SamplerExhausted
+
+    configs: list[dict[str, Any]] = []
+    while n is None or len(configs) < n:
+        try:
+            number, config = sampler.ask()
+        except SamplerExhausted:
+            break
+        configs.append(config)
+        sampler.tell_result(number, ended(number, config, {metric: objective(config)}))
+    return configs
+
+
+def planning(monkeypatch: pytest.MonkeyPatch) -> Callable[..., runner.TuneRequest]:
+    """``tune.run(trainable, **kwargs)``'s request (a trainable that does nothing), caught before any work."""
+    from sweepflow import tune
+
+    planned = catching_plans(monkeypatch)
+    return lambda **kwargs: planned(lambda: tune.run(lambda config: None, **{"verbose": 0, **kwargs}))

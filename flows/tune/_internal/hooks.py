@@ -10,6 +10,7 @@ from typing import Any
 from sweepflow.tune._internal import runner
 from sweepflow.tune._internal.trial_names import trial_namers
 from sweepflow.tune.callback import check_callbacks, recording, tune_callbacks
+from sweepflow.tune.file_loggers import experiment_logs_dir
 
 
 def with_hooks(
@@ -44,6 +45,11 @@ def with_hooks(
             stop=experiment.stop,
             num_samples=num_samples,
             varying_names=experiment.varying_names,
+            logs_dir=experiment_logs_dir(
+                runner.experiment_path(experiment, experiment.settings.home),
+                experiment.settings.home,
+                experiment.name,
+            ),
         ),
         tracking_uri=asked.tracking_uri if asked else None,
         mlflow_experiment=asked.experiment_name if asked else None,

@@ -5,7 +5,7 @@ The searcher objects only hold settings (``sweepflow.tune.search``); each experi
 the sweep's ``RandomSampler`` (no ``search_alg``, or ``BasicVariantGenerator``: random search crossed with the
 grids), ``SearchSampler`` (a space of ``tune.*`` domains, on the sweep's ``TPESampler``), ``DefineByRunSampler``
 (a define-by-run function on an Optuna study's ask/tell), ``RepeatSampler`` (``Repeater``) and
-``SearcherSampler`` (a ``Searcher``: its own module).
+``SearcherSampler`` (a ``Searcher``, in ``sweepflow.tasks.sweep.searcher``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from sweepflow.tasks.sweep.samplers import (
     optuna_study,
     tell_study,
 )
+from sweepflow.tasks.sweep.searcher import searcher_ranking, searcher_sampler
 from sweepflow.tasks.sweep.space import config_leaves, is_grid, parse_param_space, plain, set_leaf
 from sweepflow.tasks.sweep.trial_scheduler import merge_search_properties
-from sweepflow.tune._internal.searcher_sampler import SearcherSampler
 from sweepflow.tune.search.concurrency import BasicVariantGenerator, ConcurrencyLimiter
 from sweepflow.tune.search.optuna import OptunaSearch, qualified_name
 from sweepflow.tune.search.repeater import TRIAL_INDEX, Repeater
@@ -103,8 +103,8 @@ def plan(
             search_alg, param_space, configs=configs, metric=metric, mode=mode, seed=seed
         )
     elif isinstance(search_alg, Searcher):
-        metric, mode = _searcher_ranking(search_alg, metric, mode)
-        sampler = _searcher_sampler(search_alg, param_space, configs=configs, metric=metric, mode=mode)
+        metric, mode = searcher_ranking(search_alg, metric, mode)
+        sampler = searcher_sampler(search_alg, param_space, configs=configs, metric=metric, mode=mode)
         label = f"{qualified_name(type(search_alg))} (searcher)"
     else:
         raise TypeError(
@@ -128,52 +128,6 @@ def plan(
         varying_names=tuple(v for v in varying if "/" not in v),
         search_space=space_as_data(space),
     )
-
-
-def _searcher_ranking(
-    search_alg: Searcher, metric: str | None, mode: str | None
-) -> tuple[str | None, str | None]:
-    """A ``Searcher``'s metric/mode and the experiment's: the same, or one side's; none at all is allowed (a
-    searcher that learns nothing from results), as in Ray."""
-    name = type(search_alg).__name__
-    if isinstance(search_alg.metric, list | tuple):
-        raise ValueError(
-            f"{name}(metric={search_alg.metric!r}): a multi-objective Searcher is not built; search one metric, "
-            "or use OptunaSearch(metric=[...], mode=[...])"
-        )
-    if search_alg.metric is None and metric is None:
-        if mode is not None or search_alg.mode is not None:
-            raise ValueError(f"{name}: a mode without a metric; give metric=... too")
-        return None, None
-    return merge_search_properties(name, (search_alg.metric, search_alg.mode), (metric, mode))
-
-
-def _searcher_sampler(
-    search_alg: Searcher, param_space: Mapping[str, Any], *, configs: int, metric: str | None, mode: str | None
-) -> SearcherSampler:
-    """A ``Searcher`` given the experiment's properties (``set_search_properties``, as Ray does before the first
-    ``suggest``); one that keeps its own space takes no ``tune.*`` domains in ``param_space``."""
-    took = search_alg.set_search_properties(metric, mode, dict(param_space))
-    searched_in_config = [
-        "/".join(p) for p, v in config_leaves(dict(param_space)) if isinstance(v, Domain) or is_grid(v)
-    ]
-    if not took and searched_in_config:
-        raise ValueError(
-            f"{type(search_alg).__name__} keeps its own search space (set_search_properties returned False), and "
-            f"config/param_space searches {searched_in_config} too: only the searcher's space is searched. Move "
-            "those parameters into the searcher's space, or leave only constants in config/param_space"
-        )
-    # A searcher that took the space suggests every searched value; the constants are merged under them.
-    return SearcherSampler(search_alg, constants=_constants_of(param_space), num_samples=configs, metric=metric)
-
-
-def _constants_of(param_space: Mapping[str, Any]) -> dict[str, Any]:
-    """``param_space`` without its ``tune.*`` domains and grids (what a searcher's suggestion is merged over)."""
-    config: dict[str, Any] = {}
-    for path, value in config_leaves(dict(param_space)):
-        if not (isinstance(value, Domain) or is_grid(value)):
-            set_leaf(config, path, plain(value))
-    return config
 
 
 def _configs(num_samples: int, repeater: Repeater | None) -> int:

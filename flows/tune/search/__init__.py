@@ -45,10 +45,15 @@ _refuse = refusing(__name__)  # Ray names not built here: refused with the reaso
 
 
 def __getattr__(name: str) -> Any:
-    """``sweepflow.tune.search.HyperOptSearch`` as Ray's lazy name for the searcher in its own module (imported
-    only when asked for: it needs the ``hyperopt`` extra); Ray names not built are refused."""
-    if name == "HyperOptSearch":
-        from sweepflow.tune.search.hyperopt import HyperOptSearch
+    """``sweepflow.tune.search.HyperOptSearch`` (and ``BayesOptSearch``, ``NevergradSearch``): Ray's lazy names
+    for the searchers in their own modules (imported only when asked for: each needs its extra); Ray names not
+    built are refused."""
+    if name in _LAZY:
+        import importlib
 
-        return HyperOptSearch
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     return _refuse(name)
+
+
+#: Ray's lazy names for the searchers in their own modules (each needs its extra, imported only when asked for).
+_LAZY = {"HyperOptSearch": "hyperopt", "BayesOptSearch": "bayesopt", "NevergradSearch": "nevergrad"}

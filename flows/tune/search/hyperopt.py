@@ -31,7 +31,7 @@ from sweepflow.tasks.sweep.space import (
     is_grid,
     plain,
 )
-from sweepflow.tune.search.searcher import Searcher
+from sweepflow.tune.search.library_searcher import LibrarySearcher
 
 __all__ = ["HyperOptSearch"]
 
@@ -54,7 +54,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-class HyperOptSearch(Searcher):
+class HyperOptSearch(LibrarySearcher):
     """Ray's ``HyperOptSearch``: ``space`` (``tune.*`` domains or HyperOpt's ``hp.*``; None: the experiment's
     ``config``/``param_space``), ``metric``/``mode`` (or the experiment's), ``points_to_evaluate`` (configs the
     first trials run, every parameter given; a category by its value, as in Ray, for a ``tune.*`` space, by its
@@ -73,10 +73,6 @@ class HyperOptSearch(Searcher):
         random_state_seed: int | None = None,
         gamma: float = 0.25,
     ) -> None:
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"HyperOptSearch(mode={mode!r}): mode must be 'min' or 'max'")
-        if not isinstance(metric, str | None):
-            raise ValueError(f"HyperOptSearch(metric={metric!r}): one metric (a str); HyperOpt searches one objective")
         if isinstance(n_initial_points, bool) or not isinstance(n_initial_points, int) or n_initial_points < 1:
             raise ValueError(f"HyperOptSearch(n_initial_points={n_initial_points!r}): an integer >= 1")
         if not 0 < gamma < 1:
@@ -85,7 +81,7 @@ class HyperOptSearch(Searcher):
             isinstance(random_state_seed, bool) or not isinstance(random_state_seed, int)
         ):
             raise TypeError(f"HyperOptSearch(random_state_seed={random_state_seed!r}): an integer seed")
-        super().__init__(metric=metric, mode=mode)
+        super().__init__(metric=metric, mode=mode)  # checks them
         self._hpo = _hyperopt()
         self._algo = partial(self._hpo.tpe.suggest, n_startup_jobs=n_initial_points, gamma=gamma)
         self._rng = np.random.default_rng(random_state_seed)
@@ -100,29 +96,12 @@ class HyperOptSearch(Searcher):
 
     # ------------------------------------------------------------------------------------------ the experiment
 
-    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
-        """The experiment's space, unless one was given (then False, as in Ray)."""
-        if self._domain is not None:
-            return False
-        if metric:
-            self._metric = metric
-        if mode:
-            self._mode = mode
-        self._set_space(config)
-        return True
+    def _has_space(self) -> bool:
+        return self._domain is not None
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         """The next config: a point to evaluate first, then TPE's proposal (random for ``n_initial_points``)."""
-        if self._domain is None:
-            raise RuntimeError(
-                "HyperOptSearch has no search space: give HyperOptSearch(space=...) or tune.* domains in the "
-                "experiment's config/param_space"
-            )
-        if not self._metric or not self._mode:
-            raise RuntimeError(
-                f"HyperOptSearch(metric={self._metric!r}, mode={self._mode!r}): give metric=... and mode='min' or "
-                "'max' to it or to tune.run / TuneConfig"
-            )
+        self._check_ready()
         hpo = self._hpo
         tid = self._trials.new_trial_ids(1)[0]
         if self._points:
@@ -151,9 +130,9 @@ class HyperOptSearch(Searcher):
             return
         hpo = self._hpo
         doc = next(d for d in self._trials._dynamic_trials if d["tid"] == tid)
-        value = None if error or not result else result.get(self._metric)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            doc["result"] = {"loss": -value if self._mode == "max" else float(value), "status": hpo.STATUS_OK}
+        value = self._reached(result, error)
+        if value is not None:
+            doc["result"] = {"loss": -value if self._mode == "max" else value, "status": hpo.STATUS_OK}
             doc["state"] = hpo.JOB_STATE_DONE
         else:
             doc["result"] = {"status": hpo.STATUS_FAIL}

@@ -270,6 +270,7 @@ PLANNED: dict[tuple[str, str], tuple[Any, Any]] = {
         _run(metric=None, mode=None, scheduler=ASHAScheduler(metric="loss", mode="max")),
     ),
     ("ASHAScheduler", "max_t"): (_run(scheduler=ASHAScheduler()), _run(scheduler=ASHAScheduler(max_t=4))),
+    ("ASHAScheduler", "brackets"): (_run(scheduler=ASHAScheduler()), _run(scheduler=ASHAScheduler(brackets=3))),
     ("MedianStoppingRule", "time_attr"): (
         _run(scheduler=MedianStoppingRule()),
         _run(scheduler=MedianStoppingRule(time_attr="epoch")),
@@ -338,7 +339,7 @@ REFUSED: dict[tuple[str, str], Any] = {
     ("BasicVariantGenerator", "constant_grid_search"): lambda: BasicVariantGenerator(constant_grid_search=True),
     ("FailureConfig", "fail_fast+unknown"): lambda: train.FailureConfig(fail_fast="later"),
     ("run", "checkpoint_freq"): _run(checkpoint_freq=2),
-    ("ASHAScheduler", "brackets"): lambda: ASHAScheduler(brackets=3),
+    ("ASHAScheduler", "brackets+zero"): lambda: ASHAScheduler(brackets=0),
     ("ASHAScheduler", "stop_last_trials"): lambda: ASHAScheduler(stop_last_trials=False),
     ("HyperBandScheduler", "stop_last_trials"): lambda: HyperBandScheduler(stop_last_trials=False),
     # Given twice with different values: only one could be used.

@@ -14,17 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
-from tune_planning import catching_plans
+from tune_planning import drive, ended, planning
 
 from sweepflow import tune
 from sweepflow.tasks.sweep.driver import Sweep
 from sweepflow.tasks.sweep.in_memory import InMemoryTracker, InMemoryTrainer
 from sweepflow.tasks.sweep.launch import Threads
-from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
-from sweepflow.tasks.sweep.samplers import SamplerExhausted
+from sweepflow.tasks.sweep.results import TrialStatus
 from sweepflow.tasks.sweep.schedulers import ASHAScheduler, FIFOScheduler
+from sweepflow.tasks.sweep.searcher import SearcherSampler
 from sweepflow.tasks.sweep.template import TrialTemplate
-from sweepflow.tune._internal.searcher_sampler import SearcherSampler
 from sweepflow.tune.search import ConcurrencyLimiter, Repeater, Searcher
 from sweepflow.tune.search.hyperopt import HyperOptSearch
 
@@ -161,16 +160,9 @@ def test_a_resumed_experiment_asks_the_searcher_again_and_keeps_the_config_the_t
     searcher = ListSearcher([0.7, 0.1])
     sampler = SearcherSampler(searcher, constants={}, num_samples=2, metric="loss")
     number = sampler.ask_known({"lr": 0.3})  # a trial of the interrupted run
-    sampler.tell_result(number, _ended(number, {"lr": 0.3}, {"loss": 0.3}))
+    sampler.tell_result(number, ended(number, {"lr": 0.3}, {"loss": 0.3}))
     assert searcher.results == [("trial_0000", {"loss": 0.3, "config": {"lr": 0.3}, "trial_id": "trial_0000"}, False)]
     assert sampler.ask() == (1, {"lr": 0.1})
-
-
-def _ended(index, config, last, status="COMPLETED") -> TrialResult:
-    return TrialResult(
-        trial_id=f"trial_{index:04d}", index=index, name=f"t{index}", config=config, status=TrialStatus(status),
-        last=last, best=last.get("loss"),
-    )
 
 
 # ------------------------------------------------------------------------------------ tune.run's planning
@@ -178,21 +170,7 @@ def _ended(index, config, last, status="COMPLETED") -> TrialResult:
 
 @pytest.fixture
 def plan(monkeypatch):
-    planned = catching_plans(monkeypatch)
-    return lambda **kwargs: planned(lambda: tune.run(lambda config: None, **{"verbose": 0, **kwargs}))
-
-
-def _drive(sampler, objective, n=None) -> list[dict[str, Any]]:
-    """Ask and tell as the driver does, one trial at a time."""
-    configs = []
-    while n is None or len(configs) < n:
-        try:
-            number, config = sampler.ask()
-        except SamplerExhausted:
-            break
-        configs.append(config)
-        sampler.tell_result(number, _ended(number, config, {"loss": objective(config)}))
-    return configs
+    return planning(monkeypatch)
 
 
 def test_a_searcher_with_its_own_space_takes_no_domains_in_param_space(plan):
@@ -221,7 +199,7 @@ def test_concurrency_limiter_and_repeater_wrap_a_searcher(plan):
 
     searcher = ListSearcher([0.1, 0.2])
     sampler = plan(config={}, search_alg=Repeater(searcher, repeat=2), num_samples=4).sampler
-    configs = _drive(sampler, lambda c: c["lr"] + 0.01 * c["__trial_index__"])
+    configs = drive(sampler, lambda c: c["lr"] + 0.01 * c["__trial_index__"])
     assert [c["lr"] for c in configs] == [0.1, 0.1, 0.2, 0.2]
     # told once per config, the repeats' mean under the metric alone (Ray's Repeater)
     assert [(tid, res["loss"]) for tid, res, _ in searcher.results] == [
@@ -248,7 +226,7 @@ def _quadratic(config) -> float:
 def test_hyperopt_searches_a_tune_space_with_a_conditional_branch(plan):
     experiment = plan(config=SPACE, search_alg=HyperOptSearch(random_state_seed=0, n_initial_points=5),
                       metric="loss", mode="min", num_samples=20)
-    configs = _drive(experiment.sampler, _quadratic)
+    configs = drive(experiment.sampler, _quadratic)
     assert len(configs) == 20
     for c in configs:
         assert 1e-4 <= c["lr"] <= 1e-1 and c["epochs"] == 3
@@ -266,7 +244,7 @@ def test_hyperopt_searches_a_tune_space_with_a_conditional_branch(plan):
 def test_hyperopt_with_the_same_seed_and_results_proposes_the_same_configs(plan):
     def configs(seed):
         search = HyperOptSearch(SPACE, metric="loss", mode="min", random_state_seed=seed, n_initial_points=3)
-        return _drive(plan(search_alg=search, num_samples=8).sampler, _quadratic)
+        return drive(plan(search_alg=search, num_samples=8).sampler, _quadratic)
 
     assert configs(1) == configs(1) != configs(2)
 
@@ -280,7 +258,7 @@ def test_hyperopt_mode_max_maximises_and_a_missing_metric_is_told_as_failed(plan
         number, config = sampler.ask()
         seen.append(config["x"])
         last = {} if len(seen) == 2 else {"score": config["x"]}  # the second trial never reported the metric
-        sampler.tell_result(number, _ended(number, config, last))
+        sampler.tell_result(number, ended(number, config, last))
     told = {doc["tid"]: doc["result"]["status"] for doc in search._trials._dynamic_trials}  # HyperOpt's record
     assert told[1] == "fail" and set(told.values()) == {"ok", "fail"} and len(told) == 24
     assert np.mean(seen[-8:]) > 0.6  # it climbs towards x = 1
@@ -292,7 +270,7 @@ def test_hyperopt_points_to_evaluate_run_first_a_category_given_by_its_value(pla
         {"lr": 0.001, "batch_size": 64, "layers": 1, "activation": {"kind": "relu", "width": 16}},
     ]
     search = HyperOptSearch(SPACE, metric="loss", mode="min", points_to_evaluate=points, random_state_seed=0)
-    configs = _drive(plan(search_alg=search, num_samples=3).sampler, _quadratic)
+    configs = drive(plan(search_alg=search, num_samples=3).sampler, _quadratic)
     assert configs[:2] == [{**p, "epochs": 3} for p in points]
 
     with pytest.raises(ValueError, match=r"point 0 leaves out \['layers'\]: give every parameter"):
@@ -308,7 +286,7 @@ def test_hyperopt_takes_hyperopts_own_space_as_it_is(plan):
     space = {"lr": hp.loguniform("lr", math.log(1e-4), math.log(1e-1)), "opt": hp.choice("opt", ["sgd", "adam"])}
     search = HyperOptSearch(space, metric="loss", mode="min", random_state_seed=0,
                             points_to_evaluate=[{"lr": 0.01, "opt": 1}])  # hyperopt's own: a choice's index
-    configs = _drive(plan(config={"epochs": 2}, search_alg=search, num_samples=4).sampler,
+    configs = drive(plan(config={"epochs": 2}, search_alg=search, num_samples=4).sampler,
                      lambda c: c["lr"])
     assert configs[0] == {"epochs": 2, "lr": 0.01, "opt": "adam"}
     assert all(c["opt"] in ("sgd", "adam") and c["epochs"] == 2 for c in configs)
@@ -317,7 +295,7 @@ def test_hyperopt_takes_hyperopts_own_space_as_it_is(plan):
 def test_hyperopt_saved_and_restored_goes_on_where_it_was(plan, tmp_path):
     search = HyperOptSearch(SPACE, metric="loss", mode="min", random_state_seed=0, n_initial_points=3)
     sampler = plan(search_alg=search, num_samples=10).sampler
-    _drive(sampler, _quadratic, n=6)
+    drive(sampler, _quadratic, n=6)
     search.save(str(tmp_path / "searcher.pkl"))
     expected = search.suggest("next")
 

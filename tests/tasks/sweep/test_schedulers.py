@@ -321,3 +321,30 @@ def test_median_stopping_rule_stops_a_trial_below_the_median_of_the_others_runni
         MedianStoppingRule(hard_stop=False)
     with pytest.raises(ValueError, match="no numeric 'loss'"):
         low.on_trial_result("y", {"training_iteration": 2})
+
+
+def test_asha_brackets_have_rays_rungs_and_compare_a_trial_only_within_its_bracket() -> None:
+    """brackets=3 (Ray's asynchronous HyperBand): bracket s's rungs start at grace * rf**s, Ray's count of them;
+    trials are dealt by softmax over the rung counts from NumPy's global state (seeded: the same deal)."""
+    s = _asha(max_t=27, reduction_factor=3, brackets=3)
+    assert [[m for m, _ in reversed(b)] for b in s._brackets] == [[1, 3, 9, 27], [3, 9, 27], [9, 27]]
+    np.random.seed(0)
+    for i in range(300):
+        s.on_trial_add(f"t{i}")
+    dealt = [s.bracket_of(f"t{i}") for i in range(300)]
+    counts = [dealt.count(b) for b in range(3)]
+    # softmax of (4, 3, 2) rungs: 0.665, 0.245, 0.090 of the trials
+    assert counts[0] > counts[1] > counts[2] > 0 and abs(counts[0] / 300 - 0.665) < 0.08
+    np.random.seed(0)
+    again = _asha(max_t=27, reduction_factor=3, brackets=3)
+    for i in range(300):
+        again.on_trial_add(f"t{i}")
+    assert [again.bracket_of(f"t{i}") for i in range(300)] == dealt
+    # A trial of bracket 1 is not stopped at t=1 or judged against bracket 0's values at t=3.
+    zero = [t for t, b in enumerate(dealt) if b == 0][:2]
+    one = next(t for t, b in enumerate(dealt) if b == 1)
+    assert s.on_trial_result(f"t{zero[0]}", {"acc": 0.9, "training_iteration": 3}) == CONTINUE
+    assert s.on_trial_result(f"t{zero[1]}", {"acc": 0.1, "training_iteration": 3}) == STOP  # below bracket 0's
+    assert s.on_trial_result(f"t{one}", {"acc": 0.1, "training_iteration": 1}) == CONTINUE  # no rung at 1
+    assert s.on_trial_result(f"t{one}", {"acc": 0.1, "training_iteration": 3}) == CONTINUE  # first at its rung
+    assert "bracket 1: t=3: n=1" in s.debug_string() and "brackets=3" in repr(s)
