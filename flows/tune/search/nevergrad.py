@@ -173,8 +173,7 @@ def _converted(ng: Any, space: Mapping[str, Any]) -> Any:
         elif isinstance(value, RandInt):  # tune.randint's upper bound is exclusive
             params[label] = ng.p.Scalar(lower=value.low, upper=value.high - 1).set_integer_casting()
         elif isinstance(value, QRandInt):
-            low, high = -(-value.low // value.q), value.high // value.q
-            params[label] = ng.p.Choice([k * value.q for k in range(low, high + 1)])
+            params[label] = ng.p.Choice(value.enumerate())  # its multiples of q in [low, high]
         elif isinstance(value, Choice):
             params[label] = ng.p.Choice(list(value.values))
         else:
