@@ -9,7 +9,10 @@ searchers' own cost and quality, not the trials'.
     .venv/bin/python benchmarks/bench_searchers.py --budget 30 --timing-trials 200
 
 BayesOptSearch is left out: it searches continuous parameters only (as Ray's), and the space has an integer and a
-category; ``--continuous`` runs all five on the objective's two continuous parameters alone.
+category; ``--continuous`` runs them all on the objective's two continuous parameters alone. TuneBOHB is told each
+trial's one report at budget 1 (``training_iteration``), as a FIFO sweep of one-report trials tells it; AxSearch's
+Gaussian process is timed to a shorter history, as BayesOpt's is (``--gp-timing-trials``). ZOOpt searches the
+learning rate's exponent (``uniform(-5, -1)``: Ray's ZOOptSearch converts no ``loguniform``).
 
 The objective (minimised, 0 at lr=1e-2, momentum=0.9, layers=3, activation=relu) mixes what a real sweep has: a
 log-scale float, a bounded float, an integer and a category.
@@ -28,10 +31,13 @@ import numpy as np
 from sweepflow import tune
 from sweepflow.tasks.sweep.results import TrialResult, TrialStatus
 from sweepflow.tune._internal.searchers import plan
+from sweepflow.tune.search.ax import AxSearch
 from sweepflow.tune.search.bayesopt import BayesOptSearch
+from sweepflow.tune.search.bohb import TuneBOHB
 from sweepflow.tune.search.hyperopt import HyperOptSearch
 from sweepflow.tune.search.nevergrad import NevergradSearch
 from sweepflow.tune.search.optuna import OptunaSearch
+from sweepflow.tune.search.zoopt import ZOOptSearch
 
 SPACE = {
     "lr": tune.loguniform(1e-5, 1e-1),
@@ -41,9 +47,14 @@ SPACE = {
 }
 
 
+#: The same space with the learning rate's exponent searched (ZOOpt converts no ``loguniform``, as Ray's).
+EXPONENT_SPACE = {"log_lr": tune.uniform(-5.0, -1.0)} | {k: v for k, v in SPACE.items() if k != "lr"}
+
+
 def objective(config: dict[str, Any]) -> float:
+    log_lr = config["log_lr"] if "log_lr" in config else math.log10(config["lr"])
     return (
-        (math.log10(config["lr"]) + 2) ** 2
+        (log_lr + 2) ** 2
         + 4 * (config["momentum"] - 0.9) ** 2
         + 0.25 * abs(config["layers"] - 3)
         + {"relu": 0.0, "tanh": 0.3, "sigmoid": 0.8}[config["activation"]]
@@ -67,6 +78,9 @@ def searchers(seed: int, continuous: bool, budget: int) -> dict[str, Any]:
         "OptunaSearch (TPE)": OptunaSearch(metric="loss", mode="min", seed=seed),
         "HyperOptSearch (TPE)": HyperOptSearch(metric="loss", mode="min", random_state_seed=seed),
         "NevergradSearch (1+1)": _nevergrad(seed, continuous, budget),
+        "ZOOptSearch (ASRacos)": ZOOptSearch(budget=budget, metric="loss", mode="min"),
+        "TuneBOHB": TuneBOHB(metric="loss", mode="min", seed=seed),
+        "AxSearch (Sobol, then GP)": AxSearch(metric="loss", mode="min", random_seed=seed, verbose_logging=False),
     } | extra
 
 
@@ -95,7 +109,10 @@ def run(search_alg: Any, *, seed: int, trials: int, continuous: bool = False) ->
     space, objective_of = (CONTINUOUS, continuous_objective) if continuous else (SPACE, objective)
     if isinstance(search_alg, NevergradSearch):
         space = {}  # it searches the same space, written as ng.p parameters (seeded)
+    elif isinstance(search_alg, ZOOptSearch) and not continuous:
+        space = EXPONENT_SPACE
     sampler = plan(search_alg, None, space, num_samples=trials, metric="loss", mode="min", seed=seed).sampler
+    np.random.seed(seed)  # ZOOpt and BOHB's model draw from NumPy's global state
     values, seconds = [], []
     for _ in range(trials):
         started = time.perf_counter()
@@ -107,6 +124,9 @@ def run(search_alg: Any, *, seed: int, trials: int, continuous: bool = False) ->
             trial_id=f"trial_{number:04d}", index=number, name=str(number), config=config,
             status=TrialStatus.COMPLETED, last={"loss": value}, best=value,
         )
+        if hasattr(sampler, "on_report"):  # a Searcher hears the report before the trial's end (TuneBOHB learns so)
+            sampler.started(number, result.trial_id)
+            sampler.on_report(result.trial_id, {"loss": value, "training_iteration": 1})
         sampler.tell_result(number, result)
     return values, seconds
 
@@ -118,8 +138,8 @@ def main() -> None:
     parser.add_argument("--timing-trials", type=int, default=1000, help="history length for the timing table")
     parser.add_argument("--continuous", action="store_true", help="two continuous parameters, BayesOpt included")
     parser.add_argument(
-        "--bayesopt-timing-trials", type=int, default=200,
-        help="BayesOpt's history for the timing table (its Gaussian process takes ~1 s per suggestion at 100)",
+        "--gp-timing-trials", type=int, default=150,
+        help="BayesOpt's and Ax's history for the timing table (a Gaussian process grows cubically with it)",
     )
     args = parser.parse_args()
     c = args.continuous
@@ -140,7 +160,8 @@ def main() -> None:
     print(f"\nseconds per suggestion over {n} trials (ask only; the objective is free)")
     print(f"{'searcher':<26} {'first 100 mean':>15} {'last 100 mean':>15} {'whole run':>10}")
     for name, search_alg in searchers(0, c, n).items():
-        trials = min(n, args.bayesopt_timing_trials) if isinstance(search_alg, BayesOptSearch) else n
+        gp = isinstance(search_alg, BayesOptSearch | AxSearch)
+        trials = min(n, args.gp_timing_trials) if gp else n
         started = time.perf_counter()
         _, seconds = run(search_alg, seed=0, trials=trials, continuous=c)
         whole = time.perf_counter() - started

@@ -1,6 +1,7 @@
 """Every place sweepflow's tasks and flows (``sweepflow.tasks``, ``.flows``) rely on another library's internals,
-or on behaviour it does not document: MLflow, Prefect. (The services' own, for Dask's HTTP routes and CPython,
-are in ``sweepflow.infra.services.compat``; ddp_runtime's, for torch and Dask, in ``ddp_runtime._compat``.)
+or on behaviour it does not document: MLflow, Prefect, Ax (``AxSearch``). (The services' own, for Dask's HTTP
+routes and CPython, are in ``sweepflow.infra.services.compat``; ddp_runtime's, for torch and Dask, in
+``ddp_runtime._compat``.)
 
 Each reliance is one function here, saying what it works around, the version it was written against and what
 to do when it breaks; ``tests/repo/test_compat.py`` has a test per function that fails when the library changes
@@ -537,8 +538,21 @@ def start_temporary_prefect_server(timeout_s: int) -> None:
         raise TimeoutError(f"Prefect's temporary server did not answer within {timeout_s} s") from None
 
 
+# ---------------------------------------------------------------------------------------------------------- Ax
+
+
+def ax_experiment(client: Any) -> Any:
+    """The ``Experiment`` of Ax's ``ax.api.Client``, or None before ``configure_experiment``: ``AxSearch`` reads a
+    given Client's objective and outcome constraints, and checks points to evaluate against its search space.
+    Ax 1.x has no public getter (its ``_experiment`` property raises when none is set), so this reads the
+    ``_maybe_experiment`` attribute ``configure_experiment`` sets. Written for Ax 1.2 and 1.3. If it breaks: read
+    the attribute Ax's ``Client._experiment`` property now returns."""
+    return client._maybe_experiment
+
+
 __all__ = [
     "NO_RESULT",
+    "ax_experiment",
     "cached_task_result",
     "failed_state_exception",
     "start_temporary_prefect_server",

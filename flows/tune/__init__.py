@@ -18,7 +18,7 @@ Map of the Ray faces (``flows/tune``, ``flows/air``, ``flows/sgd``), in two kind
   (what a trial runs), ``searchers`` + ``search/optuna``, ``search/concurrency``, ``search/repeater`` (the
   search), ``stopper``, ``callback`` + ``hooks`` (a script's callbacks), ``trial_names``, ``session`` (what a
   trainable calls on a rank), ``shared`` (``with_parameters`` on the workers), ``analysis`` (the results),
-  ``reporter``, ``registry`` (``register_best``), ``utils/mock_trainable`` (Ray's examples' test trainable);
+  ``reporter`` + ``notebook`` (the trials tables), ``registry`` (``register_best``), ``utils/mock_trainable`` (Ray's examples' test trainable);
   ``air/integrations/mlflow``; ``sgd/plan``, ``sgd/pytorch``, ``sgd/replica``, ``sgd/state`` (Ray SGD's trainer
   on ddp_runtime).
 * **Ray's names only** -- a module path or constant a Ray script imports, holding nothing of its own: either it
@@ -35,6 +35,7 @@ import importlib
 from typing import Any
 
 from ddp_runtime import Checkpoint, CheckpointConfig, FailureConfig
+from sweepflow.tune._internal.resources import PlacementGroupFactory
 from sweepflow.tune._internal.trainable import function, with_parameters, with_resources
 from sweepflow.tune.class_trainable import Trainable
 from sweepflow.tune.not_built import refusing
@@ -66,6 +67,7 @@ _LAZY = {
     "TuneConfig": "sweepflow.tune.api",
     "RunConfig": "sweepflow.tune.api",
     "CLIReporter": "sweepflow.tune.reporter",
+    "JupyterNotebookReporter": "sweepflow.tune.notebook",
     "ExperimentAnalysis": "sweepflow.tune.analysis",
     "ResultGrid": "sweepflow.tune.analysis",
     "Result": "sweepflow.tune.analysis",
@@ -101,6 +103,7 @@ __all__ = [
     "uniform",
     "with_parameters",
     "with_resources",
+    "PlacementGroupFactory",
     *_LAZY,
 ]
 

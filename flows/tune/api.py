@@ -12,6 +12,7 @@ import ddp_runtime as train
 from ddp_runtime import CheckpointConfig
 from sweepflow.flows.settings import Settings
 from sweepflow.tasks.datasets.uris import redact
+from sweepflow.tune import notebook
 from sweepflow.tune._internal import runner, searchers
 from sweepflow.tune._internal.hooks import with_hooks
 from sweepflow.tune._internal.trainable import plan_trial, trainable_name
@@ -96,13 +97,24 @@ def run(
     experiment = replace(experiment, reuse_actors=_reuse_actors(reuse_actors, experiment))
     experiment = with_hooks(
         experiment,
-        where="tune.run",
-        callbacks=callbacks,
+        where="tune.run",  # the notebook reporter (by default, in a notebook) sees the trials through the hooks
+        callbacks=notebook.with_live(callbacks, progress_reporter := _reporter(progress_reporter, verbose, experiment), verbose),
         trial_name_creator=trial_name_creator,
         trial_dirname_creator=trial_dirname_creator,
         num_samples=num_samples,
     )
     return _run_classic(experiment, verbose, progress_reporter, raise_on_failed_trial, checkpoint_at_end)
+
+
+def _reporter(progress_reporter: CLIReporter | None, verbose: int, experiment: runner.TuneRequest) -> CLIReporter | None:
+    """The experiment's progress reporter (in a notebook, by default, ``JupyterNotebookReporter``)."""
+    return notebook.choose(
+        progress_reporter,
+        verbose,
+        metric=experiment.metric,
+        mode=experiment.mode,
+        searched=searchers.shown(experiment.searched, experiment.sampler),
+    )
 
 
 def _run_classic(
@@ -136,7 +148,9 @@ def finish(
 ) -> ExperimentAnalysis:
     """After the run: the trials table (unless ``verbose=0``), a warning naming the trials that ended without
     a checkpoint when ``checkpoint_at_end``, then Ray's ``TuneError`` for failed trials."""
-    if verbose:
+    if isinstance(progress_reporter, notebook.JupyterNotebookReporter) and verbose:
+        progress_reporter.report(analysis.trials, searched, links=notebook.run_links(analysis.trials, analysis.record))
+    elif verbose:
         (progress_reporter or CLIReporter()).report(analysis.trials, searched)
     without = [t.trial_id for t in analysis.trials if t.status != "ERROR" and t.checkpoint is None]
     if checkpoint_at_end and without:
@@ -270,6 +284,7 @@ class Tuner:
         self.run_config = run_config or RunConfig()
         self._errored: str | None = None  # set by restore(): what becomes of the experiment's failed trials
         self._results: ResultGrid | None = None  # what fit() returned
+        self._reporter: CLIReporter | None = None  # fit()'s progress reporter (in a notebook, by default, its own)
 
     @classmethod
     def restore(
@@ -423,10 +438,11 @@ class Tuner:
             restore_state=self._state(experiment.name),
             reuse_actors=_reuse_actors(tc.reuse_actors, experiment),
         )
+        self._reporter = _reporter(rc.progress_reporter, rc.verbose, experiment)
         return with_hooks(
             experiment,
             where="RunConfig",
-            callbacks=rc.callbacks,
+            callbacks=notebook.with_live(rc.callbacks, self._reporter, rc.verbose),
             trial_name_creator=tc.trial_name_creator,
             trial_dirname_creator=tc.trial_dirname_creator,
             num_samples=tc.num_samples,
@@ -457,7 +473,7 @@ class Tuner:
             ExperimentAnalysis(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives),
             searchers.shown(experiment.searched, experiment.sampler),
             verbose=rc.verbose,
-            progress_reporter=rc.progress_reporter,
+            progress_reporter=self._reporter,
             raise_on_failed_trial=rc.failure_config.fail_fast == "raise",  # else they are in the grid
         )
         self._results = ResultGrid(sweep.trials, metric=experiment.metric, mode=experiment.mode, record=record, objectives=experiment.objectives)

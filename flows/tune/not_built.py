@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-_BOHB = "BOHB is not built; use ASHAScheduler with OptunaSearch"
-_SEARCHER = (
-    "is not wrapped (one search library is: Optuna); use sweepflow.tune.search.optuna.OptunaSearch, or the "
-    "default random/grid search"
+_HEBO = (
+    "HEBOSearch is not built: HEBO 0.3.6, the newest release, requires numpy<1.25 (and pymoo==0.6.0), so it "
+    "cannot be installed beside sweepflow's numpy 2; use sweepflow.tune.search.zoopt.ZOOptSearch, "
+    "sweepflow.tune.search.optuna.OptunaSearch or sweepflow.tune.search.nevergrad.NevergradSearch"
 )
 _LOGGER = (
     "is not needed: every trial is already an MLflow run (params, every reported metric, checkpoints, status), "
@@ -30,9 +30,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "give your trainable the code that builds its environment",
         "SyncConfig": "there is nothing to sync: checkpoints go to MLflow's artifact store (local or S3) directly; "
         "give RunConfig(storage_path=...) or the tracking server's artifact root instead",
-        "PlacementGroupFactory": "placement groups are Ray's: give per-trial resources as a dict, "
-        "tune.with_resources(trainable, {'cpu': 1, 'gpu': 1}), or a TorchTrainer's ScalingConfig for a DDP group",
-        "JupyterNotebookReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
         "ProgressReporter": "use sweepflow.tune.CLIReporter (the table is printed when the experiment ends)",
         "ResumeConfig": "ResumeConfig is not built; give its choices to Tuner.restore(path, trainable, resume_errored=..., "
         "restart_errored=...): finished trials are read back and unfinished ones continue from their checkpoints",
@@ -51,23 +48,16 @@ NOT_BUILT: dict[str, dict[str, str]] = {
     "sweepflow.tune.schedulers": {
         "PopulationBasedTrainingReplay": "replaying a PBT policy is not built; use PopulationBasedTraining, and read "
         "each trial's config history in its MLflow run (pbt/config_history.json)",
-        "HyperBandForBOHB": _BOHB,
         "ResourceChangingScheduler": "trials keep the resources they started with; give them per trial with "
         "tune.with_resources",
     },
     # Ray's own module paths for the same names (its examples import from them).
-    "sweepflow.tune.schedulers.hb_bohb": {"HyperBandForBOHB": _BOHB},
-    "sweepflow.tune.search.ax": {"AxSearch": f"AxSearch {_SEARCHER}"},
-    "sweepflow.tune.search.bohb": {"TuneBOHB": f"TuneBOHB {_SEARCHER}"},
     "sweepflow.tune.search": {
         "SearchAlgorithm": "is Ray's internal layer under a searcher; use a subclass of "
         "sweepflow.tune.search.Searcher (suggest, on_trial_complete) instead",
         "SearchGenerator": "is Ray's internal wrapper of a Searcher; pass your sweepflow.tune.search.Searcher "
         "subclass itself as search_alg",
-        "AxSearch": f"AxSearch {_SEARCHER}",
-        "HEBOSearch": f"HEBOSearch {_SEARCHER}",
-        "ZOOptSearch": f"ZOOptSearch {_SEARCHER}",
-        "TuneBOHB": f"TuneBOHB {_SEARCHER}",
+        "HEBOSearch": _HEBO,
     },
     "sweepflow.tune.result": {
         name: "results carry no host or process fields; report them yourself: call tune.report({..., "
@@ -105,8 +95,7 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "(TorchTrainer(datasets={'train': ddp_runtime.data.read_csv(...)})) and ddp_runtime.DataConfig, or give the "
         "trainable its own data loading (large objects through tune.with_parameters)",
     },
-    "sweepflow.tune.search.hebo": {"HEBOSearch": f"HEBOSearch {_SEARCHER}"},
-    "sweepflow.tune.search.zoopt": {"ZOOptSearch": f"ZOOptSearch {_SEARCHER}"},
+    "sweepflow.tune.search.hebo": {"HEBOSearch": _HEBO},
     "sweepflow.tune.integration.ray_train": {
         "TuneReportCallback": "a Tune function trainable that starts a TorchTrainer per trial is not built; pass the "
         "trainer itself: Tuner(TorchTrainer(train_func, scaling_config=...), param_space={'train_loop_config': "
@@ -121,11 +110,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         name: "sweepflow tunes PyTorch training functions, Keras is not integrated: call sweepflow.tune.report from "
         "your loop"
         for name in ("TuneReportCallback", "TuneReportCheckpointCallback")
-    },
-    "sweepflow.air.integrations.wandb": {
-        name: "Weights & Biases is not integrated: every trial is an MLflow run (params, every reported metric, "
-        "checkpoints) and the experiment an MLflow parent run: use the MLflow UI and the sweep report to compare them"
-        for name in ("WandbLoggerCallback", "setup_wandb")
     },
     "sweepflow.air.integrations.comet": {
         "CometLoggerCallback": "Comet is not integrated: every trial is an MLflow run; use the MLflow UI and the "

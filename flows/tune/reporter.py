@@ -45,21 +45,35 @@ class CLIReporter:
     def table(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> str:
         """``trials``: ``Trial`` objects (``sweepflow.tune.analysis``); ``searched``: the config paths the search
         varies ("a/b" for nested keys), shown when no ``parameter_columns`` were given (as Ray does)."""
+        frame = pd.DataFrame(self.rows(trials, searched))
+        return self.heading(trials) + "\n" + frame.to_string(index=False, float_format=lambda v: f"{v:.6g}")
+
+    def heading(self, trials: Sequence[Any], total: int | None = None) -> str:
+        """The table's first line: how many trials, by status (``total``: how many the experiment proposes,
+        when more than have started)."""
+        statuses = pd.Series([t.status for t in trials], dtype=object).value_counts().to_dict()
+        count = f"{len(trials)}/{total}" if total and total > len(trials) else str(len(trials))
+        return f"Number of trials: {count} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
+
+    def rows(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """The table's rows, one per trial: its name and status, the parameter columns, the metric columns and
+        ``training_iteration``."""
         rows = []
         for t in trials:
             row: dict[str, Any] = {"Trial name": t.trial_id, "status": t.status}
             for key in self.parameter_columns or searched:
                 label = self.parameter_columns[key] if isinstance(self.parameter_columns, dict) else key
                 row[label] = _at(t.config, key)
-            metrics = self.metric_columns or [k for k in t.last_result if k not in ("config",)]
-            for key in metrics:
+            for key in self.metric_columns or self._inferred_metrics(t):
                 label = self.metric_columns[key] if isinstance(self.metric_columns, dict) else key
                 row[label] = t.last_result.get(key)
             row["training_iteration"] = t.last_result.get("training_iteration")
             rows.append(row)
-        statuses = pd.Series([t.status for t in trials]).value_counts().to_dict()
-        head = f"Number of trials: {len(trials)} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
-        return head + "\n" + pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.6g}")
+        return rows
+
+    def _inferred_metrics(self, trial: Any) -> list[str]:
+        """The metric columns when ``metric_columns`` is not given: every metric of the trial's last result."""
+        return [k for k in trial.last_result if k not in ("config",)]
 
     def report(self, trials: Sequence[Any], searched: Sequence[str] = ()) -> None:
         """Print ``table(trials, searched)``.

@@ -54,6 +54,18 @@ def place_trials(
     ``share_cores`` (the Tune face, as Ray on one machine): a trial asking more CPUs than one worker declares
     runs with that many threads per rank and fewer trials at once, and a CPU ask on workers that declare no CPU
     resource is a thread count, not a reservation; without it the resources are reserved as asked."""
+    if template.per_trial is not None:  # placed as its example; each trial's own shape when the trial is made
+        shapes = template.per_trial
+        placed, fits = place_trials(
+            client, replace(template, per_trial=None), share_cores=share_cores, asked_by=asked_by, log=log
+        )
+
+        def placed_shape(config: dict[str, Any]) -> dict[str, Any]:
+            asked = replace(template, per_trial=None, **shapes(config))
+            granted, _ = place_trials(client, asked, share_cores=share_cores, asked_by=_asked(asked))
+            return {name: getattr(granted, name) for name in _SHAPE_FIELDS}
+
+        return replace(placed, per_trial=placed_shape), fits
     if not share_cores:
         return template, _fits(client, template, template.resources_per_rank, asked_by)
     template, shared_cores = _share_cores(client, template)
@@ -66,6 +78,13 @@ def place_trials(
     resources = _declared_resources(client, template)
     fits = _fits(client, template, resources, asked_by)
     return replace(template, resources_per_rank=resources), min(fits, shared_cores or fits)
+
+
+_SHAPE_FIELDS = ("num_ranks", "resources_per_rank", "use_gpu", "threads_per_rank")
+
+
+def _asked(template: TrialTemplate) -> str:
+    return f"a trial's resources function ({template.num_ranks} rank(s) of {template.resources_per_rank})"
 
 
 def _share_cores(client: Any, template: TrialTemplate) -> tuple[TrialTemplate, int | None]:
@@ -87,10 +106,15 @@ def _share_cores(client: Any, template: TrialTemplate) -> tuple[TrialTemplate, i
 
 
 def _declared_resources(client: Any, template: TrialTemplate) -> dict[str, float]:
-    """The template's per-rank resources as this cluster can grant them: GPU always; CPU only when the workers
-    declare it (otherwise a worker is one slot, its threads the CPUs a rank gets)."""
-    declared = {name for w in client.scheduler_info()["workers"].values() for name in (w.get("resources") or {})}
-    return {name: v for name, v in template.resources_per_rank.items() if name != "CPU" or "CPU" in declared}
+    """The template's per-rank resources as this cluster can grant them: GPU and custom resources always; CPU only
+    when the workers declare it (otherwise a worker is one slot, its threads the CPUs a rank gets); memory when
+    they declare it, else none when a worker's memory limit holds it."""
+    workers = client.scheduler_info()["workers"].values()
+    declared = {name for w in workers for name in (w.get("resources") or {})}
+    # Ray's "memory" (bytes): a reservation where the workers declare it, else a worker's memory limit holds it
+    held = max((float(w.get("memory_limit") or 0) for w in workers), default=0.0)
+    undeclared = {"CPU"} | ({"memory"} if template.resources_per_rank.get("memory", 0.0) <= held else set())
+    return {name: v for name, v in template.resources_per_rank.items() if name not in undeclared or name in declared}
 
 
 def _fits(client: Any, template: TrialTemplate, resources: dict[str, float], asked_by: str) -> int:

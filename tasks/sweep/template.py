@@ -53,6 +53,10 @@ class TrialTemplate:
     # trial's group gets them, each rank its shard (``get_dataset_shard``)
     datasets: dict[str, Any] = field(default_factory=dict)
     dataset_config: Any = None
+    # Each trial's group from its config (``tune.with_resources`` given a function of the config): the template
+    # fields it sets (num_ranks, resources_per_rank, use_gpu, threads_per_rank), as the cluster grants them once
+    # placed; None: every trial's group is this template's.
+    per_trial: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -68,6 +72,8 @@ class TrialTemplate:
 
     def trial(self, index: int, params: dict[str, Any], resume: ResumeFrom | None = None) -> SweepTrial:
         """Trial number ``index`` of the sweep, with its sampled ``params`` (``resume``: it continues in its run)."""
+        if self.per_trial is not None:
+            return replace(self, per_trial=None, **self.per_trial(params)).trial(index, params, resume)
         trial_id = f"trial_{index:04d}"
         shown = [name for name in self.varying_names if name in params]
         name = f"{trial_id}-{describe_trial(params, shown)}" if shown else trial_id

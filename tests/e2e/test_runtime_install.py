@@ -44,6 +44,8 @@ OPTIONAL = {
     "`stack up` with a database URL (checked before the stack starts)",
     ("tasks/training/system_metrics.py", "_nvml_gpus", "pynvml"): "GPU hosts: GPU system metrics when NVML is "
     "there (skipped without it)",
+    ("flows/tune/notebook.py", "_show", "IPython.display"): "Jupyter: JupyterNotebookReporter displays only in a "
+    "kernel, where IPython is (in_notebook() checks that first)",
 }
 #: The extras' integrations: a class of ours that needs its extra imports it when made (one sentence naming the
 #: extra without it), and only such an object's methods import more of it.
@@ -59,6 +61,21 @@ OPTIONAL.update(
              "a method: bayesian-optimization 2.x's acquisition module"),
             ("flows/tune/search/nevergrad.py", "_nevergrad", "nevergrad", "nevergrad", "NevergradSearch", "made"),
             ("flows/tune/search/hyperopt.py", "_hyperopt", "hyperopt", "hyperopt", "HyperOptSearch", "made"),
+            ("flows/tune/search/bohb.py", "_bohb", "ConfigSpace", "bohb", "TuneBOHB", "made"),
+            ("flows/tune/search/bohb.py", "_bohb", "hpbandster.optimizers.config_generators.bohb", "bohb", "TuneBOHB",
+             "made"),
+            ("flows/tune/search/zoopt.py", "_zoopt", "zoopt", "zoopt", "ZOOptSearch", "made"),
+            ("flows/tune/search/zoopt.py", "_zoopt", "zoopt.algos.opt_algorithms.racos.sracos", "zoopt",
+             "ZOOptSearch", "made"),
+            ("flows/tune/search/zoopt.py", "_zoopt", "zoopt.utils.zoo_global", "zoopt", "ZOOptSearch", "made"),
+            ("flows/air/integrations/wandb.py", "_import_wandb", "wandb", "wandb",
+             "WandbLoggerCallback and setup_wandb", "made / called"),
+            ("flows/tune/search/ax.py", "_ax", "ax.api", "ax", "AxSearch", "made"),
+            ("flows/tune/search/ax.py", "__init__", "ax.utils.common.logger", "ax", "AxSearch", "made"),
+            ("flows/tune/search/ax.py", "suggest", "ax.exceptions.core", "ax", "AxSearch", "a method"),
+            ("flows/tune/search/ax.py", "_user_error", "ax.exceptions.core", "ax", "AxSearch", "a method"),
+            ("flows/tune/search/ax.py", "suggest", "ax.exceptions.generation_strategy", "ax", "AxSearch",
+             "a method"),
         )
     }
 )

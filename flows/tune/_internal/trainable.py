@@ -15,8 +15,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from ddp_runtime.config import ScalingConfig
 from sweepflow.tasks.sweep.template import TrialTemplate
 from sweepflow.tune import session
+from sweepflow.tune._internal.resources import (
+    PlacementGroupFactory,
+    Shape,
+    TrialShapes,
+    dask_resources,
+    example_config,
+    shape_of,
+)
 from sweepflow.tune.class_trainable import ClassTrainableRun, is_class_trainable
 from sweepflow.tune.shared import SharedValue
 
@@ -81,31 +90,20 @@ def with_parameters(trainable: Any, **kwargs: Any) -> Any:
 
 
 class _WithResources:
-    def __init__(self, trainable: Any, resources: dict[str, float]) -> None:
+    def __init__(self, trainable: Any, resources: Any) -> None:
         self.trainable = trainable
         self.resources = resources
         self.__name__ = _name_of(trainable)
 
 
-def with_resources(trainable: Any, resources: Mapping[str, float]) -> Any:
-    """Resources per trial, e.g. ``{"cpu": 2, "gpu": 0.5}`` (fractional GPUs share a GPU between trials)."""
-    return _WithResources(trainable, _checked_resources("tune.with_resources", resources))
-
-
-def _checked_resources(where: str, resources: Mapping[str, Any] | None) -> dict[str, float]:
-    if resources is None:
-        return {}
-    if not isinstance(resources, Mapping):
-        raise TypeError(f'{where}: resources must be a dict like {{"cpu": 1, "gpu": 0}}, got {resources!r}')
-    out: dict[str, float] = {}
-    for key, value in resources.items():
-        name = key.lower()
-        if name not in ("cpu", "gpu"):
-            raise ValueError(f'{where}: unknown resource {key!r}; give "cpu" and/or "gpu"')
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"{where}: {key} must be a number >= 0, got {value!r}")
-        out[name] = float(value)
-    return out
+def with_resources(trainable: Any, resources: Any) -> Any:
+    """Resources per trial, as Ray takes them (``_internal/resources.py`` maps them onto Dask): a dict
+    (``{"cpu": 2, "gpu": 0.5}``; fractional GPUs share a GPU between trials; ``memory`` in bytes; other keys are
+    Dask worker resources), a ``ScalingConfig`` (a DDP group of its workers, the trainable on every rank), a
+    ``PlacementGroupFactory``, or a function of the trial's config returning one of these (evaluated per trial)."""
+    if not _is_function_of_config(resources):
+        shape_of("tune.with_resources", resources)  # a mistake refused here, not when the run starts
+    return _WithResources(trainable, resources)
 
 
 class DistributedTrainableCreator:
@@ -135,9 +133,7 @@ class DistributedTrainableCreator:
             )
         self.func = func
         self.num_workers = num_workers
-        self.resources = _checked_resources(
-            "DistributedTrainableCreator", {"cpu": num_cpus_per_worker, "gpu": gpus}
-        )
+        self.resources = dask_resources("DistributedTrainableCreator", {"cpu": num_cpus_per_worker, "gpu": gpus})
         self.backend = backend
         self.timeout_s = timeout_s
         self.__name__ = _name_of(func)
@@ -153,7 +149,7 @@ def trainable_name(trainable: Any) -> str:
 
 def plan_trial(
     trainable: Any,
-    resources_per_trial: Mapping[str, Any] | None,
+    resources_per_trial: Any,
     config_example: dict[str, Any],
     *,
     checkpoint_frequency: int = 0,
@@ -163,37 +159,39 @@ def plan_trial(
     """What each trial of the trainable runs (the function on every rank, the group's shape); the sweep's
     ranking and retention are filled in by the runner. ``checkpoint_frequency``/``checkpoint_at_end`` drive a
     class trainable's checkpoints. Raises with the fix when it cannot be run."""
-    trainable, parameters, resources, given_resources = _unwrapped(trainable, resources_per_trial)
+    trainable, parameters, resources, where = _unwrapped(trainable, resources_per_trial)
     if is_class_trainable(trainable):
-        return _class_template(
+        if resources is None:
+            requested = trainable.default_resource_request(dict(config_example))
+            resources, where = requested, f"{trainable.__name__}.default_resource_request"
+        run = ClassTrainableRun(
             trainable,
-            config_example,
-            parameters,
-            resources,
-            given_resources,
+            parameters=parameters,
             checkpoint_frequency=checkpoint_frequency,
             checkpoint_at_end=checkpoint_at_end,
         )
+        return _shaped(run, resources, where, config_example, one_rank=_name_of(trainable))
     _check_function_checkpoints(checkpoint_frequency, checkpoint_at_end, refuse_at_end_for_functions)
 
     if isinstance(trainable, DistributedTrainableCreator):
-        if resources_per_trial:
+        if resources is not None:
             raise ValueError(
                 "tune.run(DistributedTrainableCreator(...), resources_per_trial=...): the creator sets the resources "
                 "(num_workers, num_cpus_per_worker, num_gpus_per_worker); pass resources_per_trial=None"
             )
-        return _template(ClassicFunction(trainable.func, parameters), trainable.num_workers, trainable.resources)
+        fn = ClassicFunction(trainable.func, parameters)
+        return _template(fn, Shape(trainable.num_workers, trainable.resources))
     planner = getattr(trainable, "_sweepflow_trial_template", None)
-    if planner is not None:
-        if resources_per_trial or resources:
-            raise ValueError(
-                f"resources for {_name_of(trainable)} are set by the trainable itself (its num_replicas / use_gpu "
-                "config): clear resources_per_trial (or tune.with_resources)"
-            )
-        plan = planner(config_example)
-        per_rank = {k.lower(): float(v) for k, v in (plan.get("resources_per_rank") or {}).items()}
-        return _template(plan["function"], int(plan.get("num_ranks", 1)), per_rank)
     torch_trainer = _as_torch_trainer(trainable)
+    if (planner is not None or torch_trainer is not None) and resources is not None:
+        raise ValueError(
+            f"resources for {_name_of(trainable)} are set by the trainable itself (its scaling_config / num_replicas "
+            "/ use_gpu): clear resources_per_trial (or tune.with_resources)"
+        )
+    if planner is not None:
+        plan = planner(config_example)
+        per_rank = dask_resources(_name_of(trainable), plan.get("resources_per_rank") or {})
+        return _template(plan["function"], Shape(int(plan.get("num_ranks", 1)), per_rank))
     if torch_trainer is not None:
         return _torch_trainer_template(torch_trainer)
     if inspect.isclass(trainable):
@@ -203,48 +201,51 @@ def plan_trial(
         )
     if not callable(trainable):
         raise TypeError(f"the trainable must be a function, got {type(trainable).__name__}")
-    return _template(ClassicFunction(trainable, parameters), 1, resources)
+    return _shaped(ClassicFunction(trainable, parameters), resources, where, config_example)
 
 
-def _unwrapped(
-    trainable: Any, resources_per_trial: Mapping[str, Any] | None
-) -> tuple[Any, dict[str, Any], dict[str, float], bool]:
+def _unwrapped(trainable: Any, resources_per_trial: Any) -> tuple[Any, dict[str, Any], Any, str]:
     """The trainable inside its ``tune.with_parameters`` / ``tune.with_resources`` wrappers, and what they
-    give: (trainable, parameters, resources, whether resources were given)."""
+    give: (trainable, parameters, the resources asked (None: not given), who asked them)."""
     parameters: dict[str, Any] = {}
-    resources = _checked_resources("resources_per_trial", resources_per_trial)
-    given_resources = bool(resources)
+    resources, where = resources_per_trial or None, "resources_per_trial"
     while isinstance(trainable, _WithParameters | _WithResources):
         if isinstance(trainable, _WithParameters):
             parameters.update(trainable.parameters)
         else:
-            resources = dict(trainable.resources)
-            given_resources = True
+            resources, where = trainable.resources, "tune.with_resources"
         trainable = trainable.trainable
-    return trainable, parameters, resources, given_resources
+    return trainable, parameters, resources, where
 
 
-def _class_template(
-    trainable: Any,
-    config_example: dict[str, Any],
-    parameters: dict[str, Any],
-    resources: dict[str, float],
-    given_resources: bool,
-    *,
-    checkpoint_frequency: int,
-    checkpoint_at_end: bool,
+def _is_function_of_config(resources: Any) -> bool:
+    return callable(resources) and not isinstance(resources, ScalingConfig | PlacementGroupFactory)
+
+
+def _shaped(
+    function: Callable[..., Any], resources: Any, where: str, config_example: dict[str, Any], *, one_rank: str = ""
 ) -> TrialTemplate:
-    """A class trainable's trial: one rank, on the resources given, else its ``default_resource_request``."""
-    requested = trainable.default_resource_request(dict(config_example))
-    if requested is not None and not given_resources:
-        resources = _checked_resources(f"{trainable.__name__}.default_resource_request", requested)
-    run = ClassTrainableRun(
-        trainable,
-        parameters=parameters,
-        checkpoint_frequency=checkpoint_frequency,
-        checkpoint_at_end=checkpoint_at_end,
-    )
-    return _template(run, 1, resources)
+    """The template of ``function`` on the group ``resources`` asks for; a function of the config is evaluated
+    on a config drawn from the space (its mistakes refused now) and again for each trial (``per_trial``).
+    ``one_rank``: the class trainable's name, which runs as one rank (a group is refused)."""
+
+    def check(shape: Shape) -> None:
+        if one_rank and shape.num_ranks > 1:
+            raise ValueError(
+                f"{where}: {one_rank} is a class trainable, which runs as one rank; ask for one bundle (a dict), or "
+                "write the training as a function fn(config), which runs on every rank of a group"
+            )
+
+    if resources is None:
+        return _template(function, Shape(1, {}))
+    if not _is_function_of_config(resources):
+        shape = shape_of(where, resources)
+        check(shape)
+        return _template(function, shape)
+    example = example_config(config_example)
+    shape = Shape(1, {}) if example is None else shape_of(where, resources, config=example)
+    check(shape)
+    return replace(_template(function, shape), per_trial=TrialShapes(where, resources, check))
 
 
 def _check_function_checkpoints(
@@ -268,11 +269,9 @@ def _check_function_checkpoints(
 def _torch_trainer_template(torch_trainer: Any) -> TrialTemplate:
     """A ``TorchTrainer``'s trial: its ``train_loop_per_worker`` on its ``scaling_config``, with its data."""
     scaling = torch_trainer.scaling_config
-    per_rank = {k.lower(): float(v) for k, v in scaling.worker_resources.items()}
     template = _template(
         _ConfigUnder(torch_trainer.train_loop_per_worker, "train_loop_config"),
-        scaling.num_workers,
-        per_rank,
+        Shape(scaling.num_workers, {k: float(v) for k, v in scaling.worker_resources.items()}),
         base_config=dict(torch_trainer.train_loop_config or {}),
     )
     # Its datasets go to every trial's group (each rank reads its shard), not only its loop.
@@ -281,18 +280,14 @@ def _torch_trainer_template(torch_trainer: Any) -> TrialTemplate:
     )
 
 
-def _template(
-    function: Callable[..., Any], num_ranks: int, resources: Mapping[str, float], base_config: dict[str, Any] | None = None
-) -> TrialTemplate:
-    """``resources``: per rank in Ray's spelling ({"cpu": 2, "gpu": 0.5}); the template holds Dask's ({"CPU": 2,
-    "GPU": 0.5}), zero entries left out (the runner drops CPU on a cluster whose workers do not declare it)."""
+def _template(function: Callable[..., Any], shape: Shape, base_config: dict[str, Any] | None = None) -> TrialTemplate:
+    """``shape``: the group, its per-rank resources in Dask's names ({"CPU": 2, "GPU": 0.5}), zero entries left
+    out (the runner drops CPU on a cluster whose workers do not declare it)."""
     return TrialTemplate(
         train_fn=function,
         train_loop_config=dict(base_config or {}),
-        num_ranks=num_ranks,
-        resources_per_rank={name.upper(): float(v) for name, v in resources.items() if v},
-        use_gpu=float(resources.get("gpu", 0) or 0) > 0,
         seed=None,  # Ray seeds nothing on its own: the trial's config is the user's
+        **shape.fields(),
     )
 
 

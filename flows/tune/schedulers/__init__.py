@@ -20,11 +20,13 @@ from sweepflow.tasks.sweep.schedulers import (
     TrialScheduler,
 )
 from sweepflow.tune.not_built import refusing
+from sweepflow.tune.schedulers.hb_bohb import HyperBandForBOHB
 
 __all__ = [
     "ASHAScheduler",
     "AsyncHyperBandScheduler",
     "FIFOScheduler",
+    "HyperBandForBOHB",
     "HyperBandScheduler",
     "MedianStoppingRule",
     "PB2",
@@ -60,7 +62,7 @@ def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
 
     Raises:
         ValueError: an unknown name (the known ones listed), or keywords the scheduler does not take.
-        NotBuiltError: a scheduler that is not built here (``hb_bohb``, ``pbt_replay``, ``resource_changing``).
+        NotBuiltError: a scheduler that is not built here (``pbt_replay``, ``resource_changing``).
     """
     from sweepflow.tune.by_name import create_by_ray_name
 
@@ -74,7 +76,7 @@ def resolve(scheduler: Any) -> TrialScheduler:
     if not isinstance(scheduler, TrialScheduler):
         raise TypeError(
             f"scheduler={scheduler!r}: use sweepflow.tune.schedulers.ASHAScheduler(...), MedianStoppingRule(...), "
-            "HyperBandScheduler(...), PopulationBasedTraining(...), PB2(...) or FIFOScheduler()"
+            "HyperBandScheduler(...), HyperBandForBOHB(...), PopulationBasedTraining(...), PB2(...) or FIFOScheduler()"
         )
     return scheduler
 

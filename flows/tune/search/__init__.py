@@ -45,7 +45,8 @@ _refuse = refusing(__name__)  # Ray names not built here: refused with the reaso
 
 
 def __getattr__(name: str) -> Any:
-    """``sweepflow.tune.search.HyperOptSearch`` (and ``BayesOptSearch``, ``NevergradSearch``): Ray's lazy names
+    """``sweepflow.tune.search.HyperOptSearch`` (and ``BayesOptSearch``, ``NevergradSearch``, ``TuneBOHB``,
+    ``ZOOptSearch``, ``AxSearch``): Ray's lazy names
     for the searchers in their own modules (imported only when asked for: each needs its extra); Ray names not
     built are refused."""
     if name in _LAZY:
@@ -56,4 +57,7 @@ def __getattr__(name: str) -> Any:
 
 
 #: Ray's lazy names for the searchers in their own modules (each needs its extra, imported only when asked for).
-_LAZY = {"HyperOptSearch": "hyperopt", "BayesOptSearch": "bayesopt", "NevergradSearch": "nevergrad"}
+_LAZY = {
+    "HyperOptSearch": "hyperopt", "BayesOptSearch": "bayesopt", "NevergradSearch": "nevergrad", "TuneBOHB": "bohb",
+    "ZOOptSearch": "zoopt", "AxSearch": "ax",
+}

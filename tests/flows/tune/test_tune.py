@@ -259,8 +259,8 @@ def test_mistakes_are_refused_before_any_work(services):
         tune.run(quality_trainable, config={}, scheduler=ASHAScheduler(max_t=4))
     with pytest.raises(ValueError, match="lower < upper"):
         tune.loguniform(1e-1, 1e-4)
-    with pytest.raises(ValueError, match="unknown resource"):
-        tune.run(quality_trainable, config={}, resources_per_trial={"tpu": 1})
+    with pytest.raises(ValueError, match="object store"):
+        tune.run(quality_trainable, config={}, resources_per_trial={"object_store_memory": 1})
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs_before
 
 
