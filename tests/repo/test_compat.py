@@ -979,3 +979,18 @@ def test_dask_names_its_nannys_worker_process_as_main_not_rerun_in_is_told(clust
 
     names = cluster.run(lambda: multiprocessing.current_process().name)
     assert set(names.values()) == {ddp_compat.NANNY_WORKER_PROCESS_NAME}, names
+
+
+# ---------------------------------------------------------------------------------------------------------- Ax
+
+
+def test_ax_experiment_is_none_before_configure_experiment_and_the_clients_experiment_after():
+    pytest.importorskip("ax")
+    from ax.api import Client
+    from ax.api.configs import RangeParameterConfig
+
+    client = Client()
+    assert compat.ax_experiment(client) is None
+    client.configure_experiment(parameters=[RangeParameterConfig(name="x", parameter_type="float", bounds=(0.0, 1.0))])
+    experiment = compat.ax_experiment(client)
+    assert experiment is client._experiment and list(experiment.search_space.parameters) == ["x"]

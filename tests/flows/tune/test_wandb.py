@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import sys
+import time
 import zlib
 
 import pytest
@@ -52,6 +53,8 @@ def records(path: str) -> list:
             pos += left  # a block's zero padding
             continue
         crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        if pos + _HEADER + length > len(data):
+            break  # a chunk still being written
         chunk = data[pos + _HEADER : pos + _HEADER + length]
         assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == crc, f"{path}: a corrupt record at {pos}"
         pos += _HEADER + length
@@ -65,11 +68,22 @@ def records(path: str) -> list:
     return found
 
 
+def _finished_records(log_file: str, timeout: float = 60.0) -> list:
+    """The log's records once its exit record is in: ``run.finish()`` returns when W&B's service has the run's
+    end, and its writer (another process) may still be flushing the file; a loaded machine shows it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = records(log_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def read_run(run_dir: str) -> dict:
     """An offline run's id, name, group, project, config, history rows and exit code."""
     (log_file,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     run, config, history, exit_code = None, {}, [], None
-    for record in records(log_file):
+    for record in _finished_records(log_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
