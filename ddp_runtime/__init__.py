@@ -18,6 +18,7 @@ Knows nothing of Prefect or MLflow: it needs only torch and dask.distributed.
 from ddp_runtime import collective  # ray.train.collective: barrier, broadcast_from_rank_zero
 from ddp_runtime._gang import InsufficientResourcesError
 from ddp_runtime._gpus import GPUPlacementError, get_devices
+from ddp_runtime.callback import TrainRunContext, UserCallback
 from ddp_runtime.checkpoint import Checkpoint
 from ddp_runtime.config import (
     CheckpointConfig,
@@ -77,7 +78,9 @@ __all__ = [
     "StopTraining",
     "TorchConfig",
     "TrainContext",
+    "TrainRunContext",
     "TrainingFailedError",
+    "UserCallback",
     "get",
     "get_all_reported_checkpoints",
     "get_checkpoint",

@@ -41,6 +41,7 @@ class _Reservation:
     resources: dict[str, float]
     exclusive: bool
     pending_keys: set[str] = field(default_factory=set)  # rank tasks still to finish
+    lent: bool = False  # its rank drives a group of its own, which may take its workers (``lend``)
 
 
 @dataclass
@@ -67,7 +68,7 @@ class _GangState:
         slots, resources, exclusive = 0, {}, False
         for res in self.reservations.values():
             n = res.addresses.count(address)
-            if not n:
+            if not n or res.lent:
                 continue
             slots += n
             exclusive = exclusive or res.exclusive
@@ -203,6 +204,20 @@ def _try_reserve(
     for key in rank_keys:
         state.by_key[key] = group_id
     return "reserved", chosen
+
+
+def lend(group_id: str, dask_scheduler: Any = None) -> bool:
+    """Run on the scheduler: a 1-rank group whose rank fits a ``TorchTrainer`` of its own (Ray Train v2's Tune
+    pattern: the trial's function drives a DDP group) gives its worker and resources to the groups placed from
+    now on, until its rank ends; its rank has seceded from the worker's threads, so it waits without holding one.
+    Returns whether the group held a reservation here."""
+    state = _state(dask_scheduler)
+    reservation = state.reservations.get(group_id)
+    if reservation is None:
+        return False
+    reservation.lent = True
+    state.notify()
+    return True
 
 
 def release(group_id: str, dask_scheduler: Any = None) -> None:

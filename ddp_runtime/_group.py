@@ -38,6 +38,7 @@ from ddp_runtime._worker import (
     run_rank,
     verdicts_queue_name,
 )
+from ddp_runtime.callback import TrainRunContext, UserCallback
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint, select_kept
 from ddp_runtime.config import RunConfig, ScalingConfig, TorchConfig, default_storage_path, stop_met
 from ddp_runtime.result import RankError, RankHangError
@@ -83,6 +84,8 @@ class Trainer(Protocol):
     torch_config: TorchConfig
     storage: RunStorage
     on_report: ReportCallback | None
+    callbacks: list[UserCallback]  # RunConfig(callbacks=...): called with each report (``callback``)
+    run_context: TrainRunContext
 
 
 class WorkerRestarts:
@@ -156,6 +159,10 @@ class GroupRun:
         self.channel = f"sweepflow-{self.group_id}-a{attempt}"
         self.error: BaseException | None = None
         self.stopped = False
+        # What a UserCallback raised (StopTraining or an error): the group stops, fit() raises it after.
+        self.callback_raised: BaseException | None = None
+        # a report whose callbacks wait for its checkpoint (a multi-rank group's, committed after its metrics)
+        self._awaiting_checkpoint: dict[str, Any] | None = None
         self.train_time_s = 0.0
         self.held_s = 0.0  # from the reservation to its release, less the start-up below
         # Seconds the group waited for cold workers' one-time start-up (imports; the slowest rank's): not the
@@ -177,6 +184,7 @@ class GroupRun:
             reserved_at = time.perf_counter()
             try:
                 self._launch_and_watch(addresses, reports, verdicts)
+                self.flush_callbacks()
             finally:
                 # Usually a no-op: the reservation ended on the scheduler when the last rank task finished.
                 # It matters when a rank's worker died or the launch itself failed.
@@ -453,24 +461,51 @@ class GroupRun:
     def _on_report(self, message: dict[str, Any]) -> str:
         for payload in message.get("side", ()):  # posted before this report: they go first
             self._on_side(payload)
-        if message["metrics"] is None:  # the checkpoint the last verdict asked for: the last report's
+        # No metrics: the last report's checkpoint (one its verdict asked for, or a multi-rank group's files).
+        if message["metrics"] is None:
             if message["checkpoint"] is not None:
-                self._track_checkpoint(message["checkpoint"], self.history[-1])
+                checkpoint = self._track_checkpoint(message["checkpoint"], self.history[-1])
+                if self._awaiting_checkpoint is not None:
+                    self._call_back(self._awaiting_checkpoint, checkpoint)
             return CONTINUE  # rank 0 goes by the verdict it had
+        self.flush_callbacks()  # a report whose checkpoint never came (its group failed meanwhile)
         metrics = dict(message["metrics"])
         metrics.setdefault("training_iteration", len(self.history) + 1)
         self.history.append(metrics)
+        checkpoint = None
         if message["checkpoint"] is not None:
-            self._track_checkpoint(message["checkpoint"], metrics)
+            checkpoint = self._track_checkpoint(message["checkpoint"], metrics)
+        if message.get("checkpoint_follows"):
+            self._awaiting_checkpoint = metrics
+        else:
+            self._call_back(metrics, checkpoint)
         callback = self.trainer.on_report
         answer = callback(dict(metrics)) if callback is not None else None
         verdict = answer if isinstance(answer, Verdict) else Verdict(stop=bool(answer))
         stop = verdict.stop or stop_met(self.trainer.run_config.stop, self.trainer.name, metrics)
+        stop = stop or self.callback_raised is not None
         if verdict.checkpoint and message["checkpoint"] is None:
             return CHECKPOINT_THEN_STOP if stop else CHECKPOINT_THEN_CONTINUE
         return STOP if stop else CONTINUE
 
-    def _track_checkpoint(self, path: str, metrics: dict[str, Any]) -> None:
+    def _call_back(self, metrics: dict[str, Any], checkpoint: Checkpoint | None) -> None:
+        """The trainer's ``UserCallback.after_report`` hooks, once per report; what one raises stops the group
+        (kept in ``callback_raised``) and the later hooks of that report are not called."""
+        self._awaiting_checkpoint = None
+        for callback in self.trainer.callbacks:
+            if self.callback_raised is not None:
+                return
+            try:
+                callback.after_report(self.trainer.run_context, [dict(metrics)], checkpoint)
+            except BaseException as raised:  # noqa: BLE001 - StopTraining included: fit() raises it after the group
+                self.callback_raised = raised
+
+    def flush_callbacks(self) -> None:
+        """Call back a report still waiting for its checkpoint, without one."""
+        if self._awaiting_checkpoint is not None:
+            self._call_back(self._awaiting_checkpoint, None)
+
+    def _track_checkpoint(self, path: str, metrics: dict[str, Any]) -> Checkpoint:
         cfg = self.trainer.run_config.checkpoint_config
         ckpt = Checkpoint(path, storage_options=self.trainer.run_config.storage_options)
         index = (self.committed[-1].index + 1) if self.committed else 0
@@ -484,6 +519,7 @@ class GroupRun:
         for stored in doomed:
             self.trainer.storage.delete(stored)
         self.committed = kept
+        return ckpt
 
     def _teardown(self, futures: list[Future], addresses: list[str]) -> list[dict[str, Any]]:
         """End every rank of the group, within a bounded time; returns the ranks' outcomes.

@@ -220,12 +220,19 @@ class _Rank0Link:
         self._opener = threading.Thread(target=open_queues, name=f"{spec.channel}-open", daemon=True)
         self._opener.start()
 
-    def send(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None) -> tuple[bool, bool]:
-        """Send one report (``metrics`` None: the checkpoint the last verdict asked for, for that report) and the
-        side messages posted since the last; returns whether the driver asks the group to stop, and whether it
-        asks for a checkpoint of the report."""
+    def send(
+        self,
+        metrics: dict[str, Any] | None,
+        checkpoint: Checkpoint | None,
+        *,
+        checkpoint_follows: bool = False,
+    ) -> tuple[bool, bool]:
+        """Send one report (``metrics`` None: the report's checkpoint, sent after its metrics) and the side
+        messages posted since the last; returns whether the driver asks the group to stop, and whether it asks
+        for a checkpoint of the report. ``checkpoint_follows``: the report's checkpoint comes in a later message
+        (a multi-rank group's, committed once every rank stored its files)."""
         with self._sending:
-            return self._send(metrics, checkpoint)
+            return self._send(metrics, checkpoint, checkpoint_follows)
 
     def post(self, payload: Any, *, flush_after_s: float) -> None:
         """Queue a side message for the driver (any thread); it goes with the next report, or now, alone, when
@@ -246,7 +253,9 @@ class _Rank0Link:
             side, self._side, self._side_since = self._side, [], None
         return side
 
-    def _send(self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None) -> tuple[bool, bool]:
+    def _send(
+        self, metrics: dict[str, Any] | None, checkpoint: Checkpoint | None, checkpoint_follows: bool = False
+    ) -> tuple[bool, bool]:
         self._opener.join()
         if "error" in self._queues:
             raise RuntimeError(f"rank 0 could not reach the driver's report queue: {self._queues['error']}")
@@ -254,6 +263,8 @@ class _Rank0Link:
             "metrics": _jsonable(metrics) if metrics is not None else None,
             "checkpoint": checkpoint.path if checkpoint else None,
         }
+        if checkpoint_follows:
+            message["checkpoint_follows"] = True
         side = self.take_side()
         if side:
             message["side"] = side
@@ -366,6 +377,20 @@ def _working_in(directory: str, *, own_process: bool, enabled: bool = True) -> I
         os.chdir(previous if previous is not None else os.path.dirname(os.path.abspath(directory)))
 
 
+def _context(spec: RankSpec, device: Any, trial_dir: str) -> TrainContext:
+    """The rank's ``TrainContext``."""
+    return TrainContext(
+        world_rank=spec.world_rank,
+        world_size=spec.world_size,
+        local_rank=spec.local_rank,
+        local_world_size=spec.local_world_size,
+        node_rank=spec.node_rank,
+        device=device,
+        experiment_name=spec.run_name,
+        trial_dir=trial_dir,
+    )
+
+
 def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: RankSpec) -> dict[str, Any]:
     """The Dask task of one rank. Returns {"rank", "status": finished|stopped|error, "traceback"?, ...}; on a
     worker that was cold, also ``startup_s`` (seconds of its one-time start-up this rank waited for: imports)
@@ -397,25 +422,16 @@ def run_rank(train_fn: Callable[..., Any], config: dict[str, Any] | None, spec: 
             outcome.update(startup_s=imports_s + startup_s, ready_at=time.time())
         storage = RunStorage(spec.storage_path, spec.run_name, spec.storage_options)
         trial_dir = _trial_dir(spec, worker.local_directory)
-        context = TrainContext(
-            world_rank=spec.world_rank,
-            world_size=spec.world_size,
-            local_rank=spec.local_rank,
-            local_world_size=spec.local_world_size,
-            node_rank=spec.node_rank,
-            device=device,
-            experiment_name=spec.run_name,
-            trial_dir=trial_dir,
-        )
         link = _Rank0Link(spec) if spec.world_rank == 0 else None
         _install(
             _Session(
-                context=context,
+                context=_context(spec, device, trial_dir),
                 storage=storage,
                 resume_from=spec.resume_from,
                 next_index=spec.next_checkpoint_index,
                 send_report=link.send if link is not None else None,
                 post_side=link.post if link is not None else None,
+                group_id=spec.group_id,
             )
         )
         outcome["started_at"] = time.time()

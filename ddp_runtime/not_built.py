@@ -41,8 +41,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "or an fsspec URL such as s3://, and every rank writes its checkpoint files there itself",
         "LoggingConfig": "is Ray Train v2's; ddp_runtime logs through Python's logging: configure the 'ddp_runtime' "
         "logger (logging.getLogger('ddp_runtime').setLevel(...))",
-        "UserCallback": "Ray Train v2's callbacks are not built; pass TorchTrainer(..., on_report=fn), called with "
-        "every rank-0 report in the driver (return True to stop the group)",
         "CheckpointUploadMode": "asynchronous checkpoint upload is not built: call ddp_runtime.report(metrics, "
         "checkpoint=...), which returns once every rank's files are stored and the checkpoint committed",
         "ControllerError": _CATCH_FAILED,

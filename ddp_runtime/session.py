@@ -92,11 +92,13 @@ class _Session:
     next_index: int
     # rank 0 only: sends a report to the driver; returns whether the driver asks the group to stop, and whether
     # it asks for a checkpoint of that report (metrics None: sends the checkpoint it asked for)
-    send_report: Callable[[dict[str, Any] | None, Checkpoint | None], tuple[bool, bool]] | None
+    send_report: Callable[..., tuple[bool, bool]] | None
     # rank 0 only: queues a side message for the driver's ``on_side`` (see ``side_channel``)
     post_side: Callable[..., None] | None = None
     # prepare_model sharded the model (FSDP): ranks' checkpoints are shards, never copies of one another
     sharded: bool = False
+    # the gang reservation of this rank's group (a TorchTrainer fitted inside this function borrows it)
+    group_id: str | None = None
 
 
 _local = threading.local()
@@ -268,7 +270,7 @@ def report(
             # The metrics go first, whatever the other ranks are doing: a peer that is late (or hung) does not
             # hold them back from the driver, which then tells a hung rank from a slow report.
             assert session.send_report is not None
-            stop, wanted = session.send_report(dict(metrics), None)
+            stop, wanted = session.send_report(dict(metrics), None, checkpoint_follows=checkpoint is not None)
         with checkpoint.as_directory() if checkpoint is not None else _no_directory() as local_dir:
             stored, session.next_index = persist_merged(
                 rank=ctx.world_rank,

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from distributed import Client, default_client
+from distributed import Client, default_client, get_worker, worker_client
 
 from ddp_runtime._gang import InsufficientResourcesError
+from ddp_runtime._gang import lend as gang_lend
 from ddp_runtime._group import GroupRun, ReportCallback, Verdict
+from ddp_runtime.callback import TrainRunContext, checked_callbacks
 from ddp_runtime.checkpoint import Checkpoint, RunStorage, StoredCheckpoint
 from ddp_runtime.cluster import gpu_count, local_cluster
 from ddp_runtime.config import DataConfig, RunConfig, ScalingConfig, TorchConfig, default_storage_path
@@ -98,11 +100,8 @@ class TorchTrainer:
                 "RunConfig(progress_reporter=...) draws a Tune experiment's trials table: pass it in "
                 "Tuner(run_config=...) or tune.run(progress_reporter=...), not to a TorchTrainer"
             )
-        if self.run_config.callbacks:
-            raise ValueError(
-                "RunConfig(callbacks=...) are a Tune experiment's callbacks (trial start, results, end): pass them "
-                "in Tuner(run_config=...) or tune.run(callbacks=...), not to a TorchTrainer"
-            )
+        self.callbacks = checked_callbacks(self.run_config.callbacks)
+        self.run_context = TrainRunContext(self.run_config, self.train_loop_config, self.scaling_config)
         checkpoints = self.run_config.checkpoint_config
         if checkpoints.checkpoint_frequency or checkpoints.checkpoint_at_end:
             raise ValueError(
@@ -147,11 +146,17 @@ class TorchTrainer:
         if self.client is not None:
             yield self.client
             return
-        try:
-            yield default_client()
+        if _in_a_dask_task():  # a trial's function fitting a trainer of its own (Ray Train v2's Tune pattern)
+            with _inside_a_rank() as client:
+                yield client
             return
+        try:
+            current = default_client()
         except ValueError:
-            pass  # no client in this process: start a local cluster sized for this group
+            current = None  # no client in this process: start a local cluster sized for this group
+        if current is not None:
+            yield current  # (outside the try: a ValueError of the body is the body's)
+            return
         resources = {k: float(v) for k, v in self.scaling_config.worker_resources.items()}
         # Before any worker starts: without a GPU its ranks would fail on CUDA, and the workers restart.
         if resources.get("GPU") and not gpu_count():
@@ -183,10 +188,14 @@ class TorchTrainer:
             self._startup_s += outcome.startup_s
             self._rank0_window = outcome.rank0_window or self._rank0_window
             committed = outcome.committed
+            # A UserCallback stopped the group (StopTraining: Tune stopped the trial driving it).
+            if outcome.callback_raised is not None:
+                raise outcome.callback_raised
             if outcome.error is None:
                 stopped = outcome.stopped
                 break
             errors.append(outcome.error)
+            self._tell_callbacks_of(outcome.error)
             log.warning("group %s attempt %d failed: %s", self.name, attempt, outcome.error)
             if max_failures != -1 and len(errors) > max_failures:
                 raise TrainingFailedError(
@@ -195,6 +204,11 @@ class TorchTrainer:
             attempt += 1
             resume = committed[-1].checkpoint if committed else resume
         return self._result(history, committed, errors, stopped=stopped, error=None)
+
+    def _tell_callbacks_of(self, error: BaseException) -> None:
+        """``UserCallback.after_exception`` with the failed rank's error (rank 0 when no rank is named)."""
+        for callback in self.callbacks:
+            callback.after_exception(self.run_context, {int(getattr(error, "rank", 0) or 0): error})
 
     def _with_shards(self, client: Client) -> Callable[..., Any]:
         """The training function wrapped to hand each rank its dataset shards: the split datasets' partition row
@@ -293,6 +307,31 @@ class _WithShards:
             return self.__wrapped__(*args)
         finally:
             _install_shards(None)
+
+
+def _in_a_dask_task() -> bool:
+    """Whether this thread runs a task of a Dask worker."""
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _inside_a_rank() -> Iterator[Client]:
+    """The cluster of the Dask task calling ``fit()``: a client of its scheduler, with the task seceded from its
+    worker's threads while the group runs, so it holds none of them (a rank of the group may run on this worker).
+    When the task is a 1-rank group's rank (a Tune trial's function), that group lends its worker and resources
+    to the groups placed meanwhile (``_gang.lend``): the trial's reservation is the group's, and trials driving
+    groups never wait for one another's workers."""
+    from ddp_runtime.session import _current, inside_training_function
+
+    session = _current() if inside_training_function() else None
+    with worker_client(separate_thread=True) as client:
+        if session is not None and session.group_id is not None and session.context.world_size == 1:
+            client.run_on_scheduler(gang_lend, session.group_id)
+        yield client
 
 
 class _GroupView:

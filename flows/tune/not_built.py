@@ -96,11 +96,6 @@ NOT_BUILT: dict[str, dict[str, str]] = {
         "trainable its own data loading (large objects through tune.with_parameters)",
     },
     "sweepflow.tune.search.hebo": {"HEBOSearch": _HEBO},
-    "sweepflow.tune.integration.ray_train": {
-        "TuneReportCallback": "a Tune function trainable that starts a TorchTrainer per trial is not built; pass the "
-        "trainer itself: Tuner(TorchTrainer(train_func, scaling_config=...), param_space={'train_loop_config': "
-        "{...}}), whose every trial is the trainer's DDP group and whose reports are the trial's",
-    },
     "sweepflow.tune.integration.pytorch_lightning": {
         name: "Lightning under Tune runs inside a TorchTrainer: use ddp_runtime.lightning.RayTrainReportCallback "
         "in the Trainer and Tuner(TorchTrainer(train_func), param_space={'train_loop_config': {...}})"

@@ -155,9 +155,13 @@ def test_concurrency_limiter_waiting_and_a_resumed_trials_config(plan):
     trials = _experiment(search).trials
     assert trials[0].status.name == "ABANDONED" and trials[1].arm.parameters == {"x": 0.123}
     assert trials[1].status.name == "COMPLETED"  # Ax learns what ran, not what it proposed again
-    asked = [sampler.ask() for _ in range(4)]
-    with pytest.raises(SamplerWaiting, match="returned None"):  # 5 Sobol trials out, none ended
-        sampler.ask()
+    asked = []
+    # Ax waits for results once its Sobol trials are out and none ended (how many it gives first is its own:
+    # 4 in Ax 1.3, 3 in Ax 1.2)
+    with pytest.raises(SamplerWaiting, match="returned None"):
+        for _ in range(6):
+            asked.append(sampler.ask())
+    assert 3 <= len(asked) < 6
     sampler.tell_result(asked[0][0], ended(*asked[0], {"loss": asked[0][1]["x"]}))
 
 
